@@ -1,0 +1,1 @@
+"""Ingress and pipeline extensions: authentication, ACL, bridges, AMQP and RocketMQ protocol handlers."""

@@ -1,0 +1,1 @@
+"""MQTT gateway node: codec, sessions, listeners and the node runtime."""

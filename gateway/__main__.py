@@ -1,0 +1,5 @@
+"""`python -m gateway serve ...`"""
+
+from gateway.cli import app
+
+app()

@@ -1,0 +1,127 @@
+"""MQTT enumerations (packet types, property ids, reason codes) and the codec's single exception type."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class PacketType(IntEnum):
+    CONNECT = 1
+    CONNACK = 2
+    PUBLISH = 3
+    PUBACK = 4
+    PUBREC = 5
+    PUBREL = 6
+    PUBCOMP = 7
+    SUBSCRIBE = 8
+    SUBACK = 9
+    UNSUBSCRIBE = 10
+    UNSUBACK = 11
+    PINGREQ = 12
+    PINGRESP = 13
+    DISCONNECT = 14
+    AUTH = 15
+
+
+class ReasonCode(IntEnum):
+    SUCCESS = 0x00
+    NORMAL_DISCONNECTION = 0x00
+    GRANTED_QOS_0 = 0x00
+    GRANTED_QOS_1 = 0x01
+    GRANTED_QOS_2 = 0x02
+    DISCONNECT_WITH_WILL = 0x04
+    NO_MATCHING_SUBSCRIBERS = 0x10
+    NO_SUBSCRIPTION_EXISTED = 0x11
+    CONTINUE_AUTHENTICATION = 0x18
+    REAUTHENTICATE = 0x19
+    UNSPECIFIED_ERROR = 0x80
+    MALFORMED_PACKET = 0x81
+    PROTOCOL_ERROR = 0x82
+    IMPLEMENTATION_SPECIFIC_ERROR = 0x83
+    UNSUPPORTED_PROTOCOL_VERSION = 0x84
+    CLIENT_IDENTIFIER_NOT_VALID = 0x85
+    BAD_USER_NAME_OR_PASSWORD = 0x86
+    NOT_AUTHORIZED = 0x87
+    SERVER_UNAVAILABLE = 0x88
+    SERVER_BUSY = 0x89
+    BANNED = 0x8A
+    SERVER_SHUTTING_DOWN = 0x8B
+    BAD_AUTHENTICATION_METHOD = 0x8C
+    KEEP_ALIVE_TIMEOUT = 0x8D
+    SESSION_TAKEN_OVER = 0x8E
+    TOPIC_FILTER_INVALID = 0x8F
+    TOPIC_NAME_INVALID = 0x90
+    PACKET_IDENTIFIER_IN_USE = 0x91
+    PACKET_IDENTIFIER_NOT_FOUND = 0x92
+    RECEIVE_MAXIMUM_EXCEEDED = 0x93
+    TOPIC_ALIAS_INVALID = 0x94
+    PACKET_TOO_LARGE = 0x95
+    MESSAGE_RATE_TOO_HIGH = 0x96
+    QUOTA_EXCEEDED = 0x97
+    ADMINISTRATIVE_ACTION = 0x98
+    PAYLOAD_FORMAT_INVALID = 0x99
+    RETAIN_NOT_SUPPORTED = 0x9A
+    QOS_NOT_SUPPORTED = 0x9B
+    USE_ANOTHER_SERVER = 0x9C
+    SERVER_MOVED = 0x9D
+    SHARED_SUBSCRIPTIONS_NOT_SUPPORTED = 0x9E
+    CONNECTION_RATE_EXCEEDED = 0x9F
+    MAXIMUM_CONNECT_TIME = 0xA0
+    SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED = 0xA1
+    WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
+
+
+class ConnackCode311(IntEnum):
+    ACCEPTED = 0
+    UNACCEPTABLE_PROTOCOL_VERSION = 1
+    IDENTIFIER_REJECTED = 2
+    SERVER_UNAVAILABLE = 3
+    BAD_USERNAME_OR_PASSWORD = 4
+    NOT_AUTHORIZED = 5
+
+
+class PropertyId(IntEnum):
+    PAYLOAD_FORMAT_INDICATOR = 0x01
+    MESSAGE_EXPIRY_INTERVAL = 0x02
+    CONTENT_TYPE = 0x03
+    RESPONSE_TOPIC = 0x08
+    CORRELATION_DATA = 0x09
+    SUBSCRIPTION_IDENTIFIER = 0x0B
+    SESSION_EXPIRY_INTERVAL = 0x11
+    ASSIGNED_CLIENT_IDENTIFIER = 0x12
+    SERVER_KEEP_ALIVE = 0x13
+    AUTHENTICATION_METHOD = 0x15
+    AUTHENTICATION_DATA = 0x16
+    REQUEST_PROBLEM_INFORMATION = 0x17
+    WILL_DELAY_INTERVAL = 0x18
+    REQUEST_RESPONSE_INFORMATION = 0x19
+    RESPONSE_INFORMATION = 0x1A
+    SERVER_REFERENCE = 0x1C
+    REASON_STRING = 0x1F
+    RECEIVE_MAXIMUM = 0x21
+    TOPIC_ALIAS_MAXIMUM = 0x22
+    TOPIC_ALIAS = 0x23
+    MAXIMUM_QOS = 0x24
+    RETAIN_AVAILABLE = 0x25
+    USER_PROPERTY = 0x26
+    MAXIMUM_PACKET_SIZE = 0x27
+    WILDCARD_SUBSCRIPTION_AVAILABLE = 0x28
+    SUBSCRIPTION_IDENTIFIER_AVAILABLE = 0x29
+    SHARED_SUBSCRIPTION_AVAILABLE = 0x2A
+
+
+class ProtocolError(Exception):
+    """Raised by the parser for any invalid input; `reason_code` tells the session what to reply."""
+
+    def __init__(self, reason_code: int, message: str) -> None:
+        super().__init__(f"{message} (reason code 0x{reason_code:02X})")
+        self.reason_code = reason_code
+        self.message = message
+
+
+def malformed(message: str) -> ProtocolError:
+    return ProtocolError(ReasonCode.MALFORMED_PACKET, message)
+
+
+def protocol_error(message: str) -> ProtocolError:
+    return ProtocolError(ReasonCode.PROTOCOL_ERROR, message)

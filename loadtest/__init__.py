@@ -1,0 +1,1 @@
+"""Load generators and benchmarks: `python -m loadtest.bench SCENARIO` and a locustfile."""

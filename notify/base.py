@@ -1,0 +1,56 @@
+"""The notifier interface and the in-process notifier.
+
+Events carry only queue names. Every name notified during one event-loop tick is merged into one set and
+delivered once, so a burst of appends to a hot queue costs one wake-up per node, not one per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from lookup.base import Lookup
+
+NotifyHandler = Callable[[set[str]], None]
+
+
+class Notifier(Protocol):
+    def register(self, node_id: str, handler: NotifyHandler) -> None:
+        """Deliver events for `node_id` to `handler` (called with the merged set of queue names)."""
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Queue names that have new messages. Never blocks; delivery is asynchronous."""
+
+
+class LocalNotifier:
+    """Delivers to handlers registered in this process, targeted by the lookup's queue → nodes table."""
+
+    def __init__(self, lookup: Lookup) -> None:
+        self._lookup = lookup
+        self._handlers: dict[str, NotifyHandler] = {}
+        self._pending: set[str] = set()
+        self._scheduled = False
+
+    def register(self, node_id: str, handler: NotifyHandler) -> None:
+        self._handlers[node_id] = handler
+
+    def notify(self, queues: Iterable[str]) -> None:
+        self._pending.update(queues)
+        if not self._scheduled and self._pending:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, set()
+        per_node: dict[str, set[str]] = {}
+        for queue in pending:
+            nodes = self._lookup.nodes_for_queue(queue)
+            # None means the lookup can't tell (table changing, shard missing): broadcast, lose nothing.
+            for node_id in self._handlers if nodes is None else nodes:
+                per_node.setdefault(node_id, set()).add(queue)
+        for node_id, queues in per_node.items():
+            handler = self._handlers.get(node_id)
+            if handler is not None:
+                handler(queues)

@@ -1,0 +1,1 @@
+"""Data pipeline (PySpark jobs): placeholder package for the pipeline issue."""
