@@ -7,7 +7,6 @@ queue; a reader behind `head` gets None and reads the store itself, so a slow se
 
 from __future__ import annotations
 
-import asyncio
 from bisect import bisect_right
 
 from store.base import Message, Store

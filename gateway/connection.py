@@ -65,9 +65,26 @@ def _expires_at(props: dict[int, Any], now_ms: int) -> int:
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
-        "_backlog", "_deadline_handle", "_state", "client_id", "expiry", "info", "keepalive", "last_rx",
-        "level", "node", "parser", "paused", "peer", "session", "transport", "unacked_in", "will",
-        "will_delay", "inbound_qos2", "reading_paused",
+        "_backlog",
+        "_deadline_handle",
+        "_state",
+        "client_id",
+        "expiry",
+        "inbound_qos2",
+        "info",
+        "keepalive",
+        "last_rx",
+        "level",
+        "node",
+        "parser",
+        "paused",
+        "peer",
+        "reading_paused",
+        "session",
+        "transport",
+        "unacked_in",
+        "will",
+        "will_delay",
     )
 
     def __init__(self, node: Node) -> None:
@@ -92,7 +109,7 @@ class MqttConnection(asyncio.Protocol):
         self._backlog: list[Any] = []
         self._deadline_handle: asyncio.TimerHandle | None = None
 
-    # --- asyncio.Protocol ------------------------------------------------------------------------------------
+    # --- asyncio.Protocol ---------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports aren't asyncio subclasses
         peer = self.transport.get_extra_info("peername")
@@ -135,7 +152,7 @@ class MqttConnection(asyncio.Protocol):
         if self.session is not None:
             self.session.resume_writing()
 
-    # --- writing ----------------------------------------------------------------------------------------------------
+    # --- writing ------------------------------------------------------------------------------------------
     def write_chunks(self, chunks: list[bytes]) -> None:
         if self._state != _CLOSED and self.transport is not None:
             self.transport.writelines(chunks)
@@ -154,15 +171,19 @@ class MqttConnection(asyncio.Protocol):
         if self.transport is not None and self._state != _CLOSED:
             self.transport.write(encode(packet, self.level))
 
-    # --- closing ----------------------------------------------------------------------------------------------------
+    # --- closing ------------------------------------------------------------------------------------------
     def abort(self, reason: int, message: str) -> None:
         """Close because of a protocol violation: 5.0 gets a DISCONNECT with the reason first; will is sent."""
         log.warning("client.protocol_error", extra={"client_id": self.client_id, "peer": self.peer,
                                                     "reason_code": hex(reason), "detail": message})
         if self.level >= 5 and self._state == _CONNECTED:
             self._send(Disconnect(reason, {PropertyId.REASON_STRING: message[:200]}))
-        elif self.level >= 5 and self._state == _NEW and self.parser.protocol_level == 5:
-            self._send(Connack(False, reason))  # a malformed CONNECT is answered with a CONNACK
+        elif self._state == _NEW and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+            if self.transport is not None:  # 3.1.1 form: the only one a client of any level can read
+                self.transport.write(encode(Connack(False, ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION), 4))
+        elif self._state == _NEW and self.parser.protocol_level == 5:
+            self.level = 5
+            self._send(Connack(False, reason))  # a malformed 5.0 CONNECT is answered with a CONNACK
         self._closed(will=True, reason=message)
 
     def shutdown(self, reason: int) -> None:
@@ -219,7 +240,7 @@ class MqttConnection(asyncio.Protocol):
             return
         self._deadline_handle = asyncio.get_running_loop().call_later(limit - idle, self._keepalive_check)
 
-    # --- CONNECT -----------------------------------------------------------------------------------------------------
+    # --- CONNECT ------------------------------------------------------------------------------------------
     def _on_connect(self, packet: Connect) -> None:
         self.level = packet.protocol_level
         self._state = _CONNECTING
@@ -313,7 +334,7 @@ class MqttConnection(asyncio.Protocol):
             self.transport.resume_reading()
         return None
 
-    # --- packets after CONNECT ------------------------------------------------------------------------------------
+    # --- packets after CONNECT ----------------------------------------------------------------------------
     def _handle(self, packet: Any) -> None:
         kind = type(packet)
         if kind is Publish:

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine, Iterable
+from typing import TYPE_CHECKING, Any
 
 from cache.queue_cache import QueueCache
 from extensions.hooks import Authorizer
@@ -74,7 +74,7 @@ class Node:
         self._background: set[asyncio.Task[None]] = set()
         self.started_at = time.time()
 
-    # --- lifecycle -----------------------------------------------------------------------------------------
+    # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.notifier.register(self.node_id, self._on_notify)
         now = _now_ms()
@@ -109,8 +109,8 @@ class Node:
                 await task
         await self.store.sync()
 
-    def spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._task_done)
 
@@ -119,7 +119,7 @@ class Node:
         if not task.cancelled() and task.exception() is not None:
             log.error("task.failed", exc_info=task.exception())
 
-    # --- sessions ------------------------------------------------------------------------------------------------
+    # --- sessions -----------------------------------------------------------------------------------------
     def _lock(self, client_id: str) -> asyncio.Lock:
         lock = self._client_locks.get(client_id)
         if lock is None:
@@ -213,7 +213,7 @@ class Node:
         for topic_filter in record.subscriptions:
             self._remove_wildcard(topic_filter, record.client_id)
 
-    # --- subscriptions --------------------------------------------------------------------------------------------
+    # --- subscriptions ------------------------------------------------------------------------------------
     def _add_wildcard(self, topic_filter: str, client_id: str) -> None:
         if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
             self._wildcards.add(topic_filter, client_id)
@@ -296,7 +296,7 @@ class Node:
         if session.persistent:
             self._dirty.add(session)
 
-    # --- wills ------------------------------------------------------------------------------------------------------
+    # --- wills --------------------------------------------------------------------------------------------
     def schedule_will(self, client_id: str, message: Message, delay: int) -> None:
         if delay <= 0:
             self.publish(message)
@@ -319,7 +319,7 @@ class Node:
     def store_will(self, client_id: str, message: Message, delay: int) -> None:
         self.spawn(self.store.put_will(WillRecord(client_id, message, delay)))
 
-    # --- publish pipeline ---------------------------------------------------------------------------------------
+    # --- publish pipeline ---------------------------------------------------------------------------------
     def queues_for(self, topic: str) -> tuple[str, ...]:
         first = first_level_queue(topic)
         queues = [topic, first]

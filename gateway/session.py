@@ -1,4 +1,4 @@
-"""A client's delivery state: its subscriptions, one cursor over the merge of its queues, the in-flight window.
+"""A client's delivery state: subscriptions, one cursor over the merge of its queues, the in-flight window.
 
 Offsets are global seqs, so a session walks all its queues with a single cursor: a message indexed into two
 of its queues (overlapping filters) has one seq and is delivered once, at the highest granted QoS. The
@@ -96,7 +96,7 @@ class Session:
     def subscriptions(self) -> dict[str, SubscriptionRecord]:
         return self.record.subscriptions
 
-    # --- connection lifecycle ------------------------------------------------------------------------------
+    # --- connection lifecycle -----------------------------------------------------------------------------
     def attach(self, conn: Writer) -> None:
         """Bind to a (new) connection and resend what is in flight: PUBREL, or PUBLISH with DUP."""
         self.conn = conn
@@ -138,7 +138,7 @@ class Session:
         record.outbound_pubrel = [pid for pid, e in self.inflight.items() if e.released]
         return record
 
-    # --- acknowledgements ----------------------------------------------------------------------------------
+    # --- acknowledgements ---------------------------------------------------------------------------------
     def on_puback(self, pid: int) -> None:
         entry = self.inflight.pop(pid, None)
         if entry is not None:
@@ -171,7 +171,7 @@ class Session:
         if self.pending or self.extra:
             self.pull()
 
-    # --- pushing -----------------------------------------------------------------------------------------------
+    # --- pushing ------------------------------------------------------------------------------------------
     def send_retained(self, messages: list[Message], max_qos: int) -> None:
         for message in messages:
             self.extra.append((message, message.qos if message.qos < max_qos else max_qos))
@@ -330,7 +330,7 @@ class Session:
                 self._pid = pid
                 return pid
 
-    # --- retry (MQTT 3.1.1 only: 5.0 forbids resending on a live connection) -------------------------------
+    # --- retry (MQTT 3.1.1 only: 5.0 forbids resending on a live connection) ------------------------------
     def _arm_retry(self) -> None:
         if self.level >= 5 or self._retry_handle is not None or not self.inflight or self.conn is None:
             return

@@ -35,6 +35,7 @@ class Params:
     max_p99_ms: float = 50.0
     ramp_start: float = 40_000.0  # fanout --rate max: first step, deliveries/s
     step_seconds: float = 3.0
+    max_steps: int = MAX_RAMP_STEPS
     open_concurrency: int = 200  # connections being opened at once
 
 
@@ -227,7 +228,7 @@ async def _ramp(server: Server, counters: Counters, pubs: list[MqttConn], fan: i
     best: Result | None = None
     last: Result | None = None
     steps = 0
-    for steps in range(1, MAX_RAMP_STEPS + 1):  # noqa: B007 - reported below
+    for steps in range(1, max(1, p.max_steps) + 1):  # noqa: B007 - reported below
         last = await _phase(server, "fanout", counters, pubs, fan, qos, p, p.step_seconds, rate / fan)
         ok = (last.lost == 0 and (last.p99_ms or 0.0) <= p.max_p99_ms and last.rate >= 0.95 * rate
               and "skipped_window_full" not in last.extra)

@@ -95,7 +95,8 @@ class Gateway:
     def _write_mosquitto_conf(self) -> Path:
         lines = [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence true",
                  f"persistence_location {self.data_dir}/", "autosave_interval 1", "log_dest stderr",
-                 "log_type all", "log_timestamp false", "max_queued_messages 100000"]
+                 "log_type all", "log_timestamp false", "max_queued_messages 100000",
+                 "user root"]  # else mosquitto drops to a user that cannot read pytest's tmp dirs
         if self.acl_file is not None:
             lines.append(f"acl_file {self.acl_file}")
         if self.max_keepalive is not None:

@@ -39,35 +39,40 @@ def test_wildcard_matching(gateway: Gateway, paho_factory: PahoFactory, flt: str
     assert sorted(got) == sorted(expected)
 
 
-def test_dollar_topics_not_matched_by_leading_wildcards(gateway: Gateway, paho_factory: PahoFactory) -> None:
+@pytest.mark.parametrize("prefix", [
+    # Mosquitto refuses client publishes to $SYS, so it is checked there with another `$` topic only
+    pytest.param("$SYS", marks=pytest.mark.tidewire_only),
+    "$app",
+])
+def test_dollar_topics_not_matched_by_leading_wildcards(gateway: Gateway, paho_factory: PahoFactory,
+                                                        prefix: str) -> None:
     hash_sub = paho_factory(gateway.port, "sys-hash", version=4)
     plus_sub = paho_factory(gateway.port, "sys-plus", version=4)
     sys_sub = paho_factory(gateway.port, "sys-sys", version=4)
-    for c, flt in ((hash_sub, "#"), (plus_sub, "+/x"), (sys_sub, "$SYS/#")):
+    for c, flt in ((hash_sub, "#"), (plus_sub, "+/x"), (sys_sub, f"{prefix}/#")):
         c.connect()
         c.subscribe(flt, 0)
     pub = paho_factory(gateway.port, "sys-pub", version=4)
     pub.connect()
-    pub.publish("$SYS/x", b"sys", qos=1)
+    pub.publish(f"{prefix}/x", b"sys", qos=1)
     pub.publish("marker/x", b"marker", qos=1)
     # the broker's own $SYS messages may arrive too: look for ours only
     seen: list[str] = []
-    for _ in range(50):
+    for _ in range(100):
         m = sys_sub.get(3.0)
         seen.append(m.topic)
-        if m.topic == "$SYS/x":
+        if m.topic == f"{prefix}/x":
             break
-    assert "$SYS/x" in seen
+    assert f"{prefix}/x" in seen
+    # "marker/x" was published after the `$` message: once it arrived, the `$` one would have too
     assert [m.topic for m in hash_sub.expect(1)] == ["marker/x"]
     assert [m.topic for m in plus_sub.expect(1)] == ["marker/x"]
-    for c in (hash_sub, plus_sub):
-        leftovers = []
-        while not c.messages.empty():
-            leftovers.append(c.messages.get().topic)
-        assert not [t for t in leftovers if t.startswith("$")], leftovers
+    hash_sub.assert_nothing(0.3)
+    plus_sub.assert_nothing(0.1)
 
 
-@pytest.mark.parametrize("version", [4, 5])
+# MQTT 5 allows one copy per matching subscription (Mosquitto does that); Tidewire promises one copy.
+@pytest.mark.parametrize("version", [4, pytest.param(5, marks=pytest.mark.tidewire_only)])
 def test_overlapping_subscriptions_deliver_once_at_max_qos(gateway: Gateway, paho_factory: PahoFactory,
                                                           version: int) -> None:
     sub = paho_factory(gateway.port, f"overlap-{version}", version=version)
@@ -85,7 +90,7 @@ def test_overlapping_subscriptions_deliver_once_at_max_qos(gateway: Gateway, pah
 def test_unsubscribe_stops_delivery(gateway: Gateway, paho_factory: PahoFactory, version: int) -> None:
     sub = paho_factory(gateway.port, f"unsub-{version}", version=version)
     sub.connect()
-    sub.subscribe([("u/1", 1), ("u/+", 0)])
+    sub.subscribe([("u/1", 1), ("w/+", 0)])
     pub = paho_factory(gateway.port, f"unsub-pub-{version}", version=version)
     pub.connect()
     pub.publish("u/1", b"before", qos=1)
@@ -93,11 +98,13 @@ def test_unsubscribe_stops_delivery(gateway: Gateway, paho_factory: PahoFactory,
     rcs = sub.unsubscribe("u/1")
     if version == 5:
         assert rcs == [0]
-    pub.publish("u/1", b"still-plus", qos=1)
-    msg = sub.get()
-    assert (msg.payload, msg.qos) == (b"still-plus", 0)  # now only via u/+ at QoS 0
-    sub.unsubscribe("u/+")
     pub.publish("u/1", b"after", qos=1)
+    pub.publish("w/x", b"other", qos=1)
+    msg = sub.get()
+    assert (msg.topic, msg.payload, msg.qos) == ("w/x", b"other", 0)  # other subscription unaffected
+    sub.assert_nothing(0.3)
+    sub.unsubscribe("w/+")
+    pub.publish("w/x", b"after", qos=1)
     sub.assert_nothing(0.5)
 
 
@@ -110,6 +117,7 @@ def test_v5_unsuback_0x11_for_unknown_filter(gateway: Gateway, paho_factory: Pah
     assert c.unsubscribe("known/t") == [0]
 
 
+@pytest.mark.tidewire_only  # Mosquitto 2.0.11 answers DISCONNECT 0x81 (malformed) instead
 def test_v5_invalid_filter_gets_suback_0x8f(gateway: Gateway, paho_factory: PahoFactory) -> None:
     raw = RawClient(gateway.port, level=5)
     raw.connect("badfilter5")

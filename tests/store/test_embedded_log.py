@@ -1,4 +1,4 @@
-"""Commit log behaviour of EmbeddedStore: append/read, rollover, recovery, torn tails, group commit, retention."""
+"""The EmbeddedStore commit log: append/read, rollover, recovery, torn tails, group commit, retention."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from store.embedded import EmbeddedStore
 
 def msg(i: int, *queues: str, size: int = 100) -> Message:
     return Message(
-        topic=f"t/{i}", payload=(b"%08d" % i) * (size // 8) + b"x" * (size % 8), qos=1, properties=b"\x01\x02",
-        publisher=f"pub{i % 3}", queues=queues,
+        topic=f"t/{i}", payload=(b"%08d" % i) * (size // 8) + b"x" * (size % 8), qos=1,
+        properties=b"\x01\x02", publisher=f"pub{i % 3}", queues=queues,
     )
 
 
@@ -78,7 +78,8 @@ async def test_recovery_after_reopen_rebuilds_indexes(tmp_path: Path) -> None:
     s2 = await reopen(tmp_path, segment_bytes=4096)
     assert s2.last_seq() == 100
     assert [m.seq for m in await s2.read("all", 0, 1000)] == list(range(1, 101))
-    assert [m.seq for m in await s2.read("k1", 0, 1000)] == [i for i in range(1, 101) if (i - 1) % 10 % 3 == 1]
+    k1 = [i for i in range(1, 101) if (i - 1) % 10 % 3 == 1]
+    assert [m.seq for m in await s2.read("k1", 0, 1000)] == k1
     m = (await s2.read("all", 41, 1))[0]
     assert (m.topic, m.payload[:8], m.qos, m.publisher) == ("t/41", b"%08d" % 41, 1, "pub2")
     await s2.append([msg(0, "all")])
@@ -106,14 +107,16 @@ async def _write_then_damage(tmp_path: Path, damage: str) -> Path:
         while pos < len(data):
             last = pos
             pos += 8 + int.from_bytes(data[pos : pos + 4], "little")
-        b = bytearray(data)
-        b[last + 4] ^= 0xFF
-        seg.write_bytes(bytes(b))
+        flipped = bytearray(data)
+        flipped[last + 4] ^= 0xFF
+        seg.write_bytes(bytes(flipped))
     return seg
 
 
 @pytest.mark.parametrize("damage,kept", [("truncate", 49), ("garbage", 50), ("crc", 49)])
-async def test_torn_tail_is_cut(tmp_path: Path, damage: str, kept: int, caplog: pytest.LogCaptureFixture) -> None:
+async def test_torn_tail_is_cut(
+    tmp_path: Path, damage: str, kept: int, caplog: pytest.LogCaptureFixture
+) -> None:
     seg = await _write_then_damage(tmp_path, damage)
     with caplog.at_level(logging.WARNING, logger="tidewire.store"):
         s = await reopen(tmp_path)
