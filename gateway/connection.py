@@ -49,6 +49,7 @@ log = logging.getLogger("tidewire.conn")
 # Properties that depend on the receiver or the clock: never stored with the message.
 _PER_HOP = (PropertyId.TOPIC_ALIAS, PropertyId.MESSAGE_EXPIRY_INTERVAL, PropertyId.SUBSCRIPTION_IDENTIFIER)
 _NEW, _CONNECTING, _CONNECTED, _CLOSED = range(4)
+_NOBODY = ClientInfo("", None)
 
 
 def _stored_properties(props: dict[int, Any]) -> bytes:
@@ -100,13 +101,13 @@ class MqttConnection(asyncio.Protocol):
         self.paused = False
         self.reading_paused = False
         self.unacked_in = 0  # inbound QoS 1/2 publishes waiting for the store
-        self.inbound_qos2: set[int] = set()
+        self.inbound_qos2: set[int] | None = None  # created on the first QoS 2 publish
         self.will: Message | None = None
         self.will_delay = 0
         self.peer = ""
-        self.info = ClientInfo("", None)
+        self.info = _NOBODY
         self._state = _NEW
-        self._backlog: list[Any] = []
+        self._backlog: list[Any] | None = None  # packets that arrive while CONNECT is processed
         self._deadline_handle: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------------------------
@@ -130,6 +131,8 @@ class MqttConnection(asyncio.Protocol):
             if self._state == _CONNECTED:
                 self._handle(packet)
             elif self._state == _CONNECTING:
+                if self._backlog is None:
+                    self._backlog = []
                 self._backlog.append(packet)
             elif self._state == _NEW:
                 assert isinstance(packet, Connect)  # the parser rejects anything else first
@@ -325,7 +328,7 @@ class MqttConnection(asyncio.Protocol):
             self._deadline_handle = asyncio.get_running_loop().call_later(keepalive * 1.5,
                                                                           self._keepalive_check)
         session.attach(self)
-        backlog, self._backlog = self._backlog, []
+        backlog, self._backlog = self._backlog or [], None
         for queued in backlog:
             if self._state != _CONNECTED:
                 break
@@ -379,7 +382,7 @@ class MqttConnection(asyncio.Protocol):
             elif qos == 2:
                 self._send(Pubrec(pid, code))
             return None
-        if qos == 2 and pid in self.inbound_qos2:
+        if qos == 2 and self.inbound_qos2 is not None and pid in self.inbound_qos2:
             assert self.transport is not None
             self.transport.write(pubrec(pid))  # a resend before PUBREL: acknowledge, don't store twice
             return None
@@ -390,6 +393,8 @@ class MqttConnection(asyncio.Protocol):
             self.node.publish(message)
             return None
         if qos == 2:
+            if self.inbound_qos2 is None:
+                self.inbound_qos2 = set()
             if len(self.inbound_qos2) >= self.node.settings.max_inbound_qos2:
                 return self.abort(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS 2 publishes in flight")
             self.inbound_qos2.add(pid)
@@ -404,8 +409,9 @@ class MqttConnection(asyncio.Protocol):
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         pid = packet.packet_id
-        known = pid in self.inbound_qos2
-        self.inbound_qos2.discard(pid)
+        known = self.inbound_qos2 is not None and pid in self.inbound_qos2
+        if known:
+            self.inbound_qos2.discard(pid)  # type: ignore[union-attr]
         code = 0 if known or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         assert self.transport is not None
         self.transport.write(pubcomp(pid) if code == 0 else encode(Pubcomp(pid, code), self.level))

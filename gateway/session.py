@@ -81,7 +81,7 @@ class Session:
         self.retry_interval = retry_interval
         self.cursor = record.offset
         self.inflight: dict[int, Inflight] = {}
-        self.extra: deque[tuple[Message, int]] = deque()  # retained deliveries waiting for credit
+        self.extra: deque[tuple[Message, int]] | None = None  # retained deliveries waiting for credit
         self.conn: Writer | None = None
         self.pending = False
         self._pid = 0
@@ -173,6 +173,8 @@ class Session:
 
     # --- pushing ------------------------------------------------------------------------------------------
     def send_retained(self, messages: list[Message], max_qos: int) -> None:
+        if self.extra is None:
+            self.extra = deque()
         for message in messages:
             self.extra.append((message, message.qos if message.qos < max_qos else max_qos))
         self.pull()
@@ -295,12 +297,14 @@ class Session:
         """Send queued retained messages within credit; False when credit ran out first."""
         chunks: list[bytes] = []
         now = time.monotonic()
-        while self.extra:
-            message, qos = self.extra[0]
+        extra = self.extra
+        assert extra is not None
+        while extra:
+            message, qos = extra[0]
             if qos and len(self.inflight) >= self.window:
                 self.pending = True
                 break
-            self.extra.popleft()
+            extra.popleft()
             head, tail = encoded_publish(message, self.level, qos, True)
             if qos:
                 pid = self._next_pid()
@@ -311,7 +315,10 @@ class Session:
         if chunks:
             conn.write_chunks(chunks)
             self._arm_retry()
-        return not self.extra
+        if extra:
+            return False
+        self.extra = None
+        return True
 
     def _schedule_pull(self) -> None:
         if self._pull_handle is None:

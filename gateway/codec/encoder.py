@@ -212,7 +212,10 @@ _ENCODERS: dict[type, Callable[[Any, int], bytes]] = {
 
 
 def encode(packet: Packet, protocol_level: int) -> bytes:
-    """Encode any packet. Level 5 writes properties and reason codes; any other level writes 3.1.1 forms."""
+    """Encode any packet. Level 5 writes properties and reason codes; any other level writes 3.1.1 forms.
+
+    CONNECT is encoded per its own `protocol_level` field (the connection has no level before it).
+    """
     try:
         enc = _ENCODERS[type(packet)]
     except KeyError:

@@ -49,7 +49,7 @@ def _check_flags(flags: int, expected: int, name: str) -> None:
         raise malformed(f"invalid fixed header flags 0x{flags:X} for {name}")
 
 
-_Decoder = Callable[[int, bytes, int, int, int], Packet]
+_Decoder = Callable[["Parser", int, bytes, int, int, int], Packet]
 
 
 class Parser:
@@ -59,7 +59,7 @@ class Parser:
     sets it to 4 or 5 up front, either via the keyword argument or by assigning the attribute.
     """
 
-    __slots__ = ("_buf", "_decoders", "_need", "max_packet_size", "protocol_level")
+    __slots__ = ("_buf", "_need", "max_packet_size", "protocol_level")
 
     def __init__(self, max_packet_size: int = 268435460, *, protocol_level: int = 0) -> None:
         self.max_packet_size = max_packet_size
@@ -67,22 +67,6 @@ class Parser:
         self._buf = bytearray()
         # Bytes the buffered partial packet needs before it is worth parsing again.
         self._need = 0
-        self._decoders: dict[int, _Decoder] = {
-            _T.CONNECT: self._connect,
-            _T.CONNACK: self._connack,
-            _T.PUBACK: self._ack,
-            _T.PUBREC: self._ack,
-            _T.PUBREL: self._ack,
-            _T.PUBCOMP: self._ack,
-            _T.SUBSCRIBE: self._subscribe,
-            _T.SUBACK: self._suback,
-            _T.UNSUBSCRIBE: self._unsubscribe,
-            _T.UNSUBACK: self._unsuback,
-            _T.PINGREQ: self._ping,
-            _T.PINGRESP: self._ping,
-            _T.DISCONNECT: self._reason_only,
-            _T.AUTH: self._reason_only,
-        }
 
     def feed(self, data: bytes) -> list[Packet]:
         buf = self._buf
@@ -108,7 +92,7 @@ class Parser:
         pos = 0
         level = self.protocol_level
         maxsize = self.max_packet_size
-        decoders = self._decoders
+        decoders = _DECODERS
         while pos < n:
             b0 = data[pos]
             # Fixed header: type/flags byte + remaining length varint (1-4 bytes).
@@ -195,7 +179,7 @@ class Parser:
                 dec = decoders.get(ptype)
                 if dec is None:
                     raise malformed(f"invalid packet type {ptype}")
-                out.append(dec(b0, data, p, end, level))
+                out.append(dec(self, b0, data, p, end, level))
                 if ptype == 1:
                     level = self.protocol_level
             pos = end
@@ -368,3 +352,22 @@ class Parser:
                 props, pos = read_properties(data, pos, end, ALLOWED[ptype])
         _check_end(pos, end)
         return Disconnect(code, props) if ptype == _T.DISCONNECT else Auth(code, props)
+
+
+# Shared by every parser: a per-instance table of bound methods would cost ~1 KB per connection.
+_DECODERS: dict[int, _Decoder] = {
+    _T.CONNECT: Parser._connect,
+    _T.CONNACK: Parser._connack,
+    _T.PUBACK: Parser._ack,
+    _T.PUBREC: Parser._ack,
+    _T.PUBREL: Parser._ack,
+    _T.PUBCOMP: Parser._ack,
+    _T.SUBSCRIBE: Parser._subscribe,
+    _T.SUBACK: Parser._suback,
+    _T.UNSUBSCRIBE: Parser._unsubscribe,
+    _T.UNSUBACK: Parser._unsuback,
+    _T.PINGREQ: Parser._ping,
+    _T.PINGRESP: Parser._ping,
+    _T.DISCONNECT: Parser._reason_only,
+    _T.AUTH: Parser._reason_only,
+}

@@ -291,6 +291,11 @@ class PahoClient:
                 self._acks_cond.wait(left)
             return self._acks.pop(mid)
 
+    def acks_snapshot(self) -> dict[int, Any]:
+        """mid -> ack result for every ack not yet consumed by `wait_ack` (for fire-and-forget publishes)."""
+        with self._acks_cond:
+            return dict(self._acks)
+
     # loop thread
     def _loop(self) -> None:
         while self._running:

@@ -71,7 +71,9 @@ async def test_idle_reports_rss_per_connection(server: servers.Server) -> None:
     r = await SCENARIOS["idle"](server, tiny())
     assert r.unit == "KB/conn"
     assert r.extra["connections"] == 100 and r.extra["failed"] == 0
-    assert r.extra["rss_after_kb"] >= r.extra["rss_before_kb"] > 0
+    # A shared server may free memory from earlier tests meanwhile, so only sanity-check the samples.
+    assert r.extra["rss_after_kb"] > 0 and r.extra["rss_before_kb"] > 0
+    assert r.rate == pytest.approx((r.extra["rss_after_kb"] - r.extra["rss_before_kb"]) / 100)
 
 
 async def test_connect_loop_counts_handshakes(server: servers.Server) -> None:
