@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from extensions.hooks import ClientInfo
+from extensions.hooks import ClientInfo, SubscribeAccess
 from gateway.topics import FilterTrie, filter_covers_levels, filters_overlap_levels, valid_topic_filter
 
 READ = 1
@@ -116,6 +116,15 @@ class _RuleSet:
             if filter_covers_levels(grant, levels):
                 return True
         return None
+
+    def read_overlaps(self, levels: list[str]) -> bool:
+        """Some topic the filter matches is granted read here (deny rules aside)."""
+        first = levels[0]
+        if first in _WILD:
+            grants: Iterable[list[str]] = [g for gs in self._reads_by_first.values() for g in gs]
+        else:
+            grants = self._reads_by_first.get(first, [])
+        return any(filters_overlap_levels(g, levels) for g in (*grants, *self._reads_wild))
 
 
 class _ClientAcl:
@@ -279,6 +288,20 @@ class AclFile:
             if verdict is not None:
                 return verdict
         return _decide_filter(acl.patterns, levels) is True
+
+    def subscribe_access(self, client: ClientInfo, topic_filter: str) -> SubscribeAccess:
+        """GRANTED when a read grant covers the filter and no deny overlaps it; FILTERED when some grant
+        overlaps it (deliveries are then checked one by one, as Mosquitto does); else DENIED."""
+        if self.allow_subscribe(client, topic_filter):
+            return SubscribeAccess.GRANTED
+        if "+" not in topic_filter and "#" not in topic_filter:  # one topic: readable or not
+            return SubscribeAccess.GRANTED if self.allow_read(client, topic_filter) else SubscribeAccess.DENIED
+        acl = self._client(client)
+        levels = topic_filter.split("/")
+        sets = (acl.topics, *acl.patterns) if acl.topics is not None else acl.patterns
+        if any(rule_set.read_overlaps(levels) for rule_set in sets):
+            return SubscribeAccess.FILTERED
+        return SubscribeAccess.DENIED
 
 
 def _dangerous(name: str) -> bool:

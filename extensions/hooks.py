@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Protocol
 
 
@@ -14,10 +15,18 @@ class ClientInfo:
     protocol_level: int = 4
 
 
+class SubscribeAccess(IntEnum):
+    DENIED = 0  # nothing the filter matches may be read: SUBACK failure
+    FILTERED = 1  # some topics may be read: granted, and each delivery is checked with `allow_read`
+    GRANTED = 2  # every topic the filter matches may be read: no per-message check
+
+
 class Authorizer(Protocol):
     def allow_publish(self, client: ClientInfo, topic: str) -> bool: ...
 
-    def allow_subscribe(self, client: ClientInfo, topic_filter: str) -> bool: ...
+    def subscribe_access(self, client: ClientInfo, topic_filter: str) -> SubscribeAccess: ...
+
+    def allow_read(self, client: ClientInfo, topic: str) -> bool: ...
 
 
 class AllowAll:
@@ -28,5 +37,8 @@ class AllowAll:
     def allow_publish(self, client: ClientInfo, topic: str) -> bool:
         return True
 
-    def allow_subscribe(self, client: ClientInfo, topic_filter: str) -> bool:
+    def subscribe_access(self, client: ClientInfo, topic_filter: str) -> SubscribeAccess:
+        return SubscribeAccess.GRANTED
+
+    def allow_read(self, client: ClientInfo, topic: str) -> bool:
         return True

@@ -15,7 +15,7 @@ from collections.abc import Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 from cache.queue_cache import QueueCache
-from extensions.hooks import Authorizer
+from extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
 from gateway.session import Session
@@ -170,6 +170,9 @@ class Node:
             self.lookup.set_client_location(client_id, self.node_id)
             for topic_filter in record.subscriptions:
                 self._register(session, topic_filter)
+                # The ACL may have changed while the client was away.
+                self._set_access(session, conn.info, topic_filter,
+                                 self.authorizer.subscribe_access(conn.info, topic_filter))
             if session.persistent:
                 await self.store.put_session(session.snapshot())
         if not lock.locked() and self._client_locks.get(client_id) is lock:
@@ -254,12 +257,14 @@ class Node:
             if topic_filter.startswith("$share/"):
                 codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
                 continue
-            if not self.authorizer.allow_subscribe(conn.info, topic_filter):
+            access = self.authorizer.subscribe_access(conn.info, topic_filter)
+            if access == SubscribeAccess.DENIED:
                 log.info("acl.denied", extra={"client_id": session.client_id, "filter": topic_filter,
                                               "access": "subscribe"})
                 codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
                 continue
             qos = min(request.qos, 2)
+            self._set_access(session, conn.info, topic_filter, access)
             existing = session.subscriptions.get(topic_filter)
             since = existing.since_seq if existing is not None else self.store.last_seq()
             session.subscriptions[topic_filter] = SubscriptionRecord(
@@ -273,12 +278,27 @@ class Node:
             codes.append(qos)
         return codes, retained
 
+    def _set_access(self, session: Session, client: ClientInfo, topic_filter: str,
+                    access: SubscribeAccess) -> None:
+        if access == SubscribeAccess.GRANTED:
+            if session.filtered:
+                session.filtered.discard(topic_filter)
+            return
+        if session.filtered is None:
+            session.filtered = set()
+        session.filtered.add(topic_filter)
+        if session.read_check is None:
+            authorizer = self.authorizer
+            session.read_check = lambda topic: authorizer.allow_read(client, topic)
+
     def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
         codes: list[int] = []
         for topic_filter in filters:
             if session.subscriptions.pop(topic_filter, None) is None:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
                 continue
+            if session.filtered:
+                session.filtered.discard(topic_filter)
             self._unregister(session, topic_filter)
             self._remove_wildcard(topic_filter, session.client_id)
             codes.append(ReasonCode.SUCCESS)

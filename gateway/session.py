@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.codec import publish_parts, pubrel
@@ -65,8 +66,8 @@ def encoded_publish(message: Message, level: int, qos: int, retain: bool) -> tup
 class Session:
     __slots__ = (
         "_pid", "_pull_handle", "_reading_store", "_retry_handle", "client_id", "conn", "cursor", "extra",
-        "inflight", "level", "owner", "pending", "persistent", "pull_batch", "record", "retry_interval",
-        "window",
+        "filtered", "inflight", "level", "owner", "pending", "persistent", "pull_batch", "read_check", "record",
+        "retry_interval", "window",
     )
 
     def __init__(self, owner: SessionOwner, record: SessionRecord, *, persistent: bool, window: int,
@@ -83,6 +84,9 @@ class Session:
         self.inflight: dict[int, Inflight] = {}
         self.extra: deque[tuple[Message, int]] | None = None  # retained deliveries waiting for credit
         self.conn: Writer | None = None
+        # Filters the ACL grants only in part: each delivery through them is checked with `read_check`.
+        self.filtered: set[str] | None = None
+        self.read_check: Callable[[str], bool] | None = None
         self.pending = False
         self._pid = 0
         self._reading_store = False
@@ -227,7 +231,8 @@ class Session:
             self.pull()
 
     def _push_merged(self, conn: Writer, lists: list[tuple[SubscriptionRecord, list[Message]]]) -> None:
-        if len(lists) == 1:
+        filtered = self.filtered
+        if len(lists) == 1 and not (filtered and lists[0][0].filter in filtered):
             sub, messages = lists[0]
             more = len(messages) == self.pull_batch
             self._push(conn, messages, None, sub.qos, more)
@@ -240,10 +245,13 @@ class Session:
         for sub, messages in lists:
             if len(messages) == self.pull_batch and messages[-1].seq < horizon:
                 horizon = messages[-1].seq
+            check = self.read_check if filtered and sub.filter in filtered else None
             for message in messages:
                 seq = message.seq
-                if caps.get(seq, -1) < sub.qos:
-                    caps[seq] = sub.qos
+                # -1: not readable through this subscription; skipped unless another one grants it
+                qos = sub.qos if check is None or check(message.topic) else -1
+                if caps.get(seq, -2) < qos:
+                    caps[seq] = qos
                     by_seq[seq] = message
         merged = [by_seq[seq] for seq in sorted(by_seq) if seq <= horizon]
         self._push(conn, merged, caps, 0, horizon != _NO_HORIZON)
@@ -263,7 +271,7 @@ class Session:
             qos = caps[message.seq] if caps is not None else cap
             if message.qos < qos:
                 qos = message.qos
-            if message.expires_at_ms and message.expires_at_ms <= now_ms:
+            if qos < 0 or (message.expires_at_ms and message.expires_at_ms <= now_ms):
                 cursor = message.seq
                 continue
             if qos and len(inflight) >= window:

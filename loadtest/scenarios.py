@@ -191,6 +191,8 @@ async def _phase(server: Server, name: str, counters: Counters, pubs: list[MqttC
     expected = (counters.acked if qos else counters.sent) * fan
     p50, p99, p999 = percentiles(counters.latencies_ns)
     extra: dict[str, float] = {"qos": qos, "subscribers_per_msg": fan, "core0_other_cpu": meter.other_cpu}
+    if qos:
+        extra["acked"] = counters.acked
     if skipped:
         extra["skipped_window_full"] = skipped
     if msg_rate is not None:
@@ -223,23 +225,35 @@ async def _pubsub(server: Server, name: str, p: Params, qos: int, sub_topics: li
 
 async def _ramp(server: Server, counters: Counters, pubs: list[MqttConn], fan: int, qos: int,
                 p: Params) -> Result:
-    """Raise the fanout rate step by step until loss, p99 > max_p99_ms or the rate is not reached."""
+    """Find the highest sustainable fanout rate: go up by RAMP_FACTOR while a step passes, or down while
+    the first steps fail. A step fails on loss, p99 > max_p99_ms, or missing the target rate."""
     rate = p.ramp_start
     best: Result | None = None
-    last: Result | None = None
+    failed: Result | None = None
     steps = 0
     for steps in range(1, max(1, p.max_steps) + 1):  # noqa: B007 - reported below
-        last = await _phase(server, "fanout", counters, pubs, fan, qos, p, p.step_seconds, rate / fan)
-        ok = (last.lost == 0 and (last.p99_ms or 0.0) <= p.max_p99_ms and last.rate >= 0.95 * rate
-              and "skipped_window_full" not in last.extra)
-        if not ok:
-            break
-        best = last
-        rate *= RAMP_FACTOR
-    out = best or last
+        r = await _phase(server, "fanout", counters, pubs, fan, qos, p, p.step_seconds, rate / fan)
+        r.extra["target_deliveries_per_s"] = rate
+        ok = (r.lost == 0 and (r.p99_ms or 0.0) <= p.max_p99_ms and r.rate >= 0.95 * rate
+              and "skipped_window_full" not in r.extra)
+        if ok:
+            best = r
+            if failed is not None:
+                break  # came down from a failure: this is the answer
+            rate *= RAMP_FACTOR
+        else:
+            failed = r
+            if best is not None:
+                break
+            rate /= RAMP_FACTOR
+    out = best or failed
     assert out is not None
-    out.extra.update(max_search_steps=steps, sustainable=1.0 if best is not None else 0.0,
-                     failed_at_deliveries_per_s=last.rate if last is not best and last else 0.0)
+    out.extra["max_search_steps"] = steps
+    out.extra["sustainable"] = 1.0 if best is not None else 0.0
+    if failed is not None and failed is not out:
+        out.extra["failed_at_target"] = failed.extra["target_deliveries_per_s"]
+        out.extra["failed_p99_ms"] = failed.p99_ms or 0.0
+        out.extra["failed_lost"] = failed.lost
     return out
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from extensions.acl import AclFile
-from extensions.hooks import AllowAll, Authorizer, ClientInfo
+from extensions.hooks import AllowAll, Authorizer, ClientInfo, SubscribeAccess
 
 ANON = ClientInfo("anon-1", None)
 ROGER = ClientInfo("dev-7", "roger")
@@ -16,7 +16,8 @@ ALICE = ClientInfo("dev-8", "alice")  # has no user section
 
 def test_allow_all_is_an_authorizer() -> None:
     auth: Authorizer = AllowAll()
-    assert auth.allow_publish(ANON, "x") and auth.allow_subscribe(ANON, "#")
+    assert auth.allow_publish(ANON, "x") and auth.allow_read(ANON, "x")
+    assert auth.subscribe_access(ANON, "#") == SubscribeAccess.GRANTED
 
 
 @pytest.mark.parametrize(
@@ -218,3 +219,15 @@ def test_big_file_lookup_uses_indexes() -> None:
     assert not acl.allow_publish(ANON, "site5/blocked/data")
     assert not acl.allow_publish(ANON, "site20000/a/data")
     assert acl.allow_subscribe(ANON, "site7/+/data")
+
+
+def test_subscribe_access_grants_filters_or_denies() -> None:
+    acl = AclFile.parse("topic read shared/#\ntopic deny shared/secret/#\ntopic read public/+\n")
+    assert acl.subscribe_access(ANON, "public/x") == SubscribeAccess.GRANTED
+    # overlaps a deny: granted, but each delivery is checked
+    assert acl.subscribe_access(ANON, "shared/#") == SubscribeAccess.FILTERED
+    assert acl.allow_read(ANON, "shared/a") and not acl.allow_read(ANON, "shared/secret/a")
+    assert acl.subscribe_access(ANON, "#") == SubscribeAccess.FILTERED
+    assert acl.subscribe_access(ANON, "public/#") == SubscribeAccess.FILTERED
+    assert acl.subscribe_access(ANON, "private/#") == SubscribeAccess.DENIED
+    assert acl.subscribe_access(ANON, "shared/secret/x") == SubscribeAccess.DENIED

@@ -265,7 +265,7 @@ class PahoClient:
 
     def _on_message(self, client: Any, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         props = props_dict(getattr(msg, "properties", None))
-        self.messages.put(Received(msg.topic, msg.payload, msg.qos, bool(msg.retain), bool(msg.dup), props))
+        self.messages.put(Received(msg.topic, bytes(msg.payload), msg.qos, bool(msg.retain), bool(msg.dup), props))
 
     def _ack(self, mid: int, value: Any) -> None:
         with self._acks_cond:
@@ -341,12 +341,12 @@ class PahoClient:
             rc, mid = self.client.subscribe(topic, qos)
         else:
             rc, mid = self.client.subscribe(topic)
-        assert rc == mqtt.MQTT_ERR_SUCCESS, rc
+        assert rc == mqtt.MQTT_ERR_SUCCESS and mid is not None, rc
         return list(self.wait_ack(mid, timeout))
 
     def unsubscribe(self, topic: str, timeout: float = 5.0) -> list[int]:
         rc, mid = self.client.unsubscribe(topic)
-        assert rc == mqtt.MQTT_ERR_SUCCESS, rc
+        assert rc == mqtt.MQTT_ERR_SUCCESS and mid is not None, rc
         return list(self.wait_ack(mid, timeout))
 
     def publish(self, topic: str, payload: bytes | str, qos: int = 0, retain: bool = False,
@@ -404,7 +404,7 @@ class PahoClient:
         """Abnormal close: the socket goes away without DISCONNECT."""
         self._stop_loop()
         sock = self.client.socket()
-        if sock is not None:
+        if isinstance(sock, socket.socket):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.codec import Connect, Disconnect, Publish, encode
+from gateway.codec import Connack, Connect, Disconnect, Publish, encode
 from tests.integration.conftest import TARGET, Gateway, GatewayFactory, PahoClient, PahoFactory
 from tests.integration.rawmqtt import RawClient, mqtt_str, varint
 
@@ -105,7 +105,7 @@ def test_connect_with_reserved_flag_closes(gateway: Gateway, paho_factory: PahoF
     body = mqtt_str("MQTT") + bytes([4, 0x03]) + (60).to_bytes(2, "big") + mqtt_str("resv")  # bit 0 set
     raw.send_raw(b"\x10" + varint(len(body)) + body)
     got = raw.until_closed(2.0)
-    assert all(type(p).__name__ == "Connack" and p.reason_code != 0 for p in got), got
+    assert all(isinstance(p, Connack) and p.reason_code != 0 for p in got), got
     still_healthy(gateway, ok, b"after")
 
 
