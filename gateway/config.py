@@ -26,7 +26,7 @@ class Settings(BaseSettings):
     max_packet_size: int = Field(1024 * 1024, ge=64, le=268_435_460, description="bytes, whole packet")
     max_client_id_length: int = Field(65535, ge=23)
     max_topic_levels: int = Field(128, ge=1)
-    max_inflight: int = Field(64, ge=1, le=65535, description="outbound QoS 1/2 window per client")
+    max_inflight: int = Field(512, ge=1, le=65535, description="outbound QoS 1/2 window per client")
     max_inbound_qos2: int = Field(1024, ge=1, description="inbound QoS 2 awaiting PUBREL per client")
     retry_interval: float = Field(20.0, gt=0, description="s before an unacked 3.1.1 QoS 1/2 is resent")
     max_session_expiry: int = Field(0xFFFFFFFF, ge=0, description="cap on session expiry interval (s)")

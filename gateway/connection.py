@@ -160,12 +160,12 @@ class MqttConnection(asyncio.Protocol):
         if self._state != _CLOSED and self.transport is not None:
             self.transport.writelines(chunks)
 
-    def write_ack(self, ack: bytes) -> None:
-        """A PUBACK/PUBREC whose message is now durable."""
-        self.unacked_in -= 1
+    def write_acks(self, acks: list[bytes]) -> None:
+        """PUBACK/PUBREC packets whose messages are now durable."""
+        self.unacked_in -= len(acks)
         if self._state == _CLOSED or self.transport is None:
             return
-        self.transport.write(ack)
+        self.transport.writelines(acks)
         if self.reading_paused and self.unacked_in <= self.node.settings.max_inbound_qos2 // 2:
             self.reading_paused = False
             self.transport.resume_reading()

@@ -59,6 +59,7 @@ class Node:
         self.connections: dict[str, MqttConnection] = {}
         self._queue_sessions: dict[str, set[Session]] = {}
         self._wildcards: FilterTrie[str] = FilterTrie()  # wildcard queues, derived from all live sessions
+        self._topic_queues: dict[str, tuple[str, ...]] = {}  # topic → queues; cleared when wildcards change
         self._offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
         self._client_locks: dict[str, asyncio.Lock] = {}
         self._will_timers: dict[str, asyncio.TimerHandle] = {}
@@ -219,11 +220,13 @@ class Node:
     # --- subscriptions ------------------------------------------------------------------------------------
     def _add_wildcard(self, topic_filter: str, client_id: str) -> None:
         if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
-            self._wildcards.add(topic_filter, client_id)
+            if self._wildcards.add(topic_filter, client_id):
+                self._topic_queues.clear()
 
     def _remove_wildcard(self, topic_filter: str, client_id: str) -> None:
         if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
-            self._wildcards.remove(topic_filter, client_id)
+            if self._wildcards.remove(topic_filter, client_id):
+                self._topic_queues.clear()
 
     def _register(self, session: Session, queue: str) -> None:
         sessions = self._queue_sessions.get(queue)
@@ -341,6 +344,14 @@ class Node:
 
     # --- publish pipeline ---------------------------------------------------------------------------------
     def queues_for(self, topic: str) -> tuple[str, ...]:
+        queues = self._topic_queues.get(topic)
+        if queues is None:
+            if len(self._topic_queues) >= 65536:
+                self._topic_queues.clear()  # bounded; hot topics come back on their next publish
+            queues = self._topic_queues[topic] = self._queues_for(topic)
+        return queues
+
+    def _queues_for(self, topic: str) -> tuple[str, ...]:
         first = first_level_queue(topic)
         queues = [topic, first]
         if len(self._wildcards):
@@ -393,8 +404,15 @@ class Node:
 
     async def _ack_when_durable(self, acks: list[tuple[MqttConnection, bytes]]) -> None:
         await self.store.sync()
+        per_conn: dict[MqttConnection, list[bytes]] = {}
         for conn, ack in acks:
-            conn.write_ack(ack)
+            chunks = per_conn.get(conn)
+            if chunks is None:
+                per_conn[conn] = [ack]
+            else:
+                chunks.append(ack)
+        for conn, chunks in per_conn.items():
+            conn.write_acks(chunks)
 
     def _on_notify(self, queues: set[str]) -> None:
         self._notified |= queues

@@ -173,7 +173,7 @@ class Session:
         if entry.stream:
             self.owner.session_dirty(self)
         if self.pending or self.extra:
-            self.pull()
+            self._schedule_pull()  # once per tick: every ack read in this tick frees credit first
 
     # --- pushing ------------------------------------------------------------------------------------------
     def send_retained(self, messages: list[Message], max_qos: int) -> None:

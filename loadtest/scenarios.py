@@ -6,8 +6,9 @@ import asyncio
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from loadtest.client import DISCONNECT, Counters, MqttConn, Publisher, connect, disconnect
 from loadtest.servers import SERVER_CORE, Server, core_busy_seconds
@@ -336,7 +337,7 @@ async def connect_rate(server: Server, p: Params) -> Result:
 
 
 ScenarioFn = Callable[[Server, Params], Awaitable[Result]]
-SCENARIOS: dict[str, ScenarioFn] = {
+SCENARIOS: Mapping[str, ScenarioFn] = MappingProxyType({
     "fanout": fanout, "fanin": fanin, "pairs": pairs, "latency": latency, "idle": idle,
     "connect": connect_rate,
-}
+})

@@ -78,6 +78,7 @@ def test_kill9_loses_no_acked_message(gateway: Gateway, paho_factory: PahoFactor
     pub.close()
     acked = {mids[mid] for mid, rc in pub.acks_snapshot().items() if mid in mids and rc in (0, 0x10)}
     assert acked, "nothing was acked before the kill: the test did not exercise anything"
+    assert len(acked) < n, "the stream ended before the kill: nothing was in flight"
     before_kill = [num for t, num in received]
 
     gateway.start()
