@@ -41,8 +41,20 @@ class Settings(BaseSettings):
     retention_bytes: int = Field(0, ge=0, description="0: unlimited")
     retention_seconds: int = Field(7 * 24 * 3600, ge=0, description="0: unlimited")
     cache_messages_per_queue: int = Field(4096, ge=16)
+    store_recent_messages: int = Field(8192, ge=0, description="newest messages the store keeps decoded in memory")
+    # MQTT 5 and shared subscriptions
+    topic_alias_maximum: int = Field(64, ge=0, le=65535, description="inbound topic aliases per client")
+    response_information: str = Field("reply/", description="CONNACK Response Information prefix (+client id)")
+    shared_strategy: Literal["least_inflight", "round_robin", "random", "sticky", "hash_clientid",
+                             "hash_topic"] = "least_inflight"
+    shared_strategies: dict[str, str] = Field(default_factory=dict,
+                                              description="group name glob → strategy, e.g. {'jobs*': 'round_robin'}")
+    # $SYS
+    sys_events: bool = Field(True, description="publish client lifecycle events under $SYS/brokers/<node>/")
+    sys_interval: float = Field(10.0, gt=0, description="s between $SYS statistics")
     # extensions
     acl_file: Path | None = None
+    auth_file: Path | None = Field(None, description="SCRAM-SHA-256 credentials for MQTT 5 enhanced auth")
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["logfmt", "json"] = "logfmt"

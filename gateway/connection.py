@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from typing import Any, cast
 
 from extensions.hooks import ClientInfo
 from gateway.codec import (
     PINGRESP,
+    Auth,
     Connack,
     ConnackCode311,
     Connect,
@@ -34,58 +34,27 @@ from gateway.codec import (
     Unsuback,
     Unsubscribe,
     encode,
-    encode_properties,
     puback,
     pubcomp,
     pubrec,
 )
+from gateway.connect import Refusal, Terms, expires_at, negotiate, stored_properties
 from gateway.node import Node
 from gateway.session import Session
-from gateway.topics import valid_topic_name
 from store.base import NEVER_EXPIRES, Message
 
 log = logging.getLogger("tidewire.conn")
 
-# Properties that depend on the receiver or the clock: never stored with the message.
-_PER_HOP = (PropertyId.TOPIC_ALIAS, PropertyId.MESSAGE_EXPIRY_INTERVAL, PropertyId.SUBSCRIPTION_IDENTIFIER)
-_NEW, _CONNECTING, _CONNECTED, _CLOSED = range(4)
+_NEW, _CONNECTING, _AUTHENTICATING, _CONNECTED, _CLOSED = range(5)
 _NOBODY = ClientInfo("", None)
 
-
-def _stored_properties(props: dict[int, Any]) -> bytes:
-    if not props:
-        return b""
-    kept = {k: v for k, v in props.items() if k not in _PER_HOP}
-    return encode_properties(kept) if kept else b""
-
-
-def _expires_at(props: dict[int, Any], now_ms: int) -> int:
-    interval = props.get(PropertyId.MESSAGE_EXPIRY_INTERVAL) if props else None
-    return now_ms + interval * 1000 if interval is not None else 0
 
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = (
-        "_backlog",
-        "_deadline_handle",
-        "_state",
-        "client_id",
-        "expiry",
-        "inbound_qos2",
-        "info",
-        "keepalive",
-        "last_rx",
-        "level",
-        "node",
-        "parser",
-        "paused",
-        "peer",
-        "reading_paused",
-        "session",
-        "transport",
-        "unacked_in",
-        "will",
-        "will_delay",
+        "_backlog", "_deadline_handle", "_state", "alias_max", "aliases_in", "auth", "client_id", "expiry",
+        "inbound_qos2", "info", "keepalive", "last_rx", "level", "max_packet", "node", "parser", "paused", "peer",
+        "pending_qos1", "reading_paused", "session", "transport", "unacked_in", "will", "will_delay",
     )
 
     def __init__(self, node: Node) -> None:
@@ -101,6 +70,11 @@ class MqttConnection(asyncio.Protocol):
         self.paused = False
         self.reading_paused = False
         self.unacked_in = 0  # inbound QoS 1/2 publishes waiting for the store
+        self.pending_qos1 = 0  # inbound QoS 1 publishes not yet acknowledged (counts against Receive Maximum)
+        self.alias_max = 0  # the client's Topic Alias Maximum: outgoing aliases we may use
+        self.max_packet = 0  # the client's Maximum Packet Size (0: no limit)
+        self.aliases_in: dict[int, str] | None = None
+        self.auth: Any = None  # enhanced authentication in progress (MQTT 5 AUTH)
         self.inbound_qos2: set[int] | None = None  # created on the first QoS 2 publish
         self.will: Message | None = None
         self.will_delay = 0
@@ -130,6 +104,11 @@ class MqttConnection(asyncio.Protocol):
         for packet in packets:
             if self._state == _CONNECTED:
                 self._handle(packet)
+            elif self._state == _AUTHENTICATING:
+                if type(packet) is Auth:
+                    self._on_auth(packet)
+                else:
+                    self.abort(ReasonCode.PROTOCOL_ERROR, f"{type(packet).__name__} during authentication")
             elif self._state == _CONNECTING:
                 if self._backlog is None:
                     self._backlog = []
@@ -158,11 +137,15 @@ class MqttConnection(asyncio.Protocol):
     # --- writing ------------------------------------------------------------------------------------------
     def write_chunks(self, chunks: list[bytes]) -> None:
         if self._state != _CLOSED and self.transport is not None:
-            self.transport.writelines(chunks)
+            if len(chunks) == 1:
+                self.transport.write(chunks[0])
+            else:
+                self.transport.writelines(chunks)
 
-    def write_acks(self, acks: list[bytes]) -> None:
-        """PUBACK/PUBREC packets whose messages are now durable."""
+    def write_acks(self, acks: list[bytes], qos1: int) -> None:
+        """PUBACK/PUBREC packets whose messages are now durable (`qos1` of them are PUBACKs)."""
         self.unacked_in -= len(acks)
+        self.pending_qos1 -= qos1
         if self._state == _CLOSED or self.transport is None:
             return
         self.transport.writelines(acks)
@@ -192,14 +175,16 @@ class MqttConnection(asyncio.Protocol):
     def shutdown(self, reason: int) -> None:
         """Server-initiated close (shutdown): the session is parked, the will stays for the next start."""
         if self.level >= 5 and self._state == _CONNECTED:
-            self._send(Disconnect(reason))
+            self._send(Disconnect(reason, {PropertyId.REASON_STRING: "server shutting down"}))
         self._closed(will=False, reason="server shutdown", keep_will=True)
 
     def take_over(self) -> Session | None:
         """Another connection claims this client id: close this one and hand its session over."""
         session = self.session
+        self.node.sys.event(self.client_id, "takeover", address=self.peer, proto_ver=self.level)
         if self.level >= 5 and self._state == _CONNECTED:
-            self._send(Disconnect(ReasonCode.SESSION_TAKEN_OVER))
+            self._send(Disconnect(ReasonCode.SESSION_TAKEN_OVER,
+                                  {PropertyId.REASON_STRING: "another connection took over this client id"}))
         self._closed(will=True, reason="session taken over", transfer=True)
         return session
 
@@ -222,6 +207,7 @@ class MqttConnection(asyncio.Protocol):
             self.node.spawn(self.node.store.delete_will(self.client_id))
         log.info("client.disconnected", extra={"client_id": self.client_id, "peer": self.peer,
                                                "reason": reason})
+        self.node.sys.event(self.client_id, "disconnected", address=self.peer, proto_ver=self.level, reason=reason)
 
     def _connect_timeout(self) -> None:
         self._deadline_handle = None
@@ -237,7 +223,8 @@ class MqttConnection(asyncio.Protocol):
         idle = time.monotonic() - self.last_rx
         if idle >= limit:
             if self.level >= 5:
-                self._send(Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT))
+                self._send(Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT,
+                                      {PropertyId.REASON_STRING: f"no packet for {idle:.1f} s"}))
             log.info("client.keepalive_timeout", extra={"client_id": self.client_id, "idle_s": round(idle, 2)})
             self._closed(will=True, reason="keepalive timeout")
             return
@@ -257,51 +244,82 @@ class MqttConnection(asyncio.Protocol):
         self._closed(will=False, reason=detail)
 
     async def _connect(self, packet: Connect) -> None:
-        settings = self.node.settings
-        v5 = self.level >= 5
-        props = packet.properties
-        client_id = packet.client_id
-        self.client_id = client_id
-        ack_props: dict[int, Any] = {}
-        if not client_id:
-            if not v5 and not packet.clean_start:
-                return self._refuse(ConnackCode311.IDENTIFIER_REJECTED, 0, "empty client id, clean=0")
-            client_id = self.client_id = "tw-" + uuid.uuid4().hex[:20]
-            if v5:
-                ack_props[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = client_id
-        if len(client_id) > settings.max_client_id_length:
-            return self._refuse(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
-                                "client id too long")
-        if PropertyId.AUTHENTICATION_METHOD in props:
-            return self._refuse(0, ReasonCode.BAD_AUTHENTICATION_METHOD, "enhanced auth not supported")
-        if len(self.node.connections) >= settings.max_connections and client_id not in self.node.connections:
-            return self._refuse(ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_BUSY, "max connections")
-        self.info = ClientInfo(client_id, packet.username, self.peer, self.level)
-        # keepalive: 5.0 clients are told the cap; 3.1.1 clients can't be told, so they keep what they asked
-        keepalive = packet.keepalive
-        if v5 and settings.max_keepalive and (keepalive == 0 or keepalive > settings.max_keepalive):
-            keepalive = settings.max_keepalive
-            ack_props[PropertyId.SERVER_KEEP_ALIVE] = keepalive
-        self.keepalive = keepalive
-        if v5:
-            expiry = min(props.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0), settings.max_session_expiry)
-        else:
-            expiry = 0 if packet.clean_start else min(NEVER_EXPIRES, settings.max_session_expiry)
-        self.expiry = expiry
-        window = min(settings.max_inflight, props.get(PropertyId.RECEIVE_MAXIMUM, 65535))
-        will = packet.will
-        if will is not None:
-            if not valid_topic_name(will.topic):
-                return self._refuse(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.TOPIC_NAME_INVALID,
-                                    "invalid will topic")
-            if not self.node.authorizer.allow_publish(self.info, will.topic):
-                return self._refuse(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, "will denied")
-            now_ms = int(time.time() * 1000)
-            self.will = Message(will.topic, will.payload, will.qos, will.retain,
-                                _stored_properties({k: v for k, v in will.properties.items()
-                                                    if k != PropertyId.WILL_DELAY_INTERVAL}),
-                                0, _expires_at(will.properties, now_ms), client_id)
-            self.will_delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0) if v5 else 0
+        node = self.node
+        try:
+            terms = negotiate(packet, node.settings, self.peer, node.authorizer, len(node.connections),
+                              packet.client_id in node.connections)
+        except Refusal as refusal:
+            self.client_id = packet.client_id
+            return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+        self.client_id = terms.client_id
+        method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
+        if method is not None:
+            auth = node.enhanced_auth.begin(method, terms.client_id, packet.username) if node.enhanced_auth else None
+            if auth is None:
+                return self._refuse(0, ReasonCode.BAD_AUTHENTICATION_METHOD, f"unknown auth method {method!r}")
+            self.auth = (auth, method, packet, terms)
+            self._state = _AUTHENTICATING
+            self._on_auth(Auth(ReasonCode.CONTINUE_AUTHENTICATION,
+                               {PropertyId.AUTHENTICATION_DATA: packet.properties.get(PropertyId.AUTHENTICATION_DATA)}))
+            if self._state == _AUTHENTICATING and self.transport is not None:
+                self.transport.resume_reading()
+            return None
+        return await self._open(packet, terms)
+
+    def _on_auth(self, packet: Auth) -> None:
+        """One step of MQTT 5 enhanced authentication, at CONNECT or re-authentication (AUTH 0x19)."""
+        if self._state == _CONNECTED:
+            method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
+            if packet.reason_code != ReasonCode.REAUTHENTICATE or method is None or self.auth is not None:
+                return self.abort(ReasonCode.PROTOCOL_ERROR, "unexpected AUTH")
+            auth = self.node.enhanced_auth.begin(method, self.client_id, self.info.username) \
+                if self.node.enhanced_auth else None
+            if auth is None:
+                return self.abort(ReasonCode.BAD_AUTHENTICATION_METHOD, "re-authentication method changed")
+            self.auth = (auth, method, None, None)
+        if self.auth is None or packet.reason_code not in (ReasonCode.CONTINUE_AUTHENTICATION,
+                                                           ReasonCode.REAUTHENTICATE):
+            return self.abort(ReasonCode.PROTOCOL_ERROR, "unexpected AUTH")
+        auth, method, connect, terms = self.auth
+        result = auth.step(packet.properties.get(PropertyId.AUTHENTICATION_DATA))
+        props: dict[int, Any] = {PropertyId.AUTHENTICATION_METHOD: method}
+        if result.data is not None:
+            props[PropertyId.AUTHENTICATION_DATA] = result.data
+        if not result.done:
+            self._send(Auth(ReasonCode.CONTINUE_AUTHENTICATION, props))
+            return None
+        self.auth = None
+        if not result.success:
+            log.info("client.auth_failed", extra={"client_id": self.client_id, "peer": self.peer,
+                                                  "detail": result.reason})
+            if connect is None:
+                return self.abort(ReasonCode.NOT_AUTHORIZED, "re-authentication failed")
+            return self._refuse(0, ReasonCode.NOT_AUTHORIZED, result.reason or "authentication failed")
+        if connect is None:  # re-authenticated
+            self._send(Auth(ReasonCode.SUCCESS, props))
+            return None
+        assert terms is not None
+        terms.ack_properties.update(props)
+        if result.username:
+            terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level)
+        self._state = _CONNECTING
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.node.spawn(self._open(connect, terms))
+        return None
+
+    async def _open(self, packet: Connect, terms: Terms) -> None:
+        """Authenticated: take over or restore the session and answer CONNACK."""
+        client_id = terms.client_id
+        self.info = terms.info
+        self.keepalive = keepalive = terms.keepalive
+        self.expiry = expiry = terms.expiry
+        self.alias_max = terms.alias_max
+        self.max_packet = terms.max_packet
+        self.will = terms.will
+        self.will_delay = terms.will_delay
+        window = terms.window
+        ack_props = terms.ack_properties
         session, present = await self.node.open_session(self, client_id, self.level, packet.clean_start,
                                                         expiry, window)
         if self._state == _CLOSED:  # the socket died while we were restoring the session
@@ -310,17 +328,13 @@ class MqttConnection(asyncio.Protocol):
         self.session = session
         if self.will is not None:
             self.node.store_will(client_id, self.will, self.will_delay)
-        if v5:
-            if settings.max_inbound_qos2 < 65535:
-                ack_props[PropertyId.RECEIVE_MAXIMUM] = settings.max_inbound_qos2
-            ack_props[PropertyId.MAXIMUM_PACKET_SIZE] = settings.max_packet_size
-            ack_props[PropertyId.SUBSCRIPTION_IDENTIFIER_AVAILABLE] = 0
-            ack_props[PropertyId.SHARED_SUBSCRIPTION_AVAILABLE] = 0
         self._send(Connack(present, 0, ack_props))
         self._state = _CONNECTED
         log.info("client.connected", extra={"client_id": client_id, "peer": self.peer, "level": self.level,
                                             "keepalive": keepalive, "clean_start": packet.clean_start,
                                             "session_present": present})
+        self.node.sys.event(client_id, "connected", address=self.peer, proto_ver=self.level, keepalive=keepalive,
+                            clean_start=packet.clean_start, expiry_interval=expiry, session_present=present)
         if self._deadline_handle is not None:
             self._deadline_handle.cancel()
             self._deadline_handle = None
@@ -363,6 +377,8 @@ class MqttConnection(asyncio.Protocol):
             self._on_unsubscribe(packet)
         elif kind is Disconnect:
             self._on_disconnect(packet)
+        elif kind is Auth and self.level >= 5:
+            self._on_auth(packet)
         else:
             self.abort(ReasonCode.PROTOCOL_ERROR, f"unexpected {kind.__name__}")
 
@@ -373,7 +389,24 @@ class MqttConnection(asyncio.Protocol):
         topic = packet.topic
         props = packet.properties
         if props and PropertyId.TOPIC_ALIAS in props:
-            return self.abort(ReasonCode.TOPIC_ALIAS_INVALID, "topic aliases are not enabled")
+            alias = props[PropertyId.TOPIC_ALIAS]
+            if not 0 < alias <= self.node.settings.topic_alias_maximum:
+                return self.abort(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
+            if self.aliases_in is None:
+                self.aliases_in = {}
+            if topic:
+                self.aliases_in[alias] = topic
+            else:
+                known = self.aliases_in.get(alias)
+                if known is None:
+                    return self.abort(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} was never set")
+                topic = known
+        if v5 and props.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1 and qos:
+            try:
+                packet.payload.decode("utf-8")
+            except UnicodeDecodeError:
+                self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
+                return None
         if topic.startswith("$SYS") or not self.node.authorizer.allow_publish(self.info, topic):
             log.info("acl.denied", extra={"client_id": self.client_id, "topic": topic, "access": "publish"})
             code = ReasonCode.NOT_AUTHORIZED if v5 else 0
@@ -387,8 +420,8 @@ class MqttConnection(asyncio.Protocol):
             self.transport.write(pubrec(pid))  # a resend before PUBREL: acknowledge, don't store twice
             return None
         now_ms = int(time.time() * 1000)
-        message = Message(topic, packet.payload, qos, packet.retain, _stored_properties(props) if v5 else b"",
-                          now_ms, _expires_at(props, now_ms) if v5 else 0, self.client_id)
+        message = Message(topic, packet.payload, qos, packet.retain, stored_properties(props) if v5 else b"",
+                          now_ms, expires_at(props, now_ms) if v5 else 0, self.client_id)
         if qos == 0:
             self.node.publish(message)
             return None
@@ -399,6 +432,10 @@ class MqttConnection(asyncio.Protocol):
                 return self.abort(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS 2 publishes in flight")
             self.inbound_qos2.add(pid)
         self.unacked_in += 1
+        if qos == 1:
+            self.pending_qos1 += 1
+            if v5 and self.pending_qos1 + len(self.inbound_qos2 or ()) > self.node.settings.max_inbound_qos2:
+                return self.abort(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged publishes than allowed")
         if self.unacked_in > self.node.settings.max_inbound_qos2 and not self.reading_paused:
             # The store is behind: stop reading this client until its acks catch up (no unbounded buffer).
             self.reading_paused = True
@@ -419,7 +456,10 @@ class MqttConnection(asyncio.Protocol):
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session
         assert session is not None
-        codes, retained = self.node.subscribe(session, self, packet.subscriptions)
+        if any(s.no_local and s.topic_filter.startswith("$share/") for s in packet.subscriptions):
+            return self.abort(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
+        ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER) if packet.properties else None
+        codes, retained = self.node.subscribe(session, self, packet.subscriptions, ids[0] if ids else 0)
         self._send(Suback(packet.packet_id, codes))
         log.info("client.subscribed", extra={"client_id": self.client_id,
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})

@@ -11,35 +11,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Iterable
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from cache.queue_cache import QueueCache
-from extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
+from extensions.auth import EnhancedAuth
+from extensions.hooks import Authorizer
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
-from gateway.session import Session
-from gateway.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
+from gateway.session import SHARED_PREFIX, Session
+from gateway.shared import SharedGroup
+from gateway.subscriptions import P2P_PREFIX, SubscriptionRegistry
+from gateway.sys_topics import Counters, SysTopics
 from lookup.base import Lookup
 from notify.base import Notifier
-from store.base import NEVER_EXPIRES, Message, SessionRecord, Store, SubscriptionRecord, WillRecord
+from store.base import NEVER_EXPIRES, Message, SessionRecord, Store, WillRecord
 
 if TYPE_CHECKING:
     from gateway.connection import MqttConnection
 
 log = logging.getLogger("tidewire.node")
-
-P2P_PREFIX = "p2p#"  # '#' can't appear in a topic name or inside a filter level: no clash with other queues
-
-
-def p2p_queue(client_id: str) -> str:
-    return P2P_PREFIX + client_id
-
-
-def is_first_level_queue(topic_filter: str) -> bool:
-    """`a/#` is the first-level queue every message of `a/...` is indexed into anyway."""
-    head = topic_filter[:-2]
-    return topic_filter.endswith("/#") and "/" not in head and "+" not in head and "#" not in head
 
 
 def _now_ms() -> int:
@@ -48,8 +39,9 @@ def _now_ms() -> int:
 
 class Node:
     def __init__(self, settings: Settings, store: Store, lookup: Lookup, notifier: Notifier,
-                 authorizer: Authorizer) -> None:
+                 authorizer: Authorizer, enhanced_auth: EnhancedAuth | None = None) -> None:
         self.settings = settings
+        self.enhanced_auth = enhanced_auth
         self.node_id = settings.node_id
         self.store = store
         self.lookup = lookup
@@ -57,9 +49,9 @@ class Node:
         self.authorizer = authorizer
         self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch)
         self.connections: dict[str, MqttConnection] = {}
-        self._queue_sessions: dict[str, set[Session]] = {}
-        self._wildcards: FilterTrie[str] = FilterTrie()  # wildcard queues, derived from all live sessions
-        self._topic_queues: dict[str, tuple[str, ...]] = {}  # topic → queues; cleared when wildcards change
+        self.subscriptions = SubscriptionRegistry(self)
+        self.counters = Counters()
+        self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
         self._offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
         self._client_locks: dict[str, asyncio.Lock] = {}
         self._will_timers: dict[str, asyncio.TimerHandle] = {}
@@ -67,7 +59,7 @@ class Node:
         self._batch: list[Message] = []
         self._acks: list[tuple[MqttConnection, bytes]] = []
         self._retained: list[Message] = []
-        self._dirty: set[Session] = set()
+        self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
         self._notified: set[str] = set()
         self._dispatch_wanted = asyncio.Event()
@@ -79,7 +71,11 @@ class Node:
     async def start(self) -> None:
         self.notifier.register(self.node_id, self._on_notify)
         now = _now_ms()
+        live: list[SessionRecord] = []
         for record in await self.store.list_sessions():
+            if record.client_id.startswith(SHARED_PREFIX):
+                live.append(record)  # a shared group's offset
+                continue
             if record.disconnected_at_ms == 0:  # online when the previous process died
                 record.disconnected_at_ms = now
                 await self.store.put_session(record)
@@ -87,8 +83,8 @@ class Node:
                 await self.store.delete_session(record.client_id)
                 continue
             self._offline_expiry[record.client_id] = self._expiry_deadline(record)
-            for topic_filter in record.subscriptions:
-                self._add_wildcard(topic_filter, record.client_id)
+            live.append(record)
+        self.subscriptions.load(live)
         for will in await self.store.list_wills():
             # Its connection died with the previous process without a DISCONNECT.
             self.publish(will.message)
@@ -148,7 +144,7 @@ class Node:
                     record = None
             if clean_start:
                 if session is not None:
-                    self._forget_subscriptions(session.record)
+                    self.subscriptions.forget(session.record)
                     session = None
                 if record is not None:
                     await self._drop_stored(record)
@@ -169,11 +165,7 @@ class Node:
             session.window = window
             self.connections[client_id] = conn
             self.lookup.set_client_location(client_id, self.node_id)
-            for topic_filter in record.subscriptions:
-                self._register(session, topic_filter)
-                # The ACL may have changed while the client was away.
-                self._set_access(session, conn.info, topic_filter,
-                                 self.authorizer.subscribe_access(conn.info, topic_filter))
+            self.subscriptions.attach(session, conn.info)
             if session.persistent:
                 await self.store.put_session(session.snapshot())
         if not lock.locked() and self._client_locks.get(client_id) is lock:
@@ -185,8 +177,7 @@ class Node:
         if self.connections.get(session.client_id) is conn:
             del self.connections[session.client_id]
             self.lookup.remove_client_location(session.client_id, self.node_id)
-        for topic_filter in session.subscriptions:
-            self._unregister(session, topic_filter)
+        self.subscriptions.detach(session)
         session.detach()
         self._dirty.discard(session)
         if transfer:
@@ -197,7 +188,7 @@ class Node:
             self._offline_expiry[session.client_id] = self._expiry_deadline(record)
             self.spawn(self.store.put_session(record))
         else:
-            self._forget_subscriptions(session.record)
+            self.subscriptions.forget(session.record)
             self.spawn(self.store.delete_session(session.client_id))
 
     def _expiry_deadline(self, record: SessionRecord) -> int:
@@ -209,115 +200,43 @@ class Node:
         return record.disconnected_at_ms > 0 and self._expiry_deadline(record) <= now_ms
 
     async def _drop_stored(self, record: SessionRecord) -> None:
-        self._forget_subscriptions(record)
+        self.subscriptions.forget(record)
         self._offline_expiry.pop(record.client_id, None)
         await self.store.delete_session(record.client_id)
 
-    def _forget_subscriptions(self, record: SessionRecord) -> None:
-        for topic_filter in record.subscriptions:
-            self._remove_wildcard(topic_filter, record.client_id)
-
-    # --- subscriptions ------------------------------------------------------------------------------------
-    def _add_wildcard(self, topic_filter: str, client_id: str) -> None:
-        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
-            if self._wildcards.add(topic_filter, client_id):
-                self._topic_queues.clear()
-
-    def _remove_wildcard(self, topic_filter: str, client_id: str) -> None:
-        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
-            if self._wildcards.remove(topic_filter, client_id):
-                self._topic_queues.clear()
-
-    def _register(self, session: Session, queue: str) -> None:
-        sessions = self._queue_sessions.get(queue)
-        if sessions is None:
-            sessions = self._queue_sessions[queue] = set()
-        if session not in sessions:
-            sessions.add(session)
-            self.cache.track(queue)
-            self.lookup.add_queue_subscriber(queue, self.node_id)
-
-    def _unregister(self, session: Session, queue: str) -> None:
-        sessions = self._queue_sessions.get(queue)
-        if sessions is not None and session in sessions:
-            sessions.discard(session)
-            if not sessions:
-                del self._queue_sessions[queue]
-            self.cache.untrack(queue)
-            self.lookup.remove_queue_subscriber(queue, self.node_id)
-
-    def subscribe(self, session: Session, conn: MqttConnection,
-                  requests: list[SubscriptionRequest]) -> tuple[list[int], list[tuple[str, int]]]:
-        """Register subscriptions; returns SUBACK codes and the (filter, qos) whose retained messages to send."""
-        v5 = session.level >= 5
-        codes: list[int] = []
-        retained: list[tuple[str, int]] = []
-        for request in requests:
-            topic_filter = request.topic_filter
-            if not valid_topic_filter(topic_filter) or topic_filter.count("/") >= self.settings.max_topic_levels:
-                codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
-                continue
-            if topic_filter.startswith("$share/"):
-                codes.append(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else 0x80)
-                continue
-            access = self.authorizer.subscribe_access(conn.info, topic_filter)
-            if access == SubscribeAccess.DENIED:
-                log.info("acl.denied", extra={"client_id": session.client_id, "filter": topic_filter,
-                                              "access": "subscribe"})
-                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
-                continue
-            qos = min(request.qos, 2)
-            self._set_access(session, conn.info, topic_filter, access)
-            existing = session.subscriptions.get(topic_filter)
-            since = existing.since_seq if existing is not None else self.store.last_seq()
-            session.subscriptions[topic_filter] = SubscriptionRecord(
-                topic_filter, qos, request.no_local, request.retain_as_published, request.retain_handling,
-                0, since)
-            if existing is None:
-                self._register(session, topic_filter)
-                self._add_wildcard(topic_filter, session.client_id)
-            if request.retain_handling == 0 or (request.retain_handling == 1 and existing is None):
-                retained.append((topic_filter, qos))
-            codes.append(qos)
+    # --- subscriptions ----------------------------------------------------------------------------------
+    def subscribe(self, session: Session, conn: MqttConnection, requests: list[SubscriptionRequest],
+                  sub_id: int = 0) -> tuple[list[int], list[tuple[str, int, int]]]:
+        codes, retained = self.subscriptions.subscribe(session, conn.info, requests, sub_id)
+        for request, code in zip(requests, codes, strict=True):
+            if code < 0x80:
+                self.sys.event(session.client_id, "subscribed", topic=request.topic_filter, qos=code)
         return codes, retained
 
-    def _set_access(self, session: Session, client: ClientInfo, topic_filter: str,
-                    access: SubscribeAccess) -> None:
-        if access == SubscribeAccess.GRANTED:
-            if session.filtered:
-                session.filtered.discard(topic_filter)
-            return
-        if session.filtered is None:
-            session.filtered = set()
-        session.filtered.add(topic_filter)
-        if session.read_check is None:
-            authorizer = self.authorizer
-            session.read_check = lambda topic: authorizer.allow_read(client, topic)
-
     def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
-        codes: list[int] = []
-        for topic_filter in filters:
-            if session.subscriptions.pop(topic_filter, None) is None:
-                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
-                continue
-            if session.filtered:
-                session.filtered.discard(topic_filter)
-            self._unregister(session, topic_filter)
-            self._remove_wildcard(topic_filter, session.client_id)
-            codes.append(ReasonCode.SUCCESS)
+        codes = self.subscriptions.unsubscribe(session, filters)
+        for topic_filter, code in zip(filters, codes, strict=True):
+            if code == 0:
+                self.sys.event(session.client_id, "unsubscribed", topic=topic_filter)
         return codes
 
-    async def send_retained(self, session: Session, filters: list[tuple[str, int]]) -> None:
+    async def send_retained(self, session: Session, filters: list[tuple[str, int, int]]) -> None:
         now = _now_ms()
-        for topic_filter, qos in filters:
+        for topic_filter, qos, sub_id in filters:
             messages = await self.store.match_retained(topic_filter)
             live = [m for m in messages if not m.expires_at_ms or m.expires_at_ms > now]
             if live:
-                session.send_retained(live, qos)
+                session.send_retained(live, qos, sub_id)
 
-    def session_dirty(self, session: Session) -> None:
+    def session_dirty(self, session: Session | SharedGroup) -> None:
         if session.persistent:
             self._dirty.add(session)
+
+    def count_out(self, messages: int, nbytes: int, dropped: int) -> None:
+        counters = self.counters
+        counters.messages_out += messages
+        counters.bytes_out += nbytes
+        counters.dropped += dropped
 
     # --- wills --------------------------------------------------------------------------------------------
     def schedule_will(self, client_id: str, message: Message, delay: int) -> None:
@@ -343,30 +262,14 @@ class Node:
         self.spawn(self.store.put_will(WillRecord(client_id, message, delay)))
 
     # --- publish pipeline ---------------------------------------------------------------------------------
-    def queues_for(self, topic: str) -> tuple[str, ...]:
-        queues = self._topic_queues.get(topic)
-        if queues is None:
-            if len(self._topic_queues) >= 65536:
-                self._topic_queues.clear()  # bounded; hot topics come back on their next publish
-            queues = self._topic_queues[topic] = self._queues_for(topic)
-        return queues
-
-    def _queues_for(self, topic: str) -> tuple[str, ...]:
-        first = first_level_queue(topic)
-        queues = [topic, first]
-        if len(self._wildcards):
-            for topic_filter, _ in self._wildcards.match(topic):
-                queues.append(topic_filter)
-        parts = topic.split("/", 2)
-        if len(parts) == 3 and parts[1] == "p2p" and parts[2]:
-            queues.append(p2p_queue(parts[2]))
-        return tuple(queues)
-
     def publish(self, message: Message, conn: MqttConnection | None = None, ack: bytes = b"") -> None:
         """Queue a message for the next append batch; `ack` goes to `conn` once the batch is durable."""
         if not message.timestamp_ms:
             message.timestamp_ms = _now_ms()
-        message.queues = self.queues_for(message.topic)
+        message.queues = self.subscriptions.queues_for(message.topic)
+        counters = self.counters
+        counters.messages_in += 1
+        counters.bytes_in += len(message.payload)
         self._batch.append(message)
         if ack and conn is not None:
             self._acks.append((conn, ack))
@@ -412,7 +315,7 @@ class Node:
             else:
                 chunks.append(ack)
         for conn, chunks in per_conn.items():
-            conn.write_acks(chunks)
+            conn.write_acks(chunks, sum(1 for ack in chunks if ack[0] == 0x40))
 
     def _on_notify(self, queues: set[str]) -> None:
         self._notified |= queues
@@ -423,17 +326,25 @@ class Node:
             await self._dispatch_wanted.wait()
             self._dispatch_wanted.clear()
             queues, self._notified = self._notified, set()
-            live = [q for q in queues if q in self._queue_sessions]
+            readers = self.subscriptions.readers
+            live = [q for q in queues if q in readers]
             for queue in live:
                 await self.cache.refresh(queue)
             for queue in live:
-                for session in self._queue_sessions.get(queue, ()):
-                    session.pull()
+                for reader in list(readers.get(queue, ())):
+                    try:
+                        reader.pull()
+                    except Exception:  # one reader's bug must not stop delivery to every other one
+                        log.exception("dispatch.pull_failed", extra={"queue": queue})
 
     async def _housekeeping_loop(self) -> None:
         retention_due = 0.0
+        stats_due = time.monotonic() + self.settings.sys_interval
         while True:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(min(1.0, self.settings.sys_interval))
+            if time.monotonic() >= stats_due:
+                stats_due = time.monotonic() + self.settings.sys_interval
+                self.sys.stats(self.counters, self.gauges())
             if self._dirty:
                 self._flush_wanted.set()
             now = _now_ms()
@@ -451,9 +362,10 @@ class Node:
                 if enforce is not None:
                     await enforce()
 
-    def stats(self) -> dict[str, int]:
-        return {"connections": len(self.connections), "queues": len(self._queue_sessions),
-                "wildcards": len(self._wildcards)}
-
-    def local_queues(self) -> Iterable[str]:
-        return self._queue_sessions.keys()
+    def gauges(self) -> dict[str, int]:
+        return {"clients/connected": len(self.connections),
+                "subscriptions/count": sum(1 for conn in self.connections.values() if conn.session is not None
+                                           for f in conn.session.subscriptions if not f.startswith(P2P_PREFIX)),
+                "queues/local": len(self.subscriptions.readers),
+                "queues/wildcard": self.subscriptions.wildcard_count(),
+                "shared/groups": len(self.subscriptions.groups)}

@@ -10,6 +10,8 @@ from typing import Any
 
 from extensions.acl import AclFile
 from extensions.hooks import AllowAll, Authorizer
+from extensions.passwords import Credentials
+from extensions.scram import ScramSha256
 from gateway.config import Settings
 from gateway.connection import MqttConnection
 from gateway.node import Node
@@ -23,7 +25,7 @@ log = logging.getLogger("tidewire.server")
 def build_store(settings: Settings) -> EmbeddedStore:
     return EmbeddedStore(settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
                          segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
-                         retention_seconds=settings.retention_seconds)
+                         retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages)
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -31,7 +33,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     await store.open()
     lookup = InProcessLookup()
     authorizer: Authorizer = AclFile.load(settings.acl_file) if settings.acl_file else AllowAll()
-    node = Node(settings, store, lookup, LocalNotifier(lookup), authorizer)
+    enhanced_auth = ScramSha256(Credentials.load(settings.auth_file)) if settings.auth_file else None
+    node = Node(settings, store, lookup, LocalNotifier(lookup), authorizer, enhanced_auth)
     await node.start()
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: MqttConnection(node), settings.host, settings.port,

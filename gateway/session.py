@@ -1,8 +1,9 @@
 """A client's delivery state: subscriptions, one cursor over the merge of its queues, the in-flight window.
 
 Offsets are global seqs, so a session walks all its queues with a single cursor: a message indexed into two
-of its queues (overlapping filters) has one seq and is delivered once, at the highest granted QoS. The
-committed offset (what survives a disconnect or restart) is just below the oldest unacknowledged message.
+of its queues (overlapping filters) has one seq and is delivered once, at the highest granted QoS, carrying
+every matching subscription identifier. The committed offset (what survives a disconnect or a restart) is
+just below the oldest unacknowledged message. Shared-subscription messages are handed in by their group.
 """
 
 from __future__ import annotations
@@ -13,21 +14,34 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.codec import publish_parts, pubrel
+from gateway.codec import pubrel
+from gateway.outbound import encoded_publish, encoded_publish_with, with_dup
 from store.base import Message, SessionRecord, Store, SubscriptionRecord
 
 if TYPE_CHECKING:
     from cache.queue_cache import QueueCache
 
 _NO_HORIZON = 1 << 62
+SHARED_PREFIX = "$share/"
+Delivery = tuple[int, bool, tuple[int, ...]]  # qos (-1: skip), retain flag, subscription identifiers
 
 
 class Writer(Protocol):
     """The connection side a session pushes to."""
 
     paused: bool
+    alias_max: int  # the client's Topic Alias Maximum (0: none)
+    max_packet: int  # the client's Maximum Packet Size (0: no limit)
 
     def write_chunks(self, chunks: list[bytes]) -> None: ...
+
+
+class GroupHandle(Protocol):
+    """The shared-subscription group a message in flight belongs to."""
+
+    def acked(self, seq: int) -> None: ...
+
+    def returned(self, message: Message) -> None: ...
 
 
 class SessionOwner(Protocol):
@@ -38,36 +52,29 @@ class SessionOwner(Protocol):
 
     def session_dirty(self, session: Session) -> None: ...
 
+    def count_out(self, messages: int, nbytes: int, dropped: int) -> None: ...
+
 
 class Inflight:
-    __slots__ = ("message", "qos", "released", "sent_at", "stream")
+    __slots__ = ("group", "message", "qos", "released", "retain", "sent_at", "stream", "sub_ids")
 
-    def __init__(self, message: Message | None, qos: int, stream: bool, sent_at: float) -> None:
+    def __init__(self, message: Message | None, qos: int, stream: bool, sent_at: float, retain: bool = False,
+                 sub_ids: tuple[int, ...] = (), group: GroupHandle | None = None) -> None:
         self.message = message
         self.qos = qos
-        self.stream = stream  # False for retained deliveries, which are outside the queue stream
+        self.stream = stream  # False for retained and shared deliveries, which are outside the session's queues
         self.released = False  # PUBREC received, PUBREL sent: delivered, waiting for PUBCOMP
         self.sent_at = sent_at
-
-
-def encoded_publish(message: Message, level: int, qos: int, retain: bool) -> tuple[bytes, bytes]:
-    """The (head, tail) of this message's PUBLISH for one receiver kind, encoded once and shared."""
-    cache = message.encoded
-    if cache is None:
-        cache = message.encoded = {}
-    key = (level, qos, retain)
-    parts = cache.get(key)
-    if parts is None:
-        parts = cache[key] = publish_parts(message.topic, message.payload, qos, retain, message.properties,
-                                           level)
-    return parts
+        self.retain = retain
+        self.sub_ids = sub_ids
+        self.group = group
 
 
 class Session:
     __slots__ = (
-        "_pid", "_pull_handle", "_reading_store", "_retry_handle", "client_id", "conn", "cursor", "extra",
-        "filtered", "inflight", "level", "owner", "pending", "persistent", "pull_batch", "read_check", "record",
-        "retry_interval", "window",
+        "_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "client_id", "conn", "cursor",
+        "extra", "filtered", "inflight", "level", "owner", "pending", "persistent", "plain", "pull_batch",
+        "read_check", "record", "retry_interval", "stream_subs", "window",
     )
 
     def __init__(self, owner: SessionOwner, record: SessionRecord, *, persistent: bool, window: int,
@@ -82,11 +89,14 @@ class Session:
         self.retry_interval = retry_interval
         self.cursor = record.offset
         self.inflight: dict[int, Inflight] = {}
-        self.extra: deque[tuple[Message, int]] | None = None  # retained deliveries waiting for credit
+        self.extra: deque[tuple[Message, int, tuple[int, ...]]] | None = None  # retained, waiting for credit
         self.conn: Writer | None = None
+        self.aliases: dict[str, int] | None = None  # outgoing topic aliases of the current connection
         # Filters the ACL grants only in part: each delivery through them is checked with `read_check`.
         self.filtered: set[str] | None = None
         self.read_check: Callable[[str], bool] | None = None
+        self.stream_subs: list[SubscriptionRecord] = []
+        self.plain = True  # no subscription needs per-message options: the fast path applies
         self.pending = False
         self._pid = 0
         self._reading_store = False
@@ -95,15 +105,22 @@ class Session:
         for pid in record.outbound_pubrel:
             entry = self.inflight[pid] = Inflight(None, 2, False, 0.0)
             entry.released = True
+        self.subscriptions_changed()
 
     @property
     def subscriptions(self) -> dict[str, SubscriptionRecord]:
         return self.record.subscriptions
 
-    # --- connection lifecycle -----------------------------------------------------------------------------
+    def subscriptions_changed(self) -> None:
+        self.stream_subs = [s for s in self.record.subscriptions.values() if not s.filter.startswith(SHARED_PREFIX)]
+        self.plain = not self.filtered and not any(
+            s.no_local or s.retain_as_published or s.subscription_id for s in self.stream_subs)
+
+    # --- connection lifecycle ---------------------------------------------------------------------------
     def attach(self, conn: Writer) -> None:
         """Bind to a (new) connection and resend what is in flight: PUBREL, or PUBLISH with DUP."""
         self.conn = conn
+        self.aliases = {} if conn.alias_max else None  # aliases never outlive a connection
         chunks: list[bytes] = []
         now = time.monotonic()
         for pid, entry in self.inflight.items():
@@ -111,15 +128,21 @@ class Session:
             if entry.released or entry.message is None:
                 chunks.append(pubrel(pid))
             else:
-                head, tail = encoded_publish(entry.message, self.level, entry.qos, not entry.stream)
-                chunks += (bytes((head[0] | 0x08,)) + head[1:], pid.to_bytes(2, "big"), tail)
+                head, tail = encoded_publish_with(entry.message, self.level, entry.qos, entry.retain, entry.sub_ids,
+                                                  0, 0, True)
+                chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
         if chunks:
             conn.write_chunks(chunks)
         self._arm_retry()
         self.pull()
 
     def detach(self) -> None:
+        """The connection is gone: shared-subscription messages in flight go back to their groups."""
         self.conn = None
+        for pid in [pid for pid, e in self.inflight.items() if e.group is not None and not e.released]:
+            entry = self.inflight.pop(pid)
+            if entry.group is not None and entry.message is not None:
+                entry.group.returned(entry.message)
         if self._pull_handle is not None:
             self._pull_handle.cancel()
             self._pull_handle = None
@@ -142,7 +165,14 @@ class Session:
         record.outbound_pubrel = [pid for pid, e in self.inflight.items() if e.released]
         return record
 
-    # --- acknowledgements ---------------------------------------------------------------------------------
+    def credit(self) -> int:
+        """Free in-flight slots for QoS 1/2 (0 while the socket is backed up)."""
+        conn = self.conn
+        if conn is None or conn.paused:
+            return 0
+        return self.window - len(self.inflight)
+
+    # --- acknowledgements -------------------------------------------------------------------------------
     def on_puback(self, pid: int) -> None:
         entry = self.inflight.pop(pid, None)
         if entry is not None:
@@ -159,6 +189,8 @@ class Session:
             return True
         if not entry.released:
             entry.released = True
+            if entry.group is not None and entry.message is not None:
+                entry.group.acked(entry.message.seq)
             self.owner.session_dirty(self)
         if self.conn is not None:
             self.conn.write_chunks([pubrel(pid)])
@@ -172,20 +204,36 @@ class Session:
     def _acked(self, entry: Inflight) -> None:
         if entry.stream:
             self.owner.session_dirty(self)
+        elif entry.group is not None and not entry.released and entry.message is not None:
+            entry.group.acked(entry.message.seq)
         if self.pending or self.extra:
             self._schedule_pull()  # once per tick: every ack read in this tick frees credit first
 
-    # --- pushing ------------------------------------------------------------------------------------------
-    def send_retained(self, messages: list[Message], max_qos: int) -> None:
+    # --- pushing ----------------------------------------------------------------------------------------
+    def send_retained(self, messages: list[Message], max_qos: int, sub_id: int) -> None:
         if self.extra is None:
             self.extra = deque()
+        ids = (sub_id,) if sub_id else ()
         for message in messages:
-            self.extra.append((message, message.qos if message.qos < max_qos else max_qos))
+            self.extra.append((message, message.qos if message.qos < max_qos else max_qos, ids))
         self.pull()
 
     def resume_writing(self) -> None:
         if self.pending:
             self.pull()
+
+    def push_shared(self, message: Message, qos: int, sub_id: int, group: GroupHandle) -> bool:
+        """Deliver one message chosen for this member by its group; False if it can't go out now."""
+        conn = self.conn
+        if conn is None or conn.paused or (qos and len(self.inflight) >= self.window):
+            return False
+        chunks: list[bytes] = []
+        sent = self._encode_one(chunks, message, qos, False, (sub_id,) if sub_id else (), False, False, group,
+                                int(time.time() * 1000))
+        if chunks:
+            conn.write_chunks(chunks)
+            self._arm_retry()
+        return sent
 
     def pull(self) -> None:
         """Push what the cache holds for this session, within credit; read the store if behind the cache."""
@@ -200,9 +248,9 @@ class Session:
             return
         lists: list[tuple[SubscriptionRecord, list[Message]]] = []
         cache = self.owner.cache
-        for sub in self.record.subscriptions.values():
-            after = self.cursor if self.cursor > sub.since_seq else sub.since_seq
-            messages = cache.get(sub.filter, after, self.pull_batch)
+        cursor = self.cursor
+        for sub in self.stream_subs:
+            messages = cache.get(sub.filter, cursor if cursor > sub.since_seq else sub.since_seq, self.pull_batch)
             if messages is None:
                 self._reading_store = True
                 asyncio.get_running_loop().create_task(self._pull_from_store())
@@ -216,7 +264,7 @@ class Session:
         try:
             cursor = self.cursor
             lists: list[tuple[SubscriptionRecord, list[Message]]] = []
-            for sub in list(self.record.subscriptions.values()):
+            for sub in list(self.stream_subs):
                 after = cursor if cursor > sub.since_seq else sub.since_seq
                 messages = self.owner.cache.get(sub.filter, after, self.pull_batch)
                 if messages is None:
@@ -231,32 +279,38 @@ class Session:
             self.pull()
 
     def _push_merged(self, conn: Writer, lists: list[tuple[SubscriptionRecord, list[Message]]]) -> None:
-        filtered = self.filtered
-        if len(lists) == 1 and not (filtered and lists[0][0].filter in filtered):
+        if len(lists) == 1 and self.plain:
             sub, messages = lists[0]
-            more = len(messages) == self.pull_batch
-            self._push(conn, messages, None, sub.qos, more)
+            self._push(conn, messages, None, sub.qos, len(messages) == self.pull_batch)
             return
-        # Several queues: merge by seq, one copy per message at the highest granted QoS, and stop at the
-        # horizon of any truncated list (messages beyond it may be missing from that queue's answer).
+        # Merge by seq: one copy per message at the highest granted QoS with every matching identifier, and
+        # stop at the horizon of any truncated list (messages beyond it may be missing from that answer).
         horizon = _NO_HORIZON
-        caps: dict[int, int] = {}
+        deliveries: dict[int, Delivery] = {}
         by_seq: dict[int, Message] = {}
+        filtered = self.filtered
+        client_id = self.client_id
         for sub, messages in lists:
             if len(messages) == self.pull_batch and messages[-1].seq < horizon:
                 horizon = messages[-1].seq
             check = self.read_check if filtered and sub.filter in filtered else None
             for message in messages:
                 seq = message.seq
-                # -1: not readable through this subscription; skipped unless another one grants it
-                qos = sub.qos if check is None or check(message.topic) else -1
-                if caps.get(seq, -2) < qos:
-                    caps[seq] = qos
+                readable = (check is None or check(message.topic)) and not (
+                    sub.no_local and message.publisher == client_id)
+                qos = sub.qos if readable else -1
+                retain = readable and sub.retain_as_published and message.retain
+                ids: tuple[int, ...] = (sub.subscription_id,) if readable and sub.subscription_id else ()
+                seen = deliveries.get(seq)
+                if seen is None:
                     by_seq[seq] = message
+                    deliveries[seq] = (qos, retain, ids)
+                else:
+                    deliveries[seq] = (max(seen[0], qos), seen[1] or retain, seen[2] + ids)
         merged = [by_seq[seq] for seq in sorted(by_seq) if seq <= horizon]
-        self._push(conn, merged, caps, 0, horizon != _NO_HORIZON)
+        self._push(conn, merged, deliveries, 0, horizon != _NO_HORIZON)
 
-    def _push(self, conn: Writer, messages: list[Message], caps: dict[int, int] | None, cap: int,
+    def _push(self, conn: Writer, messages: list[Message], deliveries: dict[int, Delivery] | None, cap: int,
               more: bool) -> None:
         chunks: list[bytes] = []
         inflight = self.inflight
@@ -267,26 +321,37 @@ class Session:
         now_ms = int(time.time() * 1000)
         cursor = self.cursor
         blocked = False
+        simple = not (conn.alias_max or conn.max_packet)
+        retain = False
+        ids: tuple[int, ...] = ()
+        sent = dropped = 0
         for message in messages:
-            qos = caps[message.seq] if caps is not None else cap
+            if deliveries is not None:
+                qos, retain, ids = deliveries[message.seq]
+            else:
+                qos = cap
             if message.qos < qos:
                 qos = message.qos
-            if qos < 0 or (message.expires_at_ms and message.expires_at_ms <= now_ms):
-                cursor = message.seq
-                continue
             if qos and len(inflight) >= window:
                 blocked = True
                 break
-            parts = message.encoded.get((level, qos, False)) if message.encoded is not None else None
-            head, tail = parts if parts is not None else encoded_publish(message, level, qos, False)
-            if qos == 0:
-                chunks += (head, tail)
+            if qos < 0:
+                cursor = message.seq
+                continue
+            if simple and not ids and not message.expires_at_ms:
+                parts = message.encoded.get((level, qos, retain)) if message.encoded is not None else None
+                head, tail = parts if parts is not None else encoded_publish(message, level, qos, retain)
+                if qos == 0:
+                    chunks.append(head)
+                else:
+                    pid = self._next_pid()
+                    inflight[pid] = Inflight(message, qos, True, now, retain, ids)
+                    chunks += (with_dup(head) if message.seq <= sent_upto else head, pid.to_bytes(2, "big"), tail)
+                sent += 1
+            elif self._encode_one(chunks, message, qos, retain, ids, message.seq <= sent_upto, True, None, now_ms):
+                sent += 1
             else:
-                pid = self._next_pid()
-                inflight[pid] = Inflight(message, qos, True, now)
-                if message.seq <= sent_upto:
-                    head = bytes((head[0] | 0x08,)) + head[1:]
-                chunks += (head, pid.to_bytes(2, "big"), tail)
+                dropped += 1
             cursor = message.seq
         if cursor != self.cursor:
             self.cursor = cursor
@@ -295,31 +360,59 @@ class Session:
             self.owner.session_dirty(self)
         if chunks:
             conn.write_chunks(chunks)
+            self.owner.count_out(sent, sum(map(len, chunks)), dropped)
             self._arm_retry()
         if blocked:
             self.pending = True
         elif more:
             self._schedule_pull()
 
+    def _encode_one(self, chunks: list[bytes], message: Message, qos: int, retain: bool, ids: tuple[int, ...],
+                    dup: bool, stream: bool, group: GroupHandle | None, now_ms: int) -> bool:
+        """Encode one delivery with its per-receiver properties; False if expired or too large for the client."""
+        expiry = 0
+        if message.expires_at_ms:
+            remaining = message.expires_at_ms - now_ms
+            if remaining <= 0:
+                return False
+            expiry = (remaining + 999) // 1000  # the interval left, forwarded (MQTT 5 §3.3.2.3.3)
+        conn = self.conn
+        assert conn is not None
+        alias = 0
+        send_topic = True
+        aliases = self.aliases
+        if aliases is not None and self.level >= 5:
+            alias = aliases.get(message.topic, 0)
+            if alias:
+                send_topic = False
+            elif len(aliases) < conn.alias_max:
+                alias = len(aliases) + 1  # assigned below, once the packet is known to go out
+        head, tail = encoded_publish_with(message, self.level, qos, retain, ids, expiry, alias, send_topic)
+        if conn.max_packet and len(head) + len(tail) + (2 if qos else 0) > conn.max_packet:
+            return False  # too large for this client only (MQTT 5 §3.1.2.11.4): skipped, not an error
+        if alias and send_topic and aliases is not None:
+            aliases[message.topic] = alias
+        if qos == 0:
+            chunks.append(head)
+            return True
+        pid = self._next_pid()
+        self.inflight[pid] = Inflight(message, qos, stream, time.monotonic(), retain, ids, group)
+        chunks += (with_dup(head) if dup else head, pid.to_bytes(2, "big"), tail)
+        return True
+
     def _push_extra(self, conn: Writer) -> bool:
         """Send queued retained messages within credit; False when credit ran out first."""
         chunks: list[bytes] = []
-        now = time.monotonic()
         extra = self.extra
         assert extra is not None
+        now_ms = int(time.time() * 1000)
         while extra:
-            message, qos = extra[0]
+            message, qos, ids = extra[0]
             if qos and len(self.inflight) >= self.window:
                 self.pending = True
                 break
             extra.popleft()
-            head, tail = encoded_publish(message, self.level, qos, True)
-            if qos:
-                pid = self._next_pid()
-                self.inflight[pid] = Inflight(message, qos, False, now)
-                chunks += (head, pid.to_bytes(2, "big"), tail)
-            else:
-                chunks += (head, tail)
+            self._encode_one(chunks, message, qos, True, ids, False, False, None, now_ms)
         if chunks:
             conn.write_chunks(chunks)
             self._arm_retry()
@@ -345,7 +438,7 @@ class Session:
                 self._pid = pid
                 return pid
 
-    # --- retry (MQTT 3.1.1 only: 5.0 forbids resending on a live connection) ------------------------------
+    # --- retry (MQTT 3.1.1 only: 5.0 forbids resending on a live connection) ----------------------------
     def _arm_retry(self) -> None:
         if self.level >= 5 or self._retry_handle is not None or not self.inflight or self.conn is None:
             return
@@ -365,8 +458,8 @@ class Session:
             if entry.released or entry.message is None:
                 chunks.append(pubrel(pid))
             else:
-                head, tail = encoded_publish(entry.message, self.level, entry.qos, not entry.stream)
-                chunks += (bytes((head[0] | 0x08,)) + head[1:], pid.to_bytes(2, "big"), tail)
+                head, tail = encoded_publish(entry.message, self.level, entry.qos, entry.retain)
+                chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
         if chunks:
             conn.write_chunks(chunks)
         self._arm_retry()

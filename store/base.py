@@ -34,7 +34,7 @@ class Message:
     seq: int = -1  # assigned by Store.append
     # Encoded PUBLISH packets keyed by (protocol level, qos, retain); filled lazily by the gateway so the same
     # bytes are shared across subscribers. Not persisted.
-    encoded: dict[tuple[int, int, bool], tuple[bytes, bytes]] | None = None
+    encoded: dict[tuple[object, ...], tuple[bytes, bytes]] | None = None
 
 
 @dataclass(slots=True)

@@ -40,7 +40,8 @@ def test_wildcard_matching(gateway: Gateway, paho_factory: PahoFactory, flt: str
 
 
 # Client publishes to $SYS are refused (the broker's namespace, as in Mosquitto): check with another `$` topic.
-@pytest.mark.parametrize("prefix", ["$app", "$share-not"])
+# Mosquitto 2.0.11 takes any filter starting with "$share" for a shared subscription, so that case is ours only.
+@pytest.mark.parametrize("prefix", ["$app", pytest.param("$share-not", marks=pytest.mark.tidewire_only)])
 def test_dollar_topics_not_matched_by_leading_wildcards(gateway: Gateway, paho_factory: PahoFactory,
                                                         prefix: str) -> None:
     hash_sub = paho_factory(gateway.port, "sys-hash", version=4)

@@ -1,0 +1,257 @@
+"""Who reads which queue on this node, and which queues a topic is indexed into.
+
+Queues: the full topic, its first level (`a/#`), every wildcard filter some live session subscribes (the
+wildcard set is derived from subscriptions, online or stored), and `p2p#<clientId>` for P2P topics. Local
+readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+from extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
+from gateway.codec import ReasonCode, SubscriptionRequest
+from gateway.session import SHARED_PREFIX, Session
+from gateway.shared import SharedGroup, parse_shared, strategy_for
+from gateway.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
+from store.base import SessionRecord, SubscriptionRecord
+
+if TYPE_CHECKING:
+    from gateway.node import Node
+
+log = logging.getLogger("tidewire.subscriptions")
+
+P2P_PREFIX = "p2p#"  # '#' can't appear in a topic name or inside a filter level: no clash with other queues
+_TOPIC_CACHE = 65536
+
+
+def p2p_queue(client_id: str) -> str:
+    return P2P_PREFIX + client_id
+
+
+def p2p_target(topic: str) -> str | None:
+    """`<first>/p2p/<clientId>` → clientId."""
+    parts = topic.split("/", 2)
+    return parts[2] if len(parts) == 3 and parts[1] == "p2p" and parts[2] else None
+
+
+def is_first_level_queue(topic_filter: str) -> bool:
+    """`a/#` is the first-level queue every message of `a/...` is indexed into anyway."""
+    head = topic_filter[:-2]
+    return topic_filter.endswith("/#") and "/" not in head and "+" not in head and "#" not in head
+
+
+class Puller(Protocol):
+    def pull(self) -> None: ...
+
+
+class SubscriptionRegistry:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.readers: dict[str, set[Puller]] = {}
+        self.groups: dict[str, SharedGroup] = {}
+        self._wildcards: FilterTrie[str] = FilterTrie()  # filter → ids of sessions/groups that need it
+        self._topic_queues: dict[str, tuple[str, ...]] = {}  # cleared whenever the wildcard set changes
+
+    # --- indexing ---------------------------------------------------------------------------------------
+    def queues_for(self, topic: str) -> tuple[str, ...]:
+        queues = self._topic_queues.get(topic)
+        if queues is None:
+            if len(self._topic_queues) >= _TOPIC_CACHE:
+                self._topic_queues.clear()  # bounded; hot topics come back on their next publish
+            queues = self._topic_queues[topic] = self._compute_queues(topic)
+        return queues
+
+    def _compute_queues(self, topic: str) -> tuple[str, ...]:
+        target = p2p_target(topic)
+        if target is not None:
+            return (p2p_queue(target),)  # reaches only that client: no topic, level or wildcard queue
+        first = first_level_queue(topic)
+        queues = [topic, first]
+        if len(self._wildcards):
+            queues += [f for f, _ in self._wildcards.match(topic)]
+        return tuple(queues)
+
+    def _add_wildcard(self, topic_filter: str, owner: str) -> None:
+        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
+            if self._wildcards.add(topic_filter, owner):
+                self._topic_queues.clear()
+
+    def _remove_wildcard(self, topic_filter: str, owner: str) -> None:
+        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
+            if self._wildcards.remove(topic_filter, owner):
+                self._topic_queues.clear()
+
+    def wildcard_count(self) -> int:
+        return len(self._wildcards)
+
+    # --- readers ------------------------------------------------------------------------------------------
+    def _register(self, reader: Puller, queue: str) -> None:
+        readers = self.readers.get(queue)
+        if readers is None:
+            readers = self.readers[queue] = set()
+        if reader not in readers:
+            readers.add(reader)
+            self.node.cache.track(queue)
+            self.node.lookup.add_queue_subscriber(queue, self.node.node_id)
+
+    def _unregister(self, reader: Puller, queue: str) -> None:
+        readers = self.readers.get(queue)
+        if readers is not None and reader in readers:
+            readers.discard(reader)
+            if not readers:
+                del self.readers[queue]
+            self.node.cache.untrack(queue)
+            self.node.lookup.remove_queue_subscriber(queue, self.node.node_id)
+
+    # --- shared groups --------------------------------------------------------------------------------------
+    def group(self, key: str, record: SessionRecord | None = None) -> SharedGroup:
+        group = self.groups.get(key)
+        if group is None:
+            parsed = parse_shared(key)
+            assert parsed is not None
+            name, topic_filter = parsed
+            settings = self.node.settings
+            if record is None:
+                last = self.node.store.last_seq()
+                record = SessionRecord(key, offset=last, sent_upto=last)
+                self.node.spawn(self.node.store.put_session(record))
+            group = self.groups[key] = SharedGroup(
+                self.node, name, topic_filter, strategy_for(name, settings.shared_strategy,
+                                                            settings.shared_strategies),
+                record, settings.pull_batch)
+            self._register(group, topic_filter)
+            self._add_wildcard(topic_filter, key)
+        return group
+
+    def _release_group(self, key: str, client_id: str) -> None:
+        group = self.groups.get(key)
+        if group is None:
+            return
+        group.refs.discard(client_id)
+        if not group.refs:
+            del self.groups[key]
+            self._unregister(group, group.queue)
+            self._remove_wildcard(group.queue, key)
+            self.node.spawn(self.node.store.delete_session(key))
+
+    # --- sessions ---------------------------------------------------------------------------------------------
+    def load(self, records: list[SessionRecord]) -> None:
+        """At startup: the wildcard set and shared groups of every stored session."""
+        groups = {r.client_id: r for r in records if r.client_id.startswith(SHARED_PREFIX)}
+        for record in records:
+            if record.client_id in groups:
+                continue
+            for topic_filter in record.subscriptions:
+                if topic_filter.startswith(SHARED_PREFIX):
+                    self.group(topic_filter, groups.get(topic_filter)).refs.add(record.client_id)
+                else:
+                    self._add_wildcard(topic_filter, record.client_id)
+        for key in groups.keys() - self.groups.keys():
+            self.node.spawn(self.node.store.delete_session(key))  # no member left
+
+    def attach(self, session: Session, client: ClientInfo) -> None:
+        """An online session starts reading its queues (and joins its groups)."""
+        record = session.record
+        own_p2p = p2p_queue(session.client_id)
+        if own_p2p not in record.subscriptions:
+            record.subscriptions[own_p2p] = SubscriptionRecord(own_p2p, 2, since_seq=self.node.store.last_seq())
+        for topic_filter, sub in record.subscriptions.items():
+            if topic_filter.startswith(SHARED_PREFIX):
+                self.group(topic_filter).join(session, sub)
+                continue
+            self._register(session, topic_filter)
+            if not topic_filter.startswith(P2P_PREFIX):
+                # the ACL may have changed while the client was away
+                self._set_access(session, client, topic_filter,
+                                 self.node.authorizer.subscribe_access(client, topic_filter))
+        session.subscriptions_changed()
+
+    def detach(self, session: Session) -> None:
+        for topic_filter in session.subscriptions:
+            if topic_filter.startswith(SHARED_PREFIX):
+                group = self.groups.get(topic_filter)
+                if group is not None:
+                    group.leave(session)
+            else:
+                self._unregister(session, topic_filter)
+
+    def forget(self, record: SessionRecord) -> None:
+        """The session is gone for good: its wildcard references and group memberships go too."""
+        for topic_filter in record.subscriptions:
+            if topic_filter.startswith(SHARED_PREFIX):
+                self._release_group(topic_filter, record.client_id)
+            else:
+                self._remove_wildcard(topic_filter, record.client_id)
+
+    # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------------
+    def subscribe(self, session: Session, client: ClientInfo, requests: list[SubscriptionRequest],
+                  sub_id: int) -> tuple[list[int], list[tuple[str, int, int]]]:
+        """Returns SUBACK codes and the (filter, qos, subscription id) whose retained messages to send."""
+        v5 = session.level >= 5
+        authorizer: Authorizer = self.node.authorizer
+        codes: list[int] = []
+        retained: list[tuple[str, int, int]] = []
+        for request in requests:
+            key = request.topic_filter
+            shared = parse_shared(key) if key.startswith(SHARED_PREFIX) else None
+            topic_filter = shared[1] if shared is not None else key
+            if (key.startswith(SHARED_PREFIX) and shared is None) or not valid_topic_filter(topic_filter) or (
+                    topic_filter.count("/") >= self.node.settings.max_topic_levels):
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
+                continue
+            access = authorizer.subscribe_access(client, topic_filter)
+            if access == SubscribeAccess.DENIED:
+                log.info("acl.denied", extra={"client_id": session.client_id, "filter": key, "access": "subscribe"})
+                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
+                continue
+            qos = min(request.qos, 2)
+            existing = session.subscriptions.get(key)
+            since = existing.since_seq if existing is not None else self.node.store.last_seq()
+            sub = session.subscriptions[key] = SubscriptionRecord(
+                key, qos, request.no_local, request.retain_as_published, request.retain_handling, sub_id, since)
+            if shared is not None:
+                self.group(key).join(session, sub)  # retained messages are not sent to shared subscriptions
+            else:
+                self._set_access(session, client, key, access)
+                if existing is None:
+                    self._register(session, key)
+                    self._add_wildcard(key, session.client_id)
+                if request.retain_handling == 0 or (request.retain_handling == 1 and existing is None):
+                    retained.append((key, qos, sub_id))
+            codes.append(qos)
+        session.subscriptions_changed()
+        return codes, retained
+
+    def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
+        codes: list[int] = []
+        for key in filters:
+            if key.startswith(P2P_PREFIX) or session.subscriptions.pop(key, None) is None:
+                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+                continue
+            if key.startswith(SHARED_PREFIX):
+                group = self.groups.get(key)
+                if group is not None:
+                    group.leave(session)
+                self._release_group(key, session.client_id)
+            else:
+                if session.filtered:
+                    session.filtered.discard(key)
+                self._unregister(session, key)
+                self._remove_wildcard(key, session.client_id)
+            codes.append(ReasonCode.SUCCESS)
+        session.subscriptions_changed()
+        return codes
+
+    def _set_access(self, session: Session, client: ClientInfo, topic_filter: str, access: SubscribeAccess) -> None:
+        if access == SubscribeAccess.GRANTED:
+            if session.filtered:
+                session.filtered.discard(topic_filter)
+            return
+        if session.filtered is None:
+            session.filtered = set()
+        session.filtered.add(topic_filter)
+        if session.read_check is None:
+            authorizer = self.node.authorizer
+            session.read_check = lambda topic: authorizer.allow_read(client, topic)

@@ -1,0 +1,62 @@
+"""`$SYS` topics: client lifecycle events and periodic broker statistics, published as ordinary messages.
+
+Events go to `$SYS/brokers/<node>/clients/<clientId>/<event>` with a JSON payload; statistics to
+`$SYS/brokers/<node>/stats/...` (uptime included). Backend consumers subscribe like any topic;
+`#` and `+` never match them (the `$` rule).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from store.base import Message
+
+EVENTS = ("connected", "disconnected", "subscribed", "unsubscribed", "takeover")
+
+
+class Counters:
+    """Message and byte counters of one node (plain ints: updated once per batch, not per message)."""
+
+    __slots__ = ("bytes_in", "bytes_out", "dropped", "messages_in", "messages_out")
+
+    def __init__(self) -> None:
+        self.messages_in = 0
+        self.bytes_in = 0
+        self.messages_out = 0
+        self.bytes_out = 0
+        self.dropped = 0
+
+
+class SysTopics:
+    def __init__(self, node_id: str, publish: Callable[[Message], None], enabled: bool = True) -> None:
+        self.prefix = f"$SYS/brokers/{node_id}"
+        self._publish = publish
+        self.enabled = enabled
+        self.started_at = time.time()
+
+    def event(self, client_id: str, event: str, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        now_ms = int(time.time() * 1000)
+        body = {"clientid": client_id, "event": event, "ts": now_ms, "node": self.prefix.rsplit("/", 1)[1],
+                **fields}
+        self._publish(Message(f"{self.prefix}/clients/{client_id}/{event}", json.dumps(body).encode(), 0,
+                              False, b"", now_ms))
+
+    def stats(self, counters: Counters, gauges: dict[str, int]) -> None:
+        if not self.enabled:
+            return
+        now_ms = int(time.time() * 1000)
+        values: dict[str, int | float] = {
+            "messages/in": counters.messages_in, "messages/out": counters.messages_out,
+            "bytes/in": counters.bytes_in, "bytes/out": counters.bytes_out,
+            "messages/dropped": counters.dropped, **gauges,
+        }
+        for name, value in values.items():
+            # retained, so a consumer that subscribes between two rounds sees the current value at once
+            self._publish(Message(f"{self.prefix}/stats/{name}", str(value).encode(), 0, True, b"", now_ms))
+        uptime = int(time.time() - self.started_at)
+        self._publish(Message(f"{self.prefix}/stats/uptime", str(uptime).encode(), 0, True, b"", now_ms))
