@@ -1,4 +1,4 @@
-"""Command line: `tidewire serve` starts one node on the embedded store."""
+"""Command line: `tidewire serve` starts one node on the embedded store; `tidewire passwd` makes credentials."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from extensions.passwords import credential_line
 from gateway.config import Settings
 from gateway.logs import setup_logging
 from gateway.server import run, serve
@@ -35,6 +36,16 @@ def serve_command(
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     run(serve(settings))
+
+
+@app.command("passwd")
+def passwd_command(
+    username: str,
+    password: Annotated[str, typer.Option(prompt=True, hide_input=True, help="read from the terminal if omitted")],
+    iterations: Annotated[int, typer.Option(min=4096)] = 4096,
+) -> None:
+    """Print a SCRAM-SHA-256 credentials line for the `auth_file` (MQTT 5 enhanced authentication)."""
+    typer.echo(credential_line(username, password, iterations=iterations))
 
 
 if __name__ == "__main__":
