@@ -21,11 +21,11 @@ from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
 from gateway.session import SHARED_PREFIX, Session
 from gateway.shared import SharedGroup
-from gateway.subscriptions import P2P_PREFIX, SubscriptionRegistry
+from gateway.subscriptions import SubscriptionRegistry
 from gateway.sys_topics import Counters, SysTopics
 from lookup.base import Lookup
 from notify.base import Notifier
-from store.base import NEVER_EXPIRES, Message, SessionRecord, Store, WillRecord
+from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, Store, WillRecord
 
 if TYPE_CHECKING:
     from gateway.connection import MqttConnection
@@ -326,6 +326,14 @@ class Node:
             await self._dispatch_wanted.wait()
             self._dispatch_wanted.clear()
             queues, self._notified = self._notified, set()
+            # P2P first, before any pull moves a cursor past a P2P message not yet seen
+            p2p: list[Session] = []
+            for queue in queues:
+                if queue.startswith(P2P_PREFIX):
+                    conn = self.connections.get(queue[len(P2P_PREFIX):])
+                    if conn is not None and conn.session is not None:
+                        conn.session.p2p_pending = True
+                        p2p.append(conn.session)
             readers = self.subscriptions.readers
             live = [q for q in queues if q in readers]
             for queue in live:
@@ -336,6 +344,8 @@ class Node:
                         reader.pull()
                     except Exception:  # one reader's bug must not stop delivery to every other one
                         log.exception("dispatch.pull_failed", extra={"queue": queue})
+            for session in p2p:
+                session.pull()
 
     async def _housekeeping_loop(self) -> None:
         retention_due = 0.0

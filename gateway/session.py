@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.codec import pubrel
 from gateway.outbound import encoded_publish, encoded_publish_with, with_dup
-from store.base import Message, SessionRecord, Store, SubscriptionRecord
+from store.base import P2P_PREFIX, Message, SessionRecord, Store, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
     from cache.queue_cache import QueueCache
@@ -73,8 +73,8 @@ class Inflight:
 class Session:
     __slots__ = (
         "_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "client_id", "conn", "cursor",
-        "extra", "filtered", "inflight", "level", "owner", "pending", "persistent", "plain", "pull_batch",
-        "read_check", "record", "retry_interval", "stream_subs", "window",
+        "extra", "filtered", "inflight", "level", "owner", "p2p_pending", "p2p_sub", "pending", "persistent", "plain",
+        "pull_batch", "read_check", "record", "retry_interval", "stream_subs", "window",
     )
 
     def __init__(self, owner: SessionOwner, record: SessionRecord, *, persistent: bool, window: int,
@@ -96,6 +96,9 @@ class Session:
         self.filtered: set[str] | None = None
         self.read_check: Callable[[str], bool] | None = None
         self.stream_subs: list[SubscriptionRecord] = []
+        # The P2P queue has one reader and is not cached: it is read from the store when notify says so.
+        self.p2p_sub: SubscriptionRecord | None = None
+        self.p2p_pending = False
         self.plain = True  # no subscription needs per-message options: the fast path applies
         self.pending = False
         self._pid = 0
@@ -112,7 +115,9 @@ class Session:
         return self.record.subscriptions
 
     def subscriptions_changed(self) -> None:
-        self.stream_subs = [s for s in self.record.subscriptions.values() if not s.filter.startswith(SHARED_PREFIX)]
+        self.stream_subs = [s for s in self.record.subscriptions.values()
+                            if not s.filter.startswith((SHARED_PREFIX, P2P_PREFIX))]
+        self.p2p_sub = self.record.subscriptions.get(p2p_queue(self.client_id))
         self.plain = not self.filtered and not any(
             s.no_local or s.retain_as_published or s.subscription_id for s in self.stream_subs)
 
@@ -121,6 +126,7 @@ class Session:
         """Bind to a (new) connection and resend what is in flight: PUBREL, or PUBLISH with DUP."""
         self.conn = conn
         self.aliases = {} if conn.alias_max else None  # aliases never outlive a connection
+        self.p2p_pending = self.p2p_sub is not None  # anything sent to it while it was away
         chunks: list[bytes] = []
         now = time.monotonic()
         for pid, entry in self.inflight.items():
@@ -246,6 +252,10 @@ class Session:
         self.pending = False
         if self.extra and not self._push_extra(conn):
             return
+        if self.p2p_pending:
+            self._reading_store = True
+            asyncio.get_running_loop().create_task(self._pull_from_store())
+            return
         lists: list[tuple[SubscriptionRecord, list[Message]]] = []
         cache = self.owner.cache
         cursor = self.cursor
@@ -261,22 +271,31 @@ class Session:
             self._push_merged(conn, lists)
 
     async def _pull_from_store(self) -> None:
+        p2p_sub = self.p2p_sub if self.p2p_pending else None
+        p2p_complete = False
         try:
             cursor = self.cursor
             lists: list[tuple[SubscriptionRecord, list[Message]]] = []
-            for sub in list(self.stream_subs):
+            for sub in [*self.stream_subs, p2p_sub] if p2p_sub is not None else list(self.stream_subs):
                 after = cursor if cursor > sub.since_seq else sub.since_seq
                 messages = self.owner.cache.get(sub.filter, after, self.pull_batch)
                 if messages is None:
                     messages = await self.owner.store.read(sub.filter, after, self.pull_batch)
+                if sub is p2p_sub:
+                    p2p_complete = len(messages) < self.pull_batch
                 if messages:
                     lists.append((sub, messages))
         finally:
             self._reading_store = False
-        if self.conn is not None and self.cursor == cursor and lists:
+        if self.conn is None:
+            return
+        if self.cursor != cursor:
+            self.pull()  # moved meanwhile: read again from where it is now
+            return
+        if lists:
             self._push_merged(self.conn, lists)
-        elif self.conn is not None:
-            self.pull()
+        if p2p_complete and not self.pending:
+            self.p2p_pending = False
 
     def _push_merged(self, conn: Writer, lists: list[tuple[SubscriptionRecord, list[Message]]]) -> None:
         if len(lists) == 1 and self.plain:

@@ -2,7 +2,8 @@
 
 Queues: the full topic, its first level (`a/#`), every wildcard filter some live session subscribes (the
 wildcard set is derived from subscriptions, online or stored), and `p2p#<clientId>` for P2P topics. Local
-readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name.
+readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name. A P2P queue
+has one reader, its client's session, which notify finds through the client's location.
 """
 
 from __future__ import annotations
@@ -15,19 +16,14 @@ from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.session import SHARED_PREFIX, Session
 from gateway.shared import SharedGroup, parse_shared, strategy_for
 from gateway.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
-from store.base import SessionRecord, SubscriptionRecord
+from store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
     from gateway.node import Node
 
 log = logging.getLogger("tidewire.subscriptions")
 
-P2P_PREFIX = "p2p#"  # '#' can't appear in a topic name or inside a filter level: no clash with other queues
 _TOPIC_CACHE = 65536
-
-
-def p2p_queue(client_id: str) -> str:
-    return P2P_PREFIX + client_id
 
 
 def p2p_target(topic: str) -> str | None:
@@ -74,12 +70,14 @@ class SubscriptionRegistry:
         return tuple(queues)
 
     def _add_wildcard(self, topic_filter: str, owner: str) -> None:
-        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
+        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter) and not topic_filter.startswith(
+                P2P_PREFIX):
             if self._wildcards.add(topic_filter, owner):
                 self._topic_queues.clear()
 
     def _remove_wildcard(self, topic_filter: str, owner: str) -> None:
-        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter):
+        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter) and not topic_filter.startswith(
+                P2P_PREFIX):
             if self._wildcards.remove(topic_filter, owner):
                 self._topic_queues.clear()
 
@@ -160,9 +158,8 @@ class SubscriptionRegistry:
         for topic_filter, sub in record.subscriptions.items():
             if topic_filter.startswith(SHARED_PREFIX):
                 self.group(topic_filter).join(session, sub)
-                continue
-            self._register(session, topic_filter)
-            if not topic_filter.startswith(P2P_PREFIX):
+            elif not topic_filter.startswith(P2P_PREFIX):  # the P2P queue is read by the session on notice
+                self._register(session, topic_filter)
                 # the ACL may have changed while the client was away
                 self._set_access(session, client, topic_filter,
                                  self.node.authorizer.subscribe_access(client, topic_filter))
@@ -174,7 +171,7 @@ class SubscriptionRegistry:
                 group = self.groups.get(topic_filter)
                 if group is not None:
                     group.leave(session)
-            else:
+            elif not topic_filter.startswith(P2P_PREFIX):
                 self._unregister(session, topic_filter)
 
     def forget(self, record: SessionRecord) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from store.base import P2P_PREFIX
+
 
 class Lookup(Protocol):
     def set_client_location(self, client_id: str, node_id: str) -> None:
@@ -55,5 +57,8 @@ class InProcessLookup:
                 del self._queue_nodes[queue]
 
     def nodes_for_queue(self, queue: str) -> frozenset[str] | None:
+        if queue.startswith(P2P_PREFIX):  # a P2P queue's one reader is wherever its client is connected
+            node = self._locations.get(queue[len(P2P_PREFIX):])
+            return frozenset((node,)) if node is not None else frozenset()
         nodes = self._queue_nodes.get(queue)
         return frozenset(nodes) if nodes else frozenset()

@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 NEVER_EXPIRES = 0xFFFFFFFF
+# A client's P2P queue. '#' can't appear in a topic name or inside a filter level: no clash with other queues.
+P2P_PREFIX = "p2p#"
+
+
+def p2p_queue(client_id: str) -> str:
+    return P2P_PREFIX + client_id
 
 
 @dataclass(slots=True, eq=False)
