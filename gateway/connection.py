@@ -11,6 +11,7 @@ import logging
 import time
 from typing import Any, cast
 
+from extensions.auth import AuthSession
 from extensions.hooks import ClientInfo
 from gateway.codec import (
     PINGRESP,
@@ -74,7 +75,8 @@ class MqttConnection(asyncio.Protocol):
         self.alias_max = 0  # the client's Topic Alias Maximum: outgoing aliases we may use
         self.max_packet = 0  # the client's Maximum Packet Size (0: no limit)
         self.aliases_in: dict[int, str] | None = None
-        self.auth: Any = None  # enhanced authentication in progress (MQTT 5 AUTH)
+        # enhanced authentication in progress: (session, method, CONNECT and terms, or None when re-authenticating)
+        self.auth: tuple[AuthSession, str, Connect | None, Terms | None] | None = None
         self.inbound_qos2: set[int] | None = None  # created on the first QoS 2 publish
         self.will: Message | None = None
         self.will_delay = 0

@@ -65,7 +65,6 @@ class Node:
         self._dispatch_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
-        self.started_at = time.time()
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
