@@ -4,7 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test install dev lint typecheck bench clean
+# Debian packages the tests drive as real peers (mosquitto_passwd, mosquitto_pub/sub, the reference broker).
+SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub
+
+.PHONY: run test install dev system-deps lint typecheck bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,7 +22,14 @@ dev: $(BIN)/python
 run: install
 	$(BIN)/tidewire serve $(ARGS)
 
-test: dev
+system-deps:
+	@missing=0; for t in $(SYSTEM_TOOLS); do [ -x $$t ] || missing=1; done; \
+	if [ $$missing = 1 ]; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
+	fi
+
+test: dev system-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)
@@ -28,7 +38,7 @@ lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-bench: dev
+bench: dev system-deps
 	$(BIN)/python -m loadtest.bench all
 
 clean:

@@ -234,6 +234,21 @@ class AclFile:
                 users[user].append(rule)
         return cls(anonymous, users, patterns, cache_size=cache_size)
 
+    @classmethod
+    def from_grants(cls, grants: Iterable[tuple[str, str]], cache_size: int = 16) -> AclFile:
+        """Per-client grants (JWT claims, HTTP hook rules): (access word, topic filter) pairs applied as
+        patterns, so ``%c``/``%u`` are substituted; everything not granted is denied. ValueError on a bad
+        access word or filter."""
+        rules: list[AclRule] = []
+        for number, (word, topic) in enumerate(grants, start=1):
+            access = _ACCESS_WORDS.get(word)
+            if access is None:
+                raise ValueError(f"grant {number}: invalid access {word!r} (read|write|readwrite|deny)")
+            if not isinstance(topic, str) or not valid_topic_filter(topic):
+                raise ValueError(f"grant {number}: invalid topic filter {topic!r}")
+            rules.append(AclRule(access, topic, number))
+        return cls([], {}, rules, cache_size=cache_size)
+
     def _client(self, client: ClientInfo) -> _ClientAcl:
         key = (client.client_id, client.username)
         cache = self._cache

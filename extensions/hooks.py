@@ -9,10 +9,14 @@ from typing import Protocol
 
 @dataclass(slots=True, frozen=True)
 class ClientInfo:
+    """Who a connected client is: `username` is the identity a credential proved (None: anonymous)."""
+
     client_id: str
     username: str | None
     address: str = ""
     protocol_level: int = 4
+    superuser: bool = False
+    acl: Authorizer | None = None  # the client's own grants (JWT claims, HTTP hook), instead of the ACL file
 
 
 class SubscribeAccess(IntEnum):
@@ -27,6 +31,31 @@ class Authorizer(Protocol):
     def subscribe_access(self, client: ClientInfo, topic_filter: str) -> SubscribeAccess: ...
 
     def allow_read(self, client: ClientInfo, topic: str) -> bool: ...
+
+
+class PerClient:
+    """The node's authorizer: superusers pass, a client with its own grants gets exactly those, every
+    other client is checked by `base` (the ACL file), which SIGHUP may swap."""
+
+    __slots__ = ("base",)
+
+    def __init__(self, base: Authorizer) -> None:
+        self.base = base
+
+    def allow_publish(self, client: ClientInfo, topic: str) -> bool:
+        if client.superuser:
+            return True
+        return (client.acl or self.base).allow_publish(client, topic)
+
+    def subscribe_access(self, client: ClientInfo, topic_filter: str) -> SubscribeAccess:
+        if client.superuser:
+            return SubscribeAccess.GRANTED
+        return (client.acl or self.base).subscribe_access(client, topic_filter)
+
+    def allow_read(self, client: ClientInfo, topic: str) -> bool:
+        if client.superuser:
+            return True
+        return (client.acl or self.base).allow_read(client, topic)
 
 
 class AllowAll:

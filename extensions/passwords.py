@@ -130,6 +130,9 @@ class Credentials:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def entries(self) -> list[CredentialEntry]:
+        return list(self._entries.values())
+
     def typical_iterations(self) -> int:
         """The most common iteration count, so made-up entries for unknown users look like real ones."""
         if not self._entries:
@@ -138,6 +141,17 @@ class Credentials:
         for entry in self._entries.values():
             counts[entry.iterations] = counts.get(entry.iterations, 0) + 1
         return max(counts, key=counts.__getitem__)
+
+
+def parse_line(line: str) -> CredentialEntry:
+    """One stripped, non-comment file line; ValueError (never quoting the line) if it is not a SCRAM line."""
+    return _parse_line(line)
+
+
+def is_scram_line(line: str) -> bool:
+    """Whether a stripped line has the SCRAM-SHA-256 shape (it may still be malformed)."""
+    parts = line.rsplit(":", 5)
+    return len(parts) == 6 and parts[1] == MECHANISM
 
 
 def _parse_line(line: str) -> CredentialEntry:

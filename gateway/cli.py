@@ -1,4 +1,4 @@
-"""Command line: `tidewire serve` starts one node on the embedded store; `tidewire passwd` makes credentials."""
+"""Command line: `tidewire serve` starts one node on the embedded store; `tidewire passwd` edits a password file."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from extensions.passwords import credential_line
 from gateway.config import Settings
 from gateway.logs import setup_logging
-from gateway.server import run, serve
+from gateway.passwd_command import passwd_command
 
 app = typer.Typer(add_completion=False, help="Tidewire MQTT gateway.")
 
@@ -20,33 +19,51 @@ def main() -> None:
     """Tidewire MQTT gateway."""
 
 
+
+
 @app.command("serve")
 def serve_command(
-    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML or YAML settings file")] = None,  # noqa: UP045
-    host: Annotated[Optional[str], typer.Option(help="listen address")] = None,  # noqa: UP045
-    port: Annotated[Optional[int], typer.Option(help="MQTT TCP port")] = None,  # noqa: UP045
-    data_dir: Annotated[Optional[Path], typer.Option(help="embedded store directory")] = None,  # noqa: UP045
-    acl_file: Annotated[Optional[Path], typer.Option(help="Mosquitto-syntax ACL file")] = None,  # noqa: UP045
-    max_keepalive: Annotated[Optional[int], typer.Option(help="cap on client keepalive (s)")] = None,  # noqa: UP045
-    log_level: Annotated[Optional[str], typer.Option(help="debug|info|warning|error")] = None,  # noqa: UP045
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML or YAML settings file")] = None,
+    host: Annotated[Optional[str], typer.Option(help="listen address")] = None,
+    port: Annotated[Optional[int], typer.Option(help="MQTT TCP port")] = None,
+    tls_port: Annotated[Optional[int], typer.Option(help="MQTT over TLS port")] = None,
+    ws_port: Annotated[Optional[int], typer.Option(help="MQTT over WebSocket port")] = None,
+    wss_port: Annotated[Optional[int], typer.Option(help="MQTT over secure WebSocket port")] = None,
+    certfile: Annotated[Optional[Path], typer.Option(help="server certificate chain (PEM)")] = None,
+    keyfile: Annotated[Optional[Path], typer.Option(help="server private key (PEM)")] = None,
+    cafile: Annotated[Optional[Path], typer.Option(help="CA certificates for client certificates (PEM)")] = None,
+    require_certificate: Annotated[Optional[bool], typer.Option(
+        "--require-certificate/--no-require-certificate", help="clients must present a certificate")] = None,
+    use_identity_as_username: Annotated[Optional[bool], typer.Option(
+        "--use-identity-as-username/--no-use-identity-as-username",
+        help="client certificate CN is the user name")] = None,
+    use_subject_as_username: Annotated[Optional[bool], typer.Option(
+        "--use-subject-as-username/--no-use-subject-as-username",
+        help="client certificate subject is the user name")] = None,
+    password_file: Annotated[Optional[Path], typer.Option(help="Mosquitto password_file")] = None,
+    allow_anonymous: Annotated[Optional[bool], typer.Option(
+        "--allow-anonymous/--no-allow-anonymous", help="default: off when authentication is configured")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="embedded store directory")] = None,
+    acl_file: Annotated[Optional[Path], typer.Option(help="Mosquitto-syntax ACL file")] = None,
+    max_keepalive: Annotated[Optional[int], typer.Option(help="cap on client keepalive (s)")] = None,
+    log_level: Annotated[Optional[str], typer.Option(help="debug|info|warning|error")] = None,
 ) -> None:
     """Start one gateway node (settings: defaults < --config file < TIDEWIRE_* env < flags)."""
-    settings = Settings.load(config, host=host, port=port, data_dir=data_dir, acl_file=acl_file,
+    settings = Settings.load(config, host=host, port=port, tls_port=tls_port, ws_port=ws_port,
+                             wss_port=wss_port, certfile=certfile, keyfile=keyfile, cafile=cafile,
+                             require_certificate=require_certificate,
+                             use_identity_as_username=use_identity_as_username,
+                             use_subject_as_username=use_subject_as_username, password_file=password_file,
+                             allow_anonymous=allow_anonymous, data_dir=data_dir, acl_file=acl_file,
                              max_keepalive=max_keepalive, log_level=log_level)
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    from gateway.server import run, serve  # here, so `tidewire passwd` starts without the server's imports
+
     run(serve(settings))
 
 
-@app.command("passwd")
-def passwd_command(
-    username: str,
-    password: Annotated[str, typer.Option(prompt=True, hide_input=True, help="read from the terminal if omitted")],
-    iterations: Annotated[int, typer.Option(min=4096)] = 4096,
-) -> None:
-    """Print a SCRAM-SHA-256 credentials line for the `auth_file` (MQTT 5 enhanced authentication)."""
-    typer.echo(credential_line(username, password, iterations=iterations))
-
+app.command("passwd")(passwd_command)  # mosquitto_passwd-compatible; see gateway/passwd_command.py
 
 if __name__ == "__main__":
     app()

@@ -7,8 +7,21 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ListenerName = Literal["mqtt", "mqtts", "ws", "wss"]
+
+
+class ListenerOptions(BaseModel):
+    """Per-listener overrides; a field left unset takes the node-wide setting of the same name."""
+
+    model_config = {"extra": "forbid"}
+
+    max_connections: int | None = Field(None, ge=1)
+    max_connection_rate: float | None = Field(None, ge=0, description="CONNECTs/s accepted; 0: no limit")
+    connection_rate_burst: int | None = Field(None, ge=1)
+    proxy_protocol: bool | None = None
 
 
 class Settings(BaseSettings):
@@ -16,16 +29,47 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TIDEWIRE_", extra="forbid")
 
-    # listener
+    # listeners (a port of None disables that listener; 0 picks a free port)
     host: str = "127.0.0.1"
-    port: int = Field(1883, ge=0, le=65535)
+    port: int | None = Field(1883, ge=0, le=65535, description="MQTT over TCP")
+    tls_port: int | None = Field(None, ge=0, le=65535, description="MQTT over TLS")
+    ws_port: int | None = Field(None, ge=0, le=65535, description="MQTT over WebSocket")
+    wss_port: int | None = Field(None, ge=0, le=65535, description="MQTT over WebSocket over TLS")
+    ws_path: str = Field("/mqtt", description="HTTP path of the WebSocket listeners")
     node_id: str = "node1"
-    max_connections: int = Field(100_000, ge=1)
+    max_connections: int = Field(100_000, ge=1, description="per listener unless `listeners` overrides it")
+    max_connection_rate: float = Field(0, ge=0, description="CONNECTs/s per listener (token bucket); 0: no limit")
+    connection_rate_burst: int = Field(100, ge=1, description="CONNECTs accepted at once above the rate")
+    proxy_protocol: bool = Field(False, description="expect a PROXY protocol v1/v2 header on every listener")
+    proxy_protocol_timeout: float = Field(5.0, gt=0, description="s to wait for the PROXY header")
+    listeners: dict[ListenerName, ListenerOptions] = Field(default_factory=dict,
+                                                           description="per-listener overrides")
+    # TLS (mqtts and wss listeners), the options of Mosquitto's of the same names
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    cafile: Path | None = Field(None, description="CA bundle that client certificates must chain to")
+    require_certificate: bool = False
+    use_identity_as_username: bool = Field(False, description="client certificate CN is the user name")
+    use_subject_as_username: bool = Field(False, description="client certificate subject is the user name")
+    tls_min_version: Literal["1.2", "1.3"] = "1.2"
+    tls_ciphers: str | None = Field(None, description="OpenSSL cipher list for TLS 1.2")
     # protocol limits
     max_keepalive: int = Field(65535, ge=0, le=65535, description="cap on keepalive; 0 means no cap")
     max_packet_size: int = Field(1024 * 1024, ge=64, le=268_435_460, description="bytes, whole packet")
     max_client_id_length: int = Field(65535, ge=23)
     max_topic_levels: int = Field(128, ge=1)
+    max_topic_length: int = Field(65535, ge=1, le=65535, description="bytes of a topic name or filter")
+    max_subscriptions: int = Field(0, ge=0, description="per client; 0: no limit (SUBACK 0x97 beyond)")
+    max_inbound_rate: float = Field(0, ge=0, description="PUBLISHes/s per client before reading pauses; 0: off")
+    max_inbound_bytes_rate: float = Field(0, ge=0, description="bytes/s per client before reading pauses; 0: off")
+    persistent_client_expiration: int = Field(0, ge=0, description="s a 3.1.1 persistent session lives "
+                                                                    "disconnected; 0: forever (Mosquitto)")
+    max_pending_connects: int = Field(10_000, ge=1, description="CONNECTs in authentication at once; "
+                                                                "beyond: 0x89 / code 3")
+    overload_loop_lag_ms: float = Field(1000, ge=0, description="event-loop lag above which new CONNECTs are "
+                                                                "refused (0x89 / code 3); 0: off")
+    close_drain_timeout: float = Field(2.0, ge=0, description="s a closing socket is drained so the client "
+                                                              "reads our last packet")
     max_inflight: int = Field(512, ge=1, le=65535, description="outbound QoS 1/2 window per client")
     max_inbound_qos2: int = Field(1024, ge=1, description="inbound QoS 2 awaiting PUBREL per client")
     retry_interval: float = Field(20.0, gt=0, description="s before an unacked 3.1.1 QoS 1/2 is resent")
@@ -52,9 +96,31 @@ class Settings(BaseSettings):
     # $SYS
     sys_events: bool = Field(True, description="publish client lifecycle events under $SYS/brokers/<node>/")
     sys_interval: float = Field(10.0, gt=0, description="s between $SYS statistics")
-    # extensions
+    # authentication and authorization
+    password_file: Path | None = Field(None, description="Mosquitto password_file ($7$/$6$ lines) and "
+                                                         "SCRAM-SHA-256 lines for MQTT 5 AUTH")
+    auth_file: Path | None = Field(None, description="deprecated: read as a second password_file")
+    allow_anonymous: bool | None = Field(None, description="default: true only when no authentication "
+                                                           "source is configured (Mosquitto 2)")
+    auth_chain: list[Literal["file", "jwt", "http"]] = Field(["file", "jwt", "http"],
+                                                             description="order of the configured sources")
+    password_hash_threads: int = Field(2, ge=1, description="threads that check password hashes")
+    jwt_secret: str | None = Field(None, description="HS256 secret")
+    jwt_public_key: Path | None = Field(None, description="PEM public key for RS256/ES256")
+    jwt_jwks_file: Path | None = Field(None, description="JWKS file (keys chosen by `kid`)")
+    jwt_username_claim: str = Field("sub", description="claim that is the user name")
+    jwt_acl_claim: str = Field("acl", description="claim with {pub, sub, all} topic lists; absent: ACL file")
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    jwt_leeway: float = Field(0, ge=0, description="s of clock skew allowed on exp/nbf")
+    http_auth_url: str | None = Field(None, description="POST {clientid, username, password, peerhost, "
+                                                        "protocol} here; JSON answer")
+    http_auth_timeout: float = Field(5.0, gt=0)
+    http_auth_cache_ttl: float = Field(60.0, ge=0, description="s an answer is reused; 0: no cache")
+    http_auth_on_error: Literal["deny", "ignore"] = Field("deny", description="answer when the service is down")
+    http_auth_headers: dict[str, str] = Field(default_factory=dict)
+    http_auth_max_connections: int = Field(32, ge=1)
     acl_file: Path | None = None
-    auth_file: Path | None = Field(None, description="SCRAM-SHA-256 credentials for MQTT 5 enhanced auth")
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["logfmt", "json"] = "logfmt"

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from extensions.authn import Failure
 from extensions.hooks import Authorizer, ClientInfo
 from gateway.codec import ConnackCode311, Connect, PropertyId, ReasonCode, encode_properties
 from gateway.config import Settings
@@ -52,9 +53,9 @@ class Terms:
     ack_properties: dict[int, Any] = field(default_factory=dict)
 
 
-def negotiate(packet: Connect, settings: Settings, peer: str, authorizer: Authorizer, connections: int,
-              reconnecting: bool) -> Terms:
-    """Terms of the connection, or `Refusal` with the CONNACK codes to answer."""
+def negotiate(packet: Connect, settings: Settings, peer: str) -> Terms:
+    """Terms of the connection, or `Refusal` with the CONNACK codes to answer. Who the client is comes
+    later (authentication); `terms.info` holds the user name it claims until then."""
     v5 = packet.protocol_level >= 5
     props = packet.properties
     ack: dict[int, Any] = {}
@@ -67,8 +68,6 @@ def negotiate(packet: Connect, settings: Settings, peer: str, authorizer: Author
             ack[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = client_id
     if len(client_id) > settings.max_client_id_length:
         raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
-    if connections >= settings.max_connections and not reconnecting:
-        raise Refusal(ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_BUSY, "max connections")
     info = ClientInfo(client_id, packet.username, peer, packet.protocol_level)
     # keepalive: 5.0 clients are told the cap; 3.1.1 clients can't be told, so they keep what they asked
     keepalive = packet.keepalive
@@ -77,8 +76,9 @@ def negotiate(packet: Connect, settings: Settings, peer: str, authorizer: Author
         ack[PropertyId.SERVER_KEEP_ALIVE] = keepalive
     if v5:
         expiry = min(props.get(PropertyId.SESSION_EXPIRY_INTERVAL, 0), settings.max_session_expiry)
-    else:
-        expiry = 0 if packet.clean_start else min(NEVER_EXPIRES, settings.max_session_expiry)
+    else:  # 3.1.1 persistent sessions last forever unless the operator says otherwise (Mosquitto's option)
+        lifetime = settings.persistent_client_expiration or NEVER_EXPIRES
+        expiry = 0 if packet.clean_start else min(lifetime, settings.max_session_expiry)
     terms = Terms(client_id, info, keepalive, expiry,
                   min(settings.max_inflight, props.get(PropertyId.RECEIVE_MAXIMUM, 65535)))
     if v5:
@@ -88,8 +88,8 @@ def negotiate(packet: Connect, settings: Settings, peer: str, authorizer: Author
     if will is not None:
         if not valid_topic_name(will.topic):
             raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.TOPIC_NAME_INVALID, "invalid will topic")
-        if will.topic.startswith("$SYS") or not authorizer.allow_publish(info, will.topic):
-            raise Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, "will denied")
+        if len(will.topic) > settings.max_topic_length or will.topic.count("/") >= settings.max_topic_levels:
+            raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.TOPIC_NAME_INVALID, "will topic too long")
         now_ms = int(time.time() * 1000)
         will_props = {k: v for k, v in will.properties.items() if k != PropertyId.WILL_DELAY_INTERVAL}
         terms.will = Message(will.topic, will.payload, will.qos, will.retain, stored_properties(will_props), 0,
@@ -105,3 +105,19 @@ def negotiate(packet: Connect, settings: Settings, peer: str, authorizer: Author
             ack[PropertyId.RESPONSE_INFORMATION] = settings.response_information + client_id
     terms.ack_properties = ack
     return terms
+
+
+def check_will(terms: Terms, authorizer: Authorizer) -> None:
+    """Once the client is authenticated: may it leave this will? `Refusal` if not."""
+    will = terms.will
+    if will is not None and (will.topic.startswith("$SYS") or not authorizer.allow_publish(terms.info, will.topic)):
+        raise Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, "will denied")
+
+
+def refusal_codes(failure: Failure) -> tuple[int, int]:
+    """CONNACK codes (3.1.1, 5.0) for an authentication failure."""
+    if failure is Failure.BAD_CREDENTIALS:
+        return ConnackCode311.BAD_USERNAME_OR_PASSWORD, ReasonCode.BAD_USER_NAME_OR_PASSWORD
+    if failure is Failure.UNAVAILABLE:
+        return ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_UNAVAILABLE
+    return ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED

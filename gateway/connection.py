@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, cast
+from typing import Any
 
-from extensions.auth import AuthSession
+from extensions.authn import AuthRequest, Refused
 from extensions.hooks import ClientInfo
 from gateway.codec import (
     PINGRESP,
@@ -20,7 +20,6 @@ from gateway.codec import (
     ConnackCode311,
     Connect,
     Disconnect,
-    Parser,
     Pingreq,
     PropertyId,
     ProtocolError,
@@ -39,238 +38,170 @@ from gateway.codec import (
     pubcomp,
     pubrec,
 )
-from gateway.connect import Refusal, Terms, expires_at, negotiate, stored_properties
-from gateway.node import Node
-from gateway.session import Session
-from store.base import NEVER_EXPIRES, Message
+from gateway.connect import Refusal, Terms, check_will, expires_at, negotiate, refusal_codes, stored_properties
+from gateway.lifecycle import (
+    AUTHENTICATING,
+    CLOSED,
+    CONNECTED,
+    CONNECTING,
+    HOLD_CONNECT,
+    HOLD_RATE,
+    HOLD_STORE,
+    NEW,
+    ConnectionBase,
+)
+from gateway.listeners import certificate_name
+from gateway.ratelimit import InboundLimiter
+from store.base import Message
 
 log = logging.getLogger("tidewire.conn")
 
-_NEW, _CONNECTING, _AUTHENTICATING, _CONNECTED, _CLOSED = range(5)
-_NOBODY = ClientInfo("", None)
 
-
-
-class MqttConnection(asyncio.Protocol):
-    __slots__ = (
-        "_backlog", "_deadline_handle", "_state", "alias_max", "aliases_in", "auth", "client_id", "expiry",
-        "inbound_qos2", "info", "keepalive", "last_rx", "level", "max_packet", "node", "parser", "paused", "peer",
-        "pending_qos1", "reading_paused", "session", "transport", "unacked_in", "will", "will_delay",
-    )
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.parser = Parser(node.settings.max_packet_size)
-        self.transport: asyncio.Transport | None = None
-        self.session: Session | None = None
-        self.client_id = ""
-        self.level = 4
-        self.keepalive = 0
-        self.expiry = 0
-        self.last_rx = 0.0
-        self.paused = False
-        self.reading_paused = False
-        self.unacked_in = 0  # inbound QoS 1/2 publishes waiting for the store
-        self.pending_qos1 = 0  # inbound QoS 1 publishes not yet acknowledged (counts against Receive Maximum)
-        self.alias_max = 0  # the client's Topic Alias Maximum: outgoing aliases we may use
-        self.max_packet = 0  # the client's Maximum Packet Size (0: no limit)
-        self.aliases_in: dict[int, str] | None = None
-        # enhanced authentication in progress: (session, method, CONNECT and terms, or None when re-authenticating)
-        self.auth: tuple[AuthSession, str, Connect | None, Terms | None] | None = None
-        self.inbound_qos2: set[int] | None = None  # created on the first QoS 2 publish
-        self.will: Message | None = None
-        self.will_delay = 0
-        self.peer = ""
-        self.info = _NOBODY
-        self._state = _NEW
-        self._backlog: list[Any] | None = None  # packets that arrive while CONNECT is processed
-        self._deadline_handle: asyncio.TimerHandle | None = None
-
-    # --- asyncio.Protocol ---------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports aren't asyncio subclasses
-        peer = self.transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.transport.set_write_buffer_limits(high=self.node.settings.write_buffer_high)
-        self.last_rx = time.monotonic()
-        self._deadline_handle = asyncio.get_running_loop().call_later(
-            self.node.settings.connect_timeout, self._connect_timeout)
+class MqttConnection(ConnectionBase):
+    __slots__ = ()
 
     def data_received(self, data: bytes) -> None:
+        if self._state == CLOSED:
+            return  # draining after our last packet: read and drop, so the kernel doesn't reset the socket
         self.last_rx = time.monotonic()
         try:
             packets = self.parser.feed(data)
         except ProtocolError as exc:
             self.abort(exc.reason_code, exc.message)
             return
-        for packet in packets:
-            if self._state == _CONNECTED:
+        if self._backlog is not None and self._state == CONNECTED:
+            self._backlog.extend(packets)  # over its inbound rate: these wait their turn behind the others
+            return
+        self._dispatch(packets)
+
+    def _dispatch(self, packets: list[Any]) -> None:
+        limiter = self.limiter
+        for index, packet in enumerate(packets):
+            state = self._state
+            if state == CONNECTED:
+                if limiter is not None and type(packet) is Publish:
+                    wait = limiter.admit(time.monotonic(), len(packet.payload) + len(packet.topic))
+                    if wait > 0:
+                        # Over the client's rate: stop reading it and keep what was already read (one read's
+                        # worth at most), so the rate holds within a read and nothing is dropped.
+                        self._backlog = packets[index:]
+                        self._hold(HOLD_RATE)
+                        asyncio.get_running_loop().call_later(wait, self._metered_resume)
+                        return
                 self._handle(packet)
-            elif self._state == _AUTHENTICATING:
+            elif state == AUTHENTICATING:
                 if type(packet) is Auth:
                     self._on_auth(packet)
                 else:
                     self.abort(ReasonCode.PROTOCOL_ERROR, f"{type(packet).__name__} during authentication")
-            elif self._state == _CONNECTING:
+            elif state == CONNECTING:
                 if self._backlog is None:
                     self._backlog = []
                 self._backlog.append(packet)
-            elif self._state == _NEW:
+            elif state == NEW:
                 assert isinstance(packet, Connect)  # the parser rejects anything else first
                 self._on_connect(packet)
             else:
                 return
 
-    def eof_received(self) -> bool | None:
-        return None  # close our side too: a half-closed MQTT connection is of no use
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._state != _CLOSED:
-            self._closed(will=True, reason="connection lost" if exc is None else str(exc))
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        if self.session is not None:
-            self.session.resume_writing()
-
-    # --- writing ------------------------------------------------------------------------------------------
-    def write_chunks(self, chunks: list[bytes]) -> None:
-        if self._state != _CLOSED and self.transport is not None:
-            if len(chunks) == 1:
-                self.transport.write(chunks[0])
-            else:
-                self.transport.writelines(chunks)
-
-    def write_acks(self, acks: list[bytes], qos1: int) -> None:
-        """PUBACK/PUBREC packets whose messages are now durable (`qos1` of them are PUBACKs)."""
-        self.unacked_in -= len(acks)
-        self.pending_qos1 -= qos1
-        if self._state == _CLOSED or self.transport is None:
+    def _metered_resume(self) -> None:
+        packets, self._backlog = self._backlog, None
+        if self._state != CONNECTED or packets is None:
             return
-        self.transport.writelines(acks)
-        if self.reading_paused and self.unacked_in <= self.node.settings.max_inbound_qos2 // 2:
-            self.reading_paused = False
-            self.transport.resume_reading()
-
-    def _send(self, packet: Any) -> None:
-        if self.transport is not None and self._state != _CLOSED:
-            self.transport.write(encode(packet, self.level))
-
-    # --- closing ------------------------------------------------------------------------------------------
-    def abort(self, reason: int, message: str) -> None:
-        """Close because of a protocol violation: 5.0 gets a DISCONNECT with the reason first; will is sent."""
-        log.warning("client.protocol_error", extra={"client_id": self.client_id, "peer": self.peer,
-                                                    "reason_code": hex(reason), "detail": message})
-        if self.level >= 5 and self._state == _CONNECTED:
-            self._send(Disconnect(reason, {PropertyId.REASON_STRING: message[:200]}))
-        elif self._state == _NEW and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
-            if self.transport is not None:  # 3.1.1 form: the only one a client of any level can read
-                self.transport.write(encode(Connack(False, ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION), 4))
-        elif self._state == _NEW and self.parser.protocol_level == 5:
-            self.level = 5
-            self._send(Connack(False, reason))  # a malformed 5.0 CONNECT is answered with a CONNACK
-        self._closed(will=True, reason=message)
-
-    def shutdown(self, reason: int) -> None:
-        """Server-initiated close (shutdown): the session is parked, the will stays for the next start."""
-        if self.level >= 5 and self._state == _CONNECTED:
-            self._send(Disconnect(reason, {PropertyId.REASON_STRING: "server shutting down"}))
-        self._closed(will=False, reason="server shutdown", keep_will=True)
-
-    def take_over(self) -> Session | None:
-        """Another connection claims this client id: close this one and hand its session over."""
-        session = self.session
-        self.node.sys.event(self.client_id, "takeover", address=self.peer, proto_ver=self.level)
-        if self.level >= 5 and self._state == _CONNECTED:
-            self._send(Disconnect(ReasonCode.SESSION_TAKEN_OVER,
-                                  {PropertyId.REASON_STRING: "another connection took over this client id"}))
-        self._closed(will=True, reason="session taken over", transfer=True)
-        return session
-
-    def _closed(self, *, will: bool, reason: str, transfer: bool = False, keep_will: bool = False) -> None:
-        was_connected = self._state == _CONNECTED
-        self._state = _CLOSED
-        if self._deadline_handle is not None:
-            self._deadline_handle.cancel()
-            self._deadline_handle = None
-        if self.transport is not None:
-            self.transport.close()
-        if not was_connected or self.session is None:
-            return
-        session, self.session = self.session, None
-        self.node.close_session(self, session, transfer=transfer)
-        if self.will is not None and will:
-            delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
-            self.node.schedule_will(self.client_id, self.will, delay)
-        elif self.will is not None and not keep_will:
-            self.node.spawn(self.node.store.delete_will(self.client_id))
-        log.info("client.disconnected", extra={"client_id": self.client_id, "peer": self.peer,
-                                               "reason": reason})
-        self.node.sys.event(self.client_id, "disconnected", address=self.peer, proto_ver=self.level, reason=reason)
-
-    def _connect_timeout(self) -> None:
-        self._deadline_handle = None
-        if self._state == _NEW:
-            log.info("client.connect_timeout", extra={"peer": self.peer})
-            self._closed(will=False, reason="no CONNECT")
-
-    def _keepalive_check(self) -> None:
-        self._deadline_handle = None
-        if self._state != _CONNECTED:
-            return
-        limit = self.keepalive * 1.5
-        idle = time.monotonic() - self.last_rx
-        if idle >= limit:
-            if self.level >= 5:
-                self._send(Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT,
-                                      {PropertyId.REASON_STRING: f"no packet for {idle:.1f} s"}))
-            log.info("client.keepalive_timeout", extra={"client_id": self.client_id, "idle_s": round(idle, 2)})
-            self._closed(will=True, reason="keepalive timeout")
-            return
-        self._deadline_handle = asyncio.get_running_loop().call_later(limit - idle, self._keepalive_check)
+        self._dispatch(packets)
+        if self._backlog is None:
+            self._release(HOLD_RATE)
 
     # --- CONNECT ------------------------------------------------------------------------------------------
     def _on_connect(self, packet: Connect) -> None:
         self.level = packet.protocol_level
-        self._state = _CONNECTING
-        assert self.transport is not None
-        self.transport.pause_reading()
-        self.node.spawn(self._connect(packet))
+        self._state = CONNECTING
+        self._hold(HOLD_CONNECT)
+        node = self.node
+        self.client_id = packet.client_id
+        try:
+            node.admission.check(self.listener, time.monotonic(), packet.client_id in node.connections)
+            terms = negotiate(packet, node.settings, self.peer)
+        except Refusal as refusal:
+            return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+        self.client_id = terms.client_id
+        node.admission.pending += 1
+        node.spawn(self._connect(packet, terms))
+        return None
 
-    def _refuse(self, code311: int, code5: int, detail: str) -> None:
-        log.info("client.refused", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
+    def _refuse(self, code311: int, code5: int, detail: str, **extra: Any) -> None:
+        log.info("client.refused", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail,
+                                          **extra})
         self._send(Connack(False, code5 if self.level >= 5 else code311))
         self._closed(will=False, reason=detail)
 
-    async def _connect(self, packet: Connect) -> None:
-        node = self.node
+    async def _connect(self, packet: Connect, terms: Terms) -> None:
         try:
-            terms = negotiate(packet, node.settings, self.peer, node.authorizer, len(node.connections),
-                              packet.client_id in node.connections)
-        except Refusal as refusal:
-            self.client_id = packet.client_id
+            refusal = await self._authenticate(packet, terms)
+        finally:
+            self.node.admission.pending -= 1
+        if self._state == CLOSED:
+            return None
+        if refusal is not None:
             return self._refuse(refusal.code311, refusal.code5, refusal.detail)
-        self.client_id = terms.client_id
         method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
+        node = self.node
         if method is not None:
             auth = node.enhanced_auth.begin(method, terms.client_id, packet.username) if node.enhanced_auth else None
             if auth is None:
                 return self._refuse(0, ReasonCode.BAD_AUTHENTICATION_METHOD, f"unknown auth method {method!r}")
             self.auth = (auth, method, packet, terms)
-            self._state = _AUTHENTICATING
+            self._state = AUTHENTICATING
             self._on_auth(Auth(ReasonCode.CONTINUE_AUTHENTICATION,
                                {PropertyId.AUTHENTICATION_DATA: packet.properties.get(PropertyId.AUTHENTICATION_DATA)}))
-            if self._state == _AUTHENTICATING and self.transport is not None:
-                self.transport.resume_reading()
+            if self._state == AUTHENTICATING:
+                self._release(HOLD_CONNECT)
             return None
         return await self._open(packet, terms)
 
+    async def _authenticate(self, packet: Connect, terms: Terms) -> Refusal | None:
+        """Who the client is: the certificate's name, or the authentication chain's answer for the
+        credentials in CONNECT. MQTT 5 enhanced authentication (AUTH) is decided later, in its own exchange."""
+        node = self.node
+        listener = self.listener
+        identity: str | None = None
+        superuser, acl, expires = False, None, None
+        if listener.cert_username is not None:
+            assert self.transport is not None
+            identity = certificate_name(self.transport, listener.cert_username)
+            if identity is None:
+                return Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED,
+                               "no client certificate to take the user name from")
+        elif PropertyId.AUTHENTICATION_METHOD in packet.properties:
+            return None  # the AUTH exchange proves who it is; the will is checked once it has
+        else:
+            request = AuthRequest(terms.client_id, packet.username, packet.password, self.peer, "mqtt",
+                                  listener.name)
+            result = await node.auth.authenticate(request)
+            if isinstance(result, Refused):
+                code311, code5 = refusal_codes(result.failure)
+                return Refusal(code311, code5, f"authentication failed ({result.failure.value}, {result.source})")
+            identity, superuser, acl, expires = result.username, result.superuser, result.acl, result.expires_at
+        terms.info = ClientInfo(terms.client_id, identity, self.peer, self.level, superuser, acl)
+        self.expiry_at(expires)
+        try:
+            check_will(terms, node.authorizer)
+        except Refusal as refusal:
+            return refusal
+        return None
+
+    def expiry_at(self, when: float | None) -> None:
+        """Close the connection when its credentials expire (epoch seconds; None: never)."""
+        if self._expiry_handle is not None:
+            self._expiry_handle.cancel()
+            self._expiry_handle = None
+        if when is not None:
+            delay = max(0.0, when - time.time())
+            self._expiry_handle = asyncio.get_running_loop().call_later(delay, self._credentials_expired)
+
     def _on_auth(self, packet: Auth) -> None:
         """One step of MQTT 5 enhanced authentication, at CONNECT or re-authentication (AUTH 0x19)."""
-        if self._state == _CONNECTED:
+        if self._state == CONNECTED:
             method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
             if packet.reason_code != ReasonCode.REAUTHENTICATE or method is None or self.auth is not None:
                 return self.abort(ReasonCode.PROTOCOL_ERROR, "unexpected AUTH")
@@ -302,11 +233,13 @@ class MqttConnection(asyncio.Protocol):
             return None
         assert terms is not None
         terms.ack_properties.update(props)
-        if result.username:
-            terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level)
-        self._state = _CONNECTING
-        if self.transport is not None:
-            self.transport.pause_reading()
+        terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level)
+        try:
+            check_will(terms, self.node.authorizer)
+        except Refusal as refusal:
+            return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+        self._state = CONNECTING
+        self._hold(HOLD_CONNECT)
         self.node.spawn(self._open(connect, terms))
         return None
 
@@ -324,14 +257,15 @@ class MqttConnection(asyncio.Protocol):
         ack_props = terms.ack_properties
         session, present = await self.node.open_session(self, client_id, self.level, packet.clean_start,
                                                         expiry, window)
-        if self._state == _CLOSED:  # the socket died while we were restoring the session
+        if self._state == CLOSED:  # the socket died while we were restoring the session
             self.node.close_session(self, session)
             return None
         self.session = session
+        self.listener.connections += 1
         if self.will is not None:
             self.node.store_will(client_id, self.will, self.will_delay)
         self._send(Connack(present, 0, ack_props))
-        self._state = _CONNECTED
+        self._state = CONNECTED
         log.info("client.connected", extra={"client_id": client_id, "peer": self.peer, "level": self.level,
                                             "keepalive": keepalive, "clean_start": packet.clean_start,
                                             "session_present": present})
@@ -343,14 +277,18 @@ class MqttConnection(asyncio.Protocol):
         if keepalive:
             self._deadline_handle = asyncio.get_running_loop().call_later(keepalive * 1.5,
                                                                           self._keepalive_check)
+        settings = self.node.settings
+        if settings.max_inbound_rate or settings.max_inbound_bytes_rate:
+            self.limiter = InboundLimiter(settings.max_inbound_rate, settings.max_inbound_bytes_rate,
+                                          time.monotonic())
         session.attach(self)
         backlog, self._backlog = self._backlog or [], None
         for queued in backlog:
-            if self._state != _CONNECTED:
+            if self._state != CONNECTED:
                 break
             self._handle(queued)
-        if self._state == _CONNECTED and self.transport is not None:
-            self.transport.resume_reading()
+        if self._state == CONNECTED:
+            self._release(HOLD_CONNECT)
         return None
 
     # --- packets after CONNECT ----------------------------------------------------------------------------
@@ -403,6 +341,13 @@ class MqttConnection(asyncio.Protocol):
                 if known is None:
                     return self.abort(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} was never set")
                 topic = known
+        settings = self.node.settings
+        if topic.count("/") >= settings.max_topic_levels or len(topic) > settings.max_topic_length or (
+                len(topic) * 4 > settings.max_topic_length and len(topic.encode()) > settings.max_topic_length):
+            log.info("client.topic_refused", extra={"client_id": self.client_id, "detail": "topic too long"})
+            if qos:
+                self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.TOPIC_NAME_INVALID if v5 else 0))
+            return None
         if v5 and props.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1 and qos:
             try:
                 packet.payload.decode("utf-8")
@@ -438,11 +383,9 @@ class MqttConnection(asyncio.Protocol):
             self.pending_qos1 += 1
             if v5 and self.pending_qos1 + len(self.inbound_qos2 or ()) > self.node.settings.max_inbound_qos2:
                 return self.abort(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged publishes than allowed")
-        if self.unacked_in > self.node.settings.max_inbound_qos2 and not self.reading_paused:
+        if self.unacked_in > self.node.settings.max_inbound_qos2 and not self._holds & HOLD_STORE:
             # The store is behind: stop reading this client until its acks catch up (no unbounded buffer).
-            self.reading_paused = True
-            assert self.transport is not None
-            self.transport.pause_reading()
+            self._hold(HOLD_STORE)
         self.node.publish(message, self, puback(pid) if qos == 1 else pubrec(pid))
         return None
 

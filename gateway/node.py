@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from cache.queue_cache import QueueCache
 from extensions.auth import EnhancedAuth
-from extensions.hooks import Authorizer
+from extensions.authn import AuthChain
+from extensions.hooks import Authorizer, PerClient
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
+from gateway.listeners import Admission
 from gateway.session import SHARED_PREFIX, Session
 from gateway.shared import SharedGroup
 from gateway.subscriptions import SubscriptionRegistry
@@ -28,7 +30,7 @@ from notify.base import Notifier
 from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, Store, WillRecord
 
 if TYPE_CHECKING:
-    from gateway.connection import MqttConnection
+    from gateway.lifecycle import ConnectionBase
 
 log = logging.getLogger("tidewire.node")
 
@@ -39,16 +41,19 @@ def _now_ms() -> int:
 
 class Node:
     def __init__(self, settings: Settings, store: Store, lookup: Lookup, notifier: Notifier,
-                 authorizer: Authorizer, enhanced_auth: EnhancedAuth | None = None) -> None:
+                 authorizer: Authorizer, enhanced_auth: EnhancedAuth | None = None,
+                 auth: AuthChain | None = None) -> None:
         self.settings = settings
         self.enhanced_auth = enhanced_auth
+        self.auth = auth if auth is not None else AuthChain((), allow_anonymous=True)
+        self.admission = Admission(settings)
         self.node_id = settings.node_id
         self.store = store
         self.lookup = lookup
         self.notifier = notifier
-        self.authorizer = authorizer
+        self.authorizer = PerClient(authorizer)
         self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch)
-        self.connections: dict[str, MqttConnection] = {}
+        self.connections: dict[str, ConnectionBase] = {}
         self.subscriptions = SubscriptionRegistry(self)
         self.counters = Counters()
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
@@ -57,7 +62,7 @@ class Node:
         self._will_timers: dict[str, asyncio.TimerHandle] = {}
         # publish pipeline
         self._batch: list[Message] = []
-        self._acks: list[tuple[MqttConnection, bytes]] = []
+        self._acks: list[tuple[ConnectionBase, bytes]] = []
         self._retained: list[Message] = []
         self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
@@ -122,7 +127,7 @@ class Node:
             lock = self._client_locks[client_id] = asyncio.Lock()
         return lock
 
-    async def open_session(self, conn: MqttConnection, client_id: str, level: int, clean_start: bool,
+    async def open_session(self, conn: ConnectionBase, client_id: str, level: int, clean_start: bool,
                            expiry: int, window: int) -> tuple[Session, bool]:
         """Take over or restore the client's session (or start one); returns it and `session_present`."""
         lock = self._lock(client_id)
@@ -171,7 +176,7 @@ class Node:
             del self._client_locks[client_id]
         return session, present
 
-    def close_session(self, conn: MqttConnection, session: Session, *, transfer: bool = False) -> None:
+    def close_session(self, conn: ConnectionBase, session: Session, *, transfer: bool = False) -> None:
         """The connection is gone. Unless the session moves to a new connection, park it in the store."""
         if self.connections.get(session.client_id) is conn:
             del self.connections[session.client_id]
@@ -204,7 +209,7 @@ class Node:
         await self.store.delete_session(record.client_id)
 
     # --- subscriptions ----------------------------------------------------------------------------------
-    def subscribe(self, session: Session, conn: MqttConnection, requests: list[SubscriptionRequest],
+    def subscribe(self, session: Session, conn: ConnectionBase, requests: list[SubscriptionRequest],
                   sub_id: int = 0) -> tuple[list[int], list[tuple[str, int, int]]]:
         codes, retained = self.subscriptions.subscribe(session, conn.info, requests, sub_id)
         for request, code in zip(requests, codes, strict=True):
@@ -261,7 +266,7 @@ class Node:
         self.spawn(self.store.put_will(WillRecord(client_id, message, delay)))
 
     # --- publish pipeline ---------------------------------------------------------------------------------
-    def publish(self, message: Message, conn: MqttConnection | None = None, ack: bytes = b"") -> None:
+    def publish(self, message: Message, conn: ConnectionBase | None = None, ack: bytes = b"") -> None:
         """Queue a message for the next append batch; `ack` goes to `conn` once the batch is durable."""
         if not message.timestamp_ms:
             message.timestamp_ms = _now_ms()
@@ -304,9 +309,9 @@ class Node:
         if acks:
             self.spawn(self._ack_when_durable(acks))
 
-    async def _ack_when_durable(self, acks: list[tuple[MqttConnection, bytes]]) -> None:
+    async def _ack_when_durable(self, acks: list[tuple[ConnectionBase, bytes]]) -> None:
         await self.store.sync()
-        per_conn: dict[MqttConnection, list[bytes]] = {}
+        per_conn: dict[ConnectionBase, list[bytes]] = {}
         for conn, ack in acks:
             chunks = per_conn.get(conn)
             if chunks is None:

@@ -1,25 +1,34 @@
-"""Run one node: open the store, start the node runtime, listen for MQTT, shut down cleanly on a signal."""
+"""Run one node: open the store, start the node runtime, open the listeners, reload on SIGHUP, shut down
+cleanly on SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
-from collections.abc import Coroutine
-from typing import Any
+import ssl
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
-from extensions.acl import AclFile
-from extensions.hooks import AllowAll, Authorizer
-from extensions.passwords import Credentials
-from extensions.scram import ScramSha256
 from gateway.config import Settings
 from gateway.connection import MqttConnection
+from gateway.listeners import Listener, make_listeners, quiet_tls_errors, reload_certificate, tls_context
 from gateway.node import Node
+from gateway.proxy_protocol import ProxyListener
+from gateway.security import Security
+from gateway.websocket import WebSocketOptions, WebSocketProtocol
 from lookup.base import InProcessLookup
 from notify.base import LocalNotifier
 from store.embedded import EmbeddedStore
 
 log = logging.getLogger("tidewire.server")
+
+WS_FRAME_SLACK = 1024  # a WebSocket frame may carry a whole MQTT packet plus a little
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
 
 
 def build_store(settings: Settings) -> EmbeddedStore:
@@ -28,29 +37,90 @@ def build_store(settings: Settings) -> EmbeddedStore:
                          retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages)
 
 
+def protocol_factory(node: Node, listener: Listener) -> Callable[[tuple[str, int] | None], asyncio.Protocol]:
+    """What a listener runs per accepted socket: MQTT, behind a WebSocket layer on ws/wss listeners."""
+    settings = node.settings
+    ws = WebSocketOptions(path=settings.ws_path, max_frame=settings.max_packet_size + WS_FRAME_SLACK,
+                          handshake_timeout=settings.connect_timeout)
+
+    def make(peer: tuple[str, int] | None = None) -> asyncio.Protocol:
+        if listener.websocket:
+            return WebSocketProtocol(lambda: MqttConnection(node, listener, peer), ws)
+        return MqttConnection(node, listener, peer)
+
+    return make
+
+
+async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closable]:
+    settings = node.settings
+    loop = asyncio.get_running_loop()
+    servers: list[_Closable] = []
+    for listener, port in make_listeners(settings, time.monotonic()):
+        factory = protocol_factory(node, listener)
+        ctx = tls if listener.tls else None
+        if listener.proxy_protocol:
+            proxied = ProxyListener(factory, settings.host, port, ssl=ctx, name=listener.name,
+                                    header_timeout=settings.proxy_protocol_timeout,
+                                    ssl_handshake_timeout=settings.connect_timeout)
+            await proxied.start()
+            listener.port = proxied.sockets[0].getsockname()[1]
+            servers.append(proxied)
+        else:
+            server = await loop.create_server(lambda f=factory: f(None), settings.host, port, ssl=ctx,
+                                              backlog=4096, reuse_address=True)
+            listener.port = server.sockets[0].getsockname()[1] if server.sockets else port
+            servers.append(server)
+        log.info("listening", extra={"listener": listener.name, "host": settings.host, "port": listener.port,
+                                     "max_connections": listener.max_connections,
+                                     "proxy_protocol": listener.proxy_protocol})
+    return servers
+
+
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    loop = asyncio.get_running_loop()
+    quiet_tls_errors(loop)
+    security = Security.build(settings)
+    tls = tls_context(settings) if settings.tls_port is not None or settings.wss_port is not None else None
     store = build_store(settings)
     await store.open()
     lookup = InProcessLookup()
-    authorizer: Authorizer = AclFile.load(settings.acl_file) if settings.acl_file else AllowAll()
-    enhanced_auth = ScramSha256(Credentials.load(settings.auth_file)) if settings.auth_file else None
-    node = Node(settings, store, lookup, LocalNotifier(lookup), authorizer, enhanced_auth)
+    node = Node(settings, store, lookup, LocalNotifier(lookup), security.authorizer, security.enhanced,
+                security.chain)
     await node.start()
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: MqttConnection(node), settings.host, settings.port,
-                                      backlog=4096, reuse_address=True)
-    port = server.sockets[0].getsockname()[1] if server.sockets else settings.port
-    log.info("listening", extra={"host": settings.host, "port": port, "node": settings.node_id,
-                                 "data_dir": str(settings.data_dir), "fsync": settings.fsync})
+    lag_watch = loop.create_task(node.admission.watch_loop_lag())
+    servers = await open_listeners(node, tls)
+    log.info("started", extra={"node": settings.node_id, "data_dir": str(settings.data_dir), "fsync": settings.fsync,
+                               "auth": ",".join(s.name for s in security.chain.sources) or "none",
+                               "allow_anonymous": security.chain.allow_anonymous})
+
+    def reload() -> None:
+        errors = security.reload(settings, node)
+        if tls is not None:
+            try:
+                reload_certificate(tls, settings)
+            except (OSError, ssl.SSLError) as exc:
+                errors.append(f"tls: {exc}")
+        if errors:
+            log.error("reload.failed", extra={"errors": "; ".join(errors)})
+        else:
+            log.info("reloaded")
+
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
     log.info("stopping")
-    server.close()
+    loop.remove_signal_handler(signal.SIGHUP)
+    for server in servers:
+        server.close()
+    lag_watch.cancel()
+    # Only the PROXY listeners: a plain server's wait_closed also waits for its connections, closed below.
+    await asyncio.gather(*(server.wait_closed() for server in servers if isinstance(server, ProxyListener)))
     await node.stop()
     await store.close()
+    await security.close()
     log.info("stopped")
 
 

@@ -188,6 +188,7 @@ class SubscriptionRegistry:
         """Returns SUBACK codes and the (filter, qos, subscription id) whose retained messages to send."""
         v5 = session.level >= 5
         authorizer: Authorizer = self.node.authorizer
+        settings = self.node.settings
         codes: list[int] = []
         retained: list[tuple[str, int, int]] = []
         for request in requests:
@@ -195,8 +196,14 @@ class SubscriptionRegistry:
             shared = parse_shared(key) if key.startswith(SHARED_PREFIX) else None
             topic_filter = shared[1] if shared is not None else key
             if (key.startswith(SHARED_PREFIX) and shared is None) or not valid_topic_filter(topic_filter) or (
-                    topic_filter.count("/") >= self.node.settings.max_topic_levels):
+                    topic_filter.count("/") >= settings.max_topic_levels) or (
+                    len(key.encode()) > settings.max_topic_length):
                 codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
+                continue
+            if settings.max_subscriptions and key not in session.subscriptions and (
+                    sum(1 for k in session.subscriptions if not k.startswith(P2P_PREFIX))
+                    >= settings.max_subscriptions):
+                codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
                 continue
             access = authorizer.subscribe_access(client, topic_filter)
             if access == SubscribeAccess.DENIED:

@@ -1,0 +1,234 @@
+"""One MQTT connection's life around its packets: the socket, reading holds, writing, keepalive and
+credential-expiry timers, and every way it ends (abort, takeover, shutdown, graceful close).
+
+`MqttConnection` (gateway/connection.py) adds the packets; this class keeps only what belongs to the socket:
+protocol level, keepalive, the will, inbound QoS 2 packet ids, and flow control in both directions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, cast
+
+from extensions.auth import AuthSession
+from extensions.hooks import ClientInfo
+from gateway.codec import Connack, ConnackCode311, Connect, Disconnect, Parser, PropertyId, ReasonCode, encode
+from gateway.connect import Terms
+from gateway.listeners import Listener
+from gateway.node import Node
+from gateway.ratelimit import InboundLimiter
+from gateway.session import Session
+from store.base import NEVER_EXPIRES, Message
+
+log = logging.getLogger("tidewire.conn")
+
+NEW, CONNECTING, AUTHENTICATING, CONNECTED, CLOSED = range(5)
+_NOBODY = ClientInfo("", None)
+# Why reading from a client is paused (a bit each): while any is set, the socket is not read.
+HOLD_CONNECT, HOLD_STORE, HOLD_RATE = 1, 2, 4
+
+
+class ConnectionBase(asyncio.Protocol):
+    __slots__ = (
+        "_backlog", "_deadline_handle", "_expiry_handle", "_holds", "_state", "alias_max", "aliases_in", "auth",
+        "client_id", "expiry", "inbound_qos2", "info", "keepalive", "last_rx", "level", "limiter", "listener",
+        "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session", "transport", "unacked_in",
+        "will", "will_delay",
+    )
+
+    def __init__(self, node: Node, listener: Listener, peer: tuple[str, int] | None = None) -> None:
+        self.node = node
+        self.listener = listener
+        self.parser = Parser(node.settings.max_packet_size)
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.client_id = ""
+        self.level = 4
+        self.keepalive = 0
+        self.expiry = 0
+        self.last_rx = 0.0
+        self.paused = False
+        self._holds = 0
+        self.limiter: InboundLimiter | None = None
+        self.unacked_in = 0  # inbound QoS 1/2 publishes waiting for the store
+        self.pending_qos1 = 0  # inbound QoS 1 publishes not yet acknowledged (counts against Receive Maximum)
+        self.alias_max = 0  # the client's Topic Alias Maximum: outgoing aliases we may use
+        self.max_packet = 0  # the client's Maximum Packet Size (0: no limit)
+        self.aliases_in: dict[int, str] | None = None
+        # enhanced authentication in progress: (session, method, CONNECT and terms, or None when re-authenticating)
+        self.auth: tuple[AuthSession, str, Connect | None, Terms | None] | None = None
+        self.inbound_qos2: set[int] | None = None  # created on the first QoS 2 publish
+        self.will: Message | None = None
+        self.will_delay = 0
+        self.peer = f"{peer[0]}:{peer[1]}" if peer is not None else ""  # the real client behind a PROXY header
+        self.info = _NOBODY
+        self._state = NEW
+        self._backlog: list[Any] | None = None  # packets that arrive while CONNECT is processed
+        self._deadline_handle: asyncio.TimerHandle | None = None  # connect timeout, keepalive, close drain
+        self._expiry_handle: asyncio.TimerHandle | None = None  # credentials (token) expiry
+
+    # --- asyncio.Protocol ---------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports aren't asyncio subclasses
+        if not self.peer:
+            peer = self.transport.get_extra_info("peername")
+            self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.transport.set_write_buffer_limits(high=self.node.settings.write_buffer_high)
+        self.last_rx = time.monotonic()
+        self._deadline_handle = asyncio.get_running_loop().call_later(
+            self.node.settings.connect_timeout, self._connect_timeout)
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too: a half-closed MQTT connection is of no use
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._state != CLOSED:
+            self._closed(will=True, reason="connection lost" if exc is None else str(exc))
+        elif self._deadline_handle is not None:  # the client closed while we drained
+            self._deadline_handle.cancel()
+            self._deadline_handle = None
+
+    def _hold(self, why: int) -> None:
+        if not self._holds and self.transport is not None:
+            self.transport.pause_reading()
+        self._holds |= why
+
+    def _release(self, why: int) -> None:
+        if self._holds & why:
+            self._holds &= ~why
+            if not self._holds and self.transport is not None and self._state != CLOSED:
+                self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.session is not None:
+            self.session.resume_writing()
+
+    # --- writing ------------------------------------------------------------------------------------------
+    def write_chunks(self, chunks: list[bytes]) -> None:
+        if self._state != CLOSED and self.transport is not None:
+            if len(chunks) == 1:
+                self.transport.write(chunks[0])
+            else:
+                self.transport.writelines(chunks)
+
+    def write_acks(self, acks: list[bytes], qos1: int) -> None:
+        """PUBACK/PUBREC packets whose messages are now durable (`qos1` of them are PUBACKs)."""
+        self.unacked_in -= len(acks)
+        self.pending_qos1 -= qos1
+        if self._state == CLOSED or self.transport is None:
+            return
+        self.transport.writelines(acks)
+        if self._holds & HOLD_STORE and self.unacked_in <= self.node.settings.max_inbound_qos2 // 2:
+            self._release(HOLD_STORE)
+
+    def _send(self, packet: Any) -> None:
+        if self.transport is not None and self._state != CLOSED:
+            self.transport.write(encode(packet, self.level))
+
+    # --- closing ------------------------------------------------------------------------------------------
+    def abort(self, reason: int, message: str) -> None:
+        """Close because of a protocol violation: 5.0 gets a DISCONNECT with the reason first; will is sent."""
+        log.warning("client.protocol_error", extra={"client_id": self.client_id, "peer": self.peer,
+                                                    "reason_code": hex(reason), "detail": message})
+        if self.level >= 5 and self._state == CONNECTED:
+            self._send(Disconnect(reason, {PropertyId.REASON_STRING: message[:200]}))
+        elif self._state == NEW and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
+            if self.transport is not None:  # 3.1.1 form: the only one a client of any level can read
+                self.transport.write(encode(Connack(False, ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION), 4))
+        elif self._state == NEW and self.parser.protocol_level == 5:
+            self.level = 5
+            self._send(Connack(False, reason))  # a malformed 5.0 CONNECT is answered with a CONNACK
+        self._closed(will=True, reason=message)
+
+    def shutdown(self, reason: int) -> None:
+        """Server-initiated close (shutdown): the session is parked, the will stays for the next start."""
+        if self.level >= 5 and self._state == CONNECTED:
+            self._send(Disconnect(reason, {PropertyId.REASON_STRING: "server shutting down"}))
+        self._closed(will=False, reason="server shutdown", keep_will=True)
+
+    def take_over(self) -> Session | None:
+        """Another connection claims this client id: close this one and hand its session over."""
+        session = self.session
+        self.node.sys.event(self.client_id, "takeover", address=self.peer, proto_ver=self.level)
+        if self.level >= 5 and self._state == CONNECTED:
+            self._send(Disconnect(ReasonCode.SESSION_TAKEN_OVER,
+                                  {PropertyId.REASON_STRING: "another connection took over this client id"}))
+        self._closed(will=True, reason="session taken over", transfer=True)
+        return session
+
+    def _closed(self, *, will: bool, reason: str, transfer: bool = False, keep_will: bool = False) -> None:
+        was_connected = self._state == CONNECTED
+        self._state = CLOSED
+        for handle in (self._deadline_handle, self._expiry_handle):
+            if handle is not None:
+                handle.cancel()
+        self._deadline_handle = self._expiry_handle = None
+        self._close_gracefully()
+        if not was_connected or self.session is None:
+            return
+        self.listener.connections -= 1
+        session, self.session = self.session, None
+        self.node.close_session(self, session, transfer=transfer)
+        if self.will is not None and will:
+            delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
+            self.node.schedule_will(self.client_id, self.will, delay)
+        elif self.will is not None and not keep_will:
+            self.node.spawn(self.node.store.delete_will(self.client_id))
+        log.info("client.disconnected", extra={"client_id": self.client_id, "peer": self.peer,
+                                               "reason": reason})
+        self.node.sys.event(self.client_id, "disconnected", address=self.peer, proto_ver=self.level, reason=reason)
+
+    def _close_gracefully(self) -> None:
+        """Our last packet (CONNACK refusal, DISCONNECT) must reach a client that may still be sending: closing
+        a socket with unread input makes the kernel send a reset, which can destroy our packet before the
+        client reads it. So: end our side (FIN after the queued bytes), keep reading and dropping what the
+        client still sends, and close when it closes or after `close_drain_timeout`."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        timeout = self.node.settings.close_drain_timeout
+        if timeout <= 0:
+            transport.close()
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        # TLS and WebSocket cannot half-close: the client closes after reading our packet, or the timer does.
+        self._holds = 0
+        transport.resume_reading()
+        self._deadline_handle = asyncio.get_running_loop().call_later(timeout, transport.close)
+
+    def _credentials_expired(self) -> None:
+        self._expiry_handle = None
+        if self._state != CONNECTED:
+            return
+        if self.level >= 5:
+            self._send(Disconnect(ReasonCode.MAXIMUM_CONNECT_TIME, {PropertyId.REASON_STRING: "credentials expired"}))
+        log.info("client.credentials_expired", extra={"client_id": self.client_id, "peer": self.peer})
+        self._closed(will=True, reason="credentials expired")
+
+    def _connect_timeout(self) -> None:
+        self._deadline_handle = None
+        if self._state == NEW:
+            log.info("client.connect_timeout", extra={"peer": self.peer})
+            self._closed(will=False, reason="no CONNECT")
+
+    def _keepalive_check(self) -> None:
+        self._deadline_handle = None
+        if self._state != CONNECTED:
+            return
+        limit = self.keepalive * 1.5
+        idle = time.monotonic() - self.last_rx
+        if idle >= limit:
+            if self.level >= 5:
+                self._send(Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT,
+                                      {PropertyId.REASON_STRING: f"no packet for {idle:.1f} s"}))
+            log.info("client.keepalive_timeout", extra={"client_id": self.client_id, "idle_s": round(idle, 2)})
+            self._closed(will=True, reason="keepalive timeout")
+            return
+        self._deadline_handle = asyncio.get_running_loop().call_later(limit - idle, self._keepalive_check)

@@ -1,0 +1,192 @@
+"""Listeners and admission: MQTT over TCP, TLS, WebSocket and secure WebSocket, each with its own limits;
+the TLS context and the identity a client certificate proves; whether a new CONNECT may proceed.
+
+A new CONNECT is refused cleanly (a CONNACK with a reason, never a reset) when its listener is full, the
+listener's connect rate is exceeded, too many CONNECTs are already waiting for authentication, or the event
+loop is overloaded; clients already connected are served as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from gateway.codec import ConnackCode311, ReasonCode
+from gateway.config import ListenerName, Settings
+from gateway.connect import Refusal
+from gateway.ratelimit import TokenBucket
+
+log = logging.getLogger("tidewire.listener")
+
+CertUsername = Literal["cn", "subject"] | None
+
+
+@dataclass(slots=True, eq=False)
+class Listener:
+    name: ListenerName
+    max_connections: int
+    rate: TokenBucket | None
+    proxy_protocol: bool
+    cert_username: CertUsername = None  # the certificate names the client (Mosquitto's use_*_as_username)
+    connections: int = 0  # connected MQTT clients accepted here
+    port: int = 0  # bound port (useful when configured as 0)
+
+    @property
+    def tls(self) -> bool:
+        return self.name in ("mqtts", "wss")
+
+    @property
+    def websocket(self) -> bool:
+        return self.name in ("ws", "wss")
+
+
+def make_listeners(settings: Settings, now: float) -> list[tuple[Listener, int]]:
+    """The configured listeners with their ports."""
+    ports: list[tuple[ListenerName, int | None]] = [("mqtt", settings.port), ("mqtts", settings.tls_port),
+                                                    ("ws", settings.ws_port), ("wss", settings.wss_port)]
+    made: list[tuple[Listener, int]] = []
+    for name, port in ports:
+        if port is None:
+            continue
+        opts = settings.listeners.get(name)
+        max_connections = settings.max_connections
+        rate, burst, proxy = settings.max_connection_rate, settings.connection_rate_burst, settings.proxy_protocol
+        if opts is not None:
+            max_connections = opts.max_connections or max_connections
+            rate = opts.max_connection_rate if opts.max_connection_rate is not None else rate
+            burst = opts.connection_rate_burst or burst
+            proxy = opts.proxy_protocol if opts.proxy_protocol is not None else proxy
+        cert_username: CertUsername = None
+        if name in ("mqtts", "wss"):
+            cert_username = "cn" if settings.use_identity_as_username else (
+                "subject" if settings.use_subject_as_username else None)
+        made.append((Listener(name, max_connections, TokenBucket(rate, burst, now) if rate else None, proxy,
+                              cert_username), port))
+    return made
+
+
+class Admission:
+    """Node-wide admission state shared by the listeners."""
+
+    __slots__ = ("lag_ms", "max_lag_ms", "max_pending", "pending")
+
+    def __init__(self, settings: Settings) -> None:
+        self.pending = 0  # CONNECTs being authenticated right now
+        self.max_pending = settings.max_pending_connects
+        self.max_lag_ms = settings.overload_loop_lag_ms
+        self.lag_ms = 0.0
+
+    @property
+    def overloaded(self) -> bool:
+        return bool(self.max_lag_ms) and self.lag_ms > self.max_lag_ms
+
+    def check(self, listener: Listener, now: float, reconnecting: bool) -> None:
+        """Raise `Refusal` when a new CONNECT on `listener` must be refused."""
+        busy = ConnackCode311.SERVER_UNAVAILABLE
+        if self.overloaded:
+            raise Refusal(busy, ReasonCode.SERVER_BUSY, f"overloaded (event loop lag {self.lag_ms:.0f} ms)")
+        if self.pending >= self.max_pending:
+            raise Refusal(busy, ReasonCode.SERVER_BUSY, "too many connects in authentication")
+        if listener.connections >= listener.max_connections and not reconnecting:
+            raise Refusal(busy, ReasonCode.SERVER_BUSY, f"max connections on listener {listener.name}")
+        if listener.rate is not None and not listener.rate.take(now):
+            raise Refusal(busy, ReasonCode.CONNECTION_RATE_EXCEEDED, f"connect rate on listener {listener.name}")
+
+    async def watch_loop_lag(self, interval: float = 0.1) -> None:
+        """Sample how late the event loop wakes us: the clearest sign that new work would hurt current work."""
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(interval)
+            sample = (loop.time() - start - interval) * 1000
+            # Rise at once, fall gradually: one quick tick in a storm does not reopen the gates.
+            self.lag_ms = sample if sample > self.lag_ms else self.lag_ms * 0.5 + sample * 0.5
+
+
+# --- TLS --------------------------------------------------------------------------------------------------
+
+def tls_context(settings: Settings) -> ssl.SSLContext:
+    """Server context: TLS 1.2+ only, certificate and key from files, client certificates per Mosquitto's
+    `cafile`/`require_certificate`."""
+    if settings.certfile is None or settings.keyfile is None:
+        raise ValueError("a TLS listener needs certfile and keyfile")
+    wants_cert = settings.require_certificate or settings.use_identity_as_username or settings.use_subject_as_username
+    if wants_cert and settings.cafile is None:
+        raise ValueError("require_certificate and use_*_as_username need cafile")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3 if settings.tls_min_version == "1.3" else ssl.TLSVersion.TLSv1_2
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    if settings.tls_ciphers:
+        ctx.set_ciphers(settings.tls_ciphers)
+    ctx.load_cert_chain(settings.certfile, settings.keyfile)
+    if settings.cafile is not None:
+        ctx.load_verify_locations(settings.cafile)
+        ctx.verify_mode = ssl.CERT_REQUIRED if settings.require_certificate else ssl.CERT_OPTIONAL
+    return ctx
+
+
+def reload_certificate(ctx: ssl.SSLContext, settings: Settings) -> None:
+    """Load the certificate and key again into the live context: new handshakes use them, established
+    connections keep theirs."""
+    if settings.certfile is not None and settings.keyfile is not None:
+        ctx.load_cert_chain(settings.certfile, settings.keyfile)
+
+
+_RFC4514_NAMES = {NameOID.EMAIL_ADDRESS: "emailAddress"}  # as OpenSSL prints it (Mosquitto's subject)
+
+
+def certificate_name(transport: asyncio.BaseTransport, kind: CertUsername) -> str | None:
+    """The verified client certificate's CN or RFC 4514 subject, or None when there is no certificate."""
+    ssl_object: Any = transport.get_extra_info("ssl_object")
+    if ssl_object is None or kind is None:
+        return None
+    der = ssl_object.getpeercert(binary_form=True)
+    if not der:
+        return None
+    with contextlib.suppress(ValueError):
+        subject = x509.load_der_x509_certificate(der).subject
+        if kind == "subject":
+            return subject.rfc4514_string(_RFC4514_NAMES)
+        names = subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        if names:
+            value = names[0].value
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return None
+
+
+def quiet_tls_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """A failed TLS handshake is one log line, not a traceback: scanners and bad clients are routine."""
+    default = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, (ssl.SSLError, ConnectionResetError, BrokenPipeError, TimeoutError)):
+            peer = None
+            transport = context.get("transport") or context.get("protocol")
+            with contextlib.suppress(Exception):
+                peer = transport.get_extra_info("peername") if transport is not None else None
+            log.info("tls.handshake_failed", extra={"peer": _peer_text(peer), "error": _short(exc)})
+            return
+        if default is not None:
+            default(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
+def _peer_text(peer: object) -> str:
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+
+
+def _short(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return str(exc.reason)
+    return type(exc).__name__
