@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     connection_rate_burst: int = Field(100, ge=1, description="CONNECTs accepted at once above the rate")
     proxy_protocol: bool = Field(False, description="expect a PROXY protocol v1/v2 header on every listener")
     proxy_protocol_timeout: float = Field(5.0, gt=0, description="s to wait for the PROXY header")
+    proxy_protocol_trusted: list[str] = Field(default_factory=list, description="CIDRs of the load balancers "
+                                              "allowed to send PROXY headers; empty: any peer")
     listeners: dict[ListenerName, ListenerOptions] = Field(default_factory=dict,
                                                            description="per-listener overrides")
     # TLS (mqtts and wss listeners), the options of Mosquitto's of the same names

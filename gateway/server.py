@@ -15,7 +15,7 @@ from gateway.config import Settings
 from gateway.connection import MqttConnection
 from gateway.listeners import Listener, make_listeners, quiet_tls_errors, reload_certificate, tls_context
 from gateway.node import Node
-from gateway.proxy_protocol import ProxyListener
+from gateway.proxy_listener import ProxyListener
 from gateway.security import Security
 from gateway.websocket import WebSocketOptions, WebSocketProtocol
 from lookup.base import InProcessLookup
@@ -61,7 +61,8 @@ async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closab
         if listener.proxy_protocol:
             proxied = ProxyListener(factory, settings.host, port, ssl=ctx, name=listener.name,
                                     header_timeout=settings.proxy_protocol_timeout,
-                                    ssl_handshake_timeout=settings.connect_timeout)
+                                    ssl_handshake_timeout=settings.connect_timeout,
+                                    trusted=settings.proxy_protocol_trusted)
             await proxied.start()
             listener.port = proxied.sockets[0].getsockname()[1]
             servers.append(proxied)
