@@ -159,34 +159,3 @@ def certificate_name(transport: asyncio.BaseTransport, kind: CertUsername) -> st
             value = names[0].value
             return value if isinstance(value, str) else value.decode("utf-8", "replace")
     return None
-
-
-def quiet_tls_errors(loop: asyncio.AbstractEventLoop) -> None:
-    """A failed TLS handshake is one log line, not a traceback: scanners and bad clients are routine."""
-    default = loop.get_exception_handler()
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        exc = context.get("exception")
-        if isinstance(exc, (ssl.SSLError, ConnectionResetError, BrokenPipeError, TimeoutError)):
-            peer = None
-            transport = context.get("transport") or context.get("protocol")
-            with contextlib.suppress(Exception):
-                peer = transport.get_extra_info("peername") if transport is not None else None
-            log.info("tls.handshake_failed", extra={"peer": _peer_text(peer), "error": _short(exc)})
-            return
-        if default is not None:
-            default(loop, context)
-        else:
-            loop.default_exception_handler(context)
-
-    loop.set_exception_handler(handler)
-
-
-def _peer_text(peer: object) -> str:
-    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
-
-
-def _short(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return str(exc.reason)
-    return type(exc).__name__

@@ -4,6 +4,7 @@ cleanly on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import ssl
@@ -11,11 +12,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
+from gateway.accept_loop import AcceptLoop
 from gateway.config import Settings
 from gateway.connection import MqttConnection
-from gateway.listeners import Listener, make_listeners, quiet_tls_errors, reload_certificate, tls_context
+from gateway.listeners import Listener, make_listeners, reload_certificate, tls_context
 from gateway.node import Node
-from gateway.proxy_listener import ProxyListener
 from gateway.security import Security
 from gateway.websocket import WebSocketOptions, WebSocketProtocol
 from lookup.base import InProcessLookup
@@ -58,16 +59,17 @@ async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closab
     for listener, port in make_listeners(settings, time.monotonic()):
         factory = protocol_factory(node, listener)
         ctx = tls if listener.tls else None
-        if listener.proxy_protocol:
-            proxied = ProxyListener(factory, settings.host, port, ssl=ctx, name=listener.name,
-                                    header_timeout=settings.proxy_protocol_timeout,
-                                    ssl_handshake_timeout=settings.connect_timeout,
-                                    trusted=settings.proxy_protocol_trusted)
-            await proxied.start()
-            listener.port = proxied.sockets[0].getsockname()[1]
-            servers.append(proxied)
+        if listener.proxy_protocol or ctx is not None:
+            # Our own accept loop: it reads PROXY headers, and it sees (and logs) failed TLS handshakes.
+            accepting = AcceptLoop(factory, settings.host, port, ssl=ctx, name=listener.name,
+                                   header_timeout=settings.proxy_protocol_timeout,
+                                   ssl_handshake_timeout=settings.connect_timeout,
+                                   trusted=settings.proxy_protocol_trusted, proxy_protocol=listener.proxy_protocol)
+            await accepting.start()
+            listener.port = accepting.sockets[0].getsockname()[1]
+            servers.append(accepting)
         else:
-            server = await loop.create_server(lambda f=factory: f(None), settings.host, port, ssl=ctx,
+            server = await loop.create_server(functools.partial(factory, None), settings.host, port,
                                               backlog=4096, reuse_address=True)
             listener.port = server.sockets[0].getsockname()[1] if server.sockets else port
             servers.append(server)
@@ -79,7 +81,6 @@ async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closab
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
-    quiet_tls_errors(loop)
     security = Security.build(settings)
     tls = tls_context(settings) if settings.tls_port is not None or settings.wss_port is not None else None
     store = build_store(settings)
@@ -117,8 +118,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     for server in servers:
         server.close()
     lag_watch.cancel()
-    # Only the PROXY listeners: a plain server's wait_closed also waits for its connections, closed below.
-    await asyncio.gather(*(server.wait_closed() for server in servers if isinstance(server, ProxyListener)))
+    # Only our accept loops: a plain server's wait_closed also waits for its connections, closed below.
+    await asyncio.gather(*(server.wait_closed() for server in servers if isinstance(server, AcceptLoop)))
     await node.stop()
     await store.close()
     await security.close()

@@ -10,11 +10,12 @@ import os
 import queue
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from paho.mqtt.properties import Properties
 TARGET = os.environ.get("TIDEWIRE_TEST_TARGET", "tidewire")
 START_TIMEOUT = 10.0
 MOSQUITTO = "/usr/sbin/mosquitto"
+MOSQUITTO_PASSWD = "/usr/bin/mosquitto_passwd"
 
 # Tidewire settings that have a Mosquitto equivalent: env name -> mosquitto.conf option.
 _MOSQUITTO_OPTIONS = {
@@ -56,8 +58,52 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def write_password_file(path: Path, users: dict[str, str], create: bool = True) -> Path:
+    """Make (or with `create=False` add to) a Mosquitto password_file with the real `mosquitto_passwd`:
+    `-c -b` for the first user of a new file, `-b` for every other."""
+    first = create
+    if create and not users:
+        path.write_text("")
+    for user, password in users.items():
+        args = [MOSQUITTO_PASSWD, *(["-c"] if first else []), "-b", str(path), user, password]
+        subprocess.run(args, check=True, capture_output=True, timeout=10)
+        first = False
+    return path
+
+
+def delete_password_user(path: Path, user: str) -> None:
+    subprocess.run([MOSQUITTO_PASSWD, "-D", str(path), user], check=True, capture_output=True, timeout=10)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 3.0, interval: float = 0.1,
+               what: str = "condition") -> None:
+    """Poll `predicate` until true (e.g. a SIGHUP reload has taken effect); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsOptions:
+    """The TLS settings of the mqtts/wss listeners (Mosquitto's options of the same names)."""
+
+    certfile: Path
+    keyfile: Path
+    cafile: Path | None = None
+    require_certificate: bool = False
+    use_identity_as_username: bool = False
+    use_subject_as_username: bool = False
+
+
 class Gateway:
-    """One broker process on a fixed port and data dir; restartable, always killed at teardown."""
+    """One broker process on a fixed port and data dir; restartable, always killed at teardown.
+
+    Optional listeners get their own free ports: `tls_port` (when `tls` is given), `ws_port` (`ws=True`) and
+    `wss_port` (`wss=True`, needs `tls`). Authentication: `password_file`, `allow_anonymous` (None: the
+    target's default, which is off once a password file is set).
+    """
 
     def __init__(
         self,
@@ -65,6 +111,13 @@ class Gateway:
         acl_text: str | None = None,
         env: dict[str, str] | None = None,
         max_keepalive: int | None = None,
+        *,
+        password_file: Path | None = None,
+        allow_anonymous: bool | None = None,
+        tls: TlsOptions | None = None,
+        ws: bool = False,
+        wss: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.target = TARGET
         self.port = free_port()
@@ -77,6 +130,14 @@ class Gateway:
         if acl_text is not None:
             self.acl_file = workdir / "acl.txt"
             self.acl_file.write_text(acl_text)
+        self.password_file = password_file
+        self.allow_anonymous = allow_anonymous
+        self.tls = tls
+        assert tls is not None or not wss, "wss needs tls"
+        self.tls_port = free_port() if tls is not None else None
+        self.ws_port = free_port() if ws else None
+        self.wss_port = free_port() if wss else None
+        self.extra_args = list(extra_args)
         self.log_path = workdir / "gateway.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -90,23 +151,69 @@ class Gateway:
             cmd += ["--acl-file", str(self.acl_file)]
         if self.max_keepalive is not None:
             cmd += ["--max-keepalive", str(self.max_keepalive)]
-        return cmd
+        if self.password_file is not None:
+            cmd += ["--password-file", str(self.password_file)]
+        if self.allow_anonymous is not None:
+            cmd.append("--allow-anonymous" if self.allow_anonymous else "--no-allow-anonymous")
+        for flag, port in (("--tls-port", self.tls_port), ("--ws-port", self.ws_port),
+                           ("--wss-port", self.wss_port)):
+            if port is not None:
+                cmd += [flag, str(port)]
+        if self.tls is not None:
+            cmd += ["--certfile", str(self.tls.certfile), "--keyfile", str(self.tls.keyfile)]
+            if self.tls.cafile is not None:
+                cmd += ["--cafile", str(self.tls.cafile)]
+            for flag, on in (("--require-certificate", self.tls.require_certificate),
+                             ("--use-identity-as-username", self.tls.use_identity_as_username),
+                             ("--use-subject-as-username", self.tls.use_subject_as_username)):
+                if on:
+                    cmd.append(flag)
+        return cmd + self.extra_args
 
     def _write_mosquitto_conf(self) -> Path:
-        lines = [f"listener {self.port} 127.0.0.1", "allow_anonymous true", "persistence true",
+        # Mosquitto 2 defaults allow_anonymous to false; the suite's historical default is true unless a
+        # password file is configured (as Tidewire's default).
+        anonymous = self.allow_anonymous if self.allow_anonymous is not None else self.password_file is None
+        lines = [f"listener {self.port} 127.0.0.1", f"allow_anonymous {str(anonymous).lower()}", "persistence true",
                  f"persistence_location {self.data_dir}/", "autosave_interval 1", "log_dest stderr",
                  "log_type all", "log_timestamp false", "max_queued_messages 100000",
                  "user root"]  # else mosquitto drops to a user that cannot read pytest's tmp dirs
         if self.acl_file is not None:
             lines.append(f"acl_file {self.acl_file}")
+        if self.password_file is not None:
+            lines.append(f"password_file {self.password_file}")
         if self.max_keepalive is not None:
             lines.append(f"max_keepalive {self.max_keepalive}")
         for name, value in self.env.items():
             if name in _MOSQUITTO_OPTIONS:
                 lines.append(f"{_MOSQUITTO_OPTIONS[name]} {value}")
+        # Listener sections last: per-listener options apply to the `listener` line above them.
+        if self.tls_port is not None:
+            lines += [f"listener {self.tls_port} 127.0.0.1", *self._mosquitto_tls_lines()]
+        if self.ws_port is not None:
+            lines += [f"listener {self.ws_port} 127.0.0.1", "protocol websockets"]
+        if self.wss_port is not None:
+            lines += [f"listener {self.wss_port} 127.0.0.1", "protocol websockets", *self._mosquitto_tls_lines()]
         conf = self.workdir / "mosquitto.conf"
         conf.write_text("\n".join(lines) + "\n")
         return conf
+
+    def _mosquitto_tls_lines(self) -> list[str]:
+        tls = self.tls
+        assert tls is not None
+        # Tidewire's default minimum is TLS 1.2; Mosquitto 2.0.11 also accepts 1.1 unless told.
+        version = self.env.get("TIDEWIRE_TLS_MIN_VERSION", "1.2")
+        lines = [f"certfile {tls.certfile}", f"keyfile {tls.keyfile}", f"tls_version tlsv{version}"]
+        if tls.cafile is not None:
+            lines.append(f"cafile {tls.cafile}")
+        for option, on in (("require_certificate", tls.require_certificate),
+                           ("use_identity_as_username", tls.use_identity_as_username),
+                           ("use_subject_as_username", tls.use_subject_as_username)):
+            if on:
+                lines.append(f"{option} true")
+        if "TIDEWIRE_TLS_CIPHERS" in self.env:
+            lines.append(f"ciphers {self.env['TIDEWIRE_TLS_CIPHERS']}")
+        return lines
 
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
@@ -117,16 +224,33 @@ class Gateway:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                          cwd=self.workdir)
         deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"{self.target} exited with {self.proc.returncode} at start:\n{self.stderr}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
+        for port in self.ports:
+            while not self._accepts(port):
+                if self.proc.poll() is not None:
+                    pytest.fail(f"{self.target} exited with {self.proc.returncode} at start:\n{self.stderr}")
+                if time.monotonic() > deadline:
+                    self.kill9()
+                    pytest.fail(f"{self.target} did not accept connections on {port} within {START_TIMEOUT}s:"
+                                f"\n{self.stderr}")
                 time.sleep(0.05)
-        self.kill9()
-        pytest.fail(f"{self.target} did not accept connections within {START_TIMEOUT}s:\n{self.stderr}")
+
+    @staticmethod
+    def _accepts(port: int) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    @property
+    def ports(self) -> list[int]:
+        """Every listening port: TCP first, then TLS, WebSocket, secure WebSocket (those configured)."""
+        return [p for p in (self.port, self.tls_port, self.ws_port, self.wss_port) if p is not None]
+
+    def reload(self) -> None:
+        """SIGHUP: re-read password, ACL and certificate files without dropping connections."""
+        assert self.proc is not None and self.proc.poll() is None, "not running"
+        self.proc.send_signal(signal.SIGHUP)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM and wait (a graceful shutdown must persist everything)."""
@@ -166,12 +290,16 @@ GatewayFactory = Callable[..., Gateway]
 
 @pytest.fixture
 def gateway_factory(tmp_path: Path) -> Iterator[GatewayFactory]:
-    """`gateway_factory(acl_text=..., env={...}, max_keepalive=..., start=True)` -> started Gateway."""
+    """`gateway_factory(acl_text=..., env={...}, max_keepalive=..., start=True, **Gateway keywords)` -> Gateway.
+
+    Keywords: password_file, allow_anonymous, tls (TlsOptions), ws, wss, extra_args (see `Gateway`).
+    """
     made: list[Gateway] = []
 
     def make(acl_text: str | None = None, env: dict[str, str] | None = None,
-             max_keepalive: int | None = None, start: bool = True) -> Gateway:
-        gw = Gateway(tmp_path / f"gw{len(made)}", acl_text=acl_text, env=env, max_keepalive=max_keepalive)
+             max_keepalive: int | None = None, start: bool = True, **kwargs: Any) -> Gateway:
+        gw = Gateway(tmp_path / f"gw{len(made)}", acl_text=acl_text, env=env, max_keepalive=max_keepalive,
+                     **kwargs)
         made.append(gw)
         if start:
             gw.start()
@@ -227,20 +355,38 @@ class PahoClient:
     """
 
     def __init__(self, port: int, client_id: str = "", version: int = 5, clean: bool = True,
-                 keepalive: int = 60, username: str | None = None) -> None:
+                 keepalive: int = 60, username: str | None = None, password: str | None = None, *,
+                 ca_certs: Path | None = None, certfile: Path | None = None, keyfile: Path | None = None,
+                 tls_context: ssl.SSLContext | None = None, websocket: bool = False,
+                 ws_path: str = "/mqtt") -> None:
+        """`ca_certs` (and `certfile`/`keyfile` for mTLS) turn TLS on through paho's `tls_set`;
+        `tls_context` instead uses that context; `websocket` speaks MQTT over WebSocket at `ws_path`."""
         self.port = port
         self.version = version
         self.clean = clean
         self.keepalive = keepalive
         proto = mqtt.MQTTv5 if version == 5 else mqtt.MQTTv311
-        kwargs: dict[str, Any] = {"client_id": client_id, "protocol": proto}
+        kwargs: dict[str, Any] = {"client_id": client_id, "protocol": proto,
+                                  "transport": "websockets" if websocket else "tcp"}
         if version != 5:
             kwargs["clean_session"] = clean
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, **kwargs)
         self.client.max_inflight_messages_set(1000)
         self.client.max_queued_messages_set(0)
-        if username is not None:
-            self.client.username_pw_set(username)
+        if username is not None or password is not None:
+            self.client.username_pw_set(username, password)
+        if ca_certs is not None:
+            self.client.tls_set(ca_certs=str(ca_certs), certfile=None if certfile is None else str(certfile),
+                                keyfile=None if keyfile is None else str(keyfile))
+        elif tls_context is not None:
+            self.client.tls_set_context(tls_context)
+        if websocket:
+            self.client.ws_set_options(path=ws_path)
+        if websocket or ca_certs is not None or tls_context is not None:
+            # paho writes from the calling thread unless a write hook is set; an SSL object or paho's WebSocket
+            # framing must not be read and written from two threads at once (it loses packets), so every
+            # write is left to our loop thread, woken by paho's socket pair.
+            self.client.on_socket_register_write = self._write_in_loop_thread
         self.messages: queue.Queue[Received] = queue.Queue()
         self.connacks: queue.Queue[ConnResult] = queue.Queue()
         self.disconnects: queue.Queue[int] = queue.Queue()
@@ -257,6 +403,9 @@ class PahoClient:
         c.on_unsubscribe = self._on_unsubscribe
 
     # callbacks (run in the loop thread)
+    def _write_in_loop_thread(self, client: Any, userdata: Any, sock: Any) -> None:
+        """Nothing to do: `loop()` selects for writing whenever paho has output queued."""
+
     def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, props: Any) -> None:
         self.connacks.put(ConnResult(bool(flags.session_present), int(rc.value), props_dict(props)))
 
@@ -426,12 +575,13 @@ PahoFactory = Callable[..., PahoClient]
 
 @pytest.fixture
 def paho_factory() -> Iterator[PahoFactory]:
-    """`paho_factory(port, client_id="", version=5, clean=True, keepalive=60, username=None)` (not connected)."""
+    """`paho_factory(port, client_id="", version=5, clean=True, keepalive=60, username=None, password=None,
+    **PahoClient keywords)` (not connected): ca_certs/certfile/keyfile or tls_context, websocket, ws_path."""
     made: list[PahoClient] = []
 
     def make(port: int, client_id: str = "", version: int = 5, clean: bool = True, keepalive: int = 60,
-             username: str | None = None) -> PahoClient:
-        c = PahoClient(port, client_id, version, clean, keepalive, username)
+             username: str | None = None, password: str | None = None, **kwargs: Any) -> PahoClient:
+        c = PahoClient(port, client_id, version, clean, keepalive, username, password, **kwargs)
         made.append(c)
         return c
 

@@ -1,5 +1,6 @@
-"""A listener for PROXY protocol connections: it reads the header off each accepted socket, byte-exact, before
-TLS, WebSocket and MQTT see the connection, and only from the load balancers it trusts."""
+"""A listener with its own accept loop, for what asyncio's servers cannot do: read a PROXY protocol header off each
+accepted socket, byte-exact, before TLS, WebSocket and MQTT see the connection (and only from the load balancers it
+trusts); and see a failed TLS handshake, which asyncio's servers drop silently, so that it costs one log line."""
 
 from __future__ import annotations
 
@@ -47,18 +48,19 @@ class _Pending:
             self.sock = None
 
 
-class ProxyListener:
-    """A TCP listener whose every connection starts with a PROXY header. The header is read off the accepted socket
-    byte-exact (peek, then consume only the header), then the socket goes to `loop.connect_accepted_socket`, so TLS
-    and whatever protocol follows see the stream as the client sent it. At most `max_pending` sockets wait for their
-    header (and TLS handshake) at once; beyond that accepting pauses, so half-sent headers cannot exhaust fds."""
+class AcceptLoop:
+    """A TCP listener. With `proxy_protocol`, every connection starts with a PROXY header, read off the accepted
+    socket byte-exact (peek, then consume only the header). Then the socket goes to `loop.connect_accepted_socket`,
+    so TLS and whatever protocol follows see the stream as the client sent it. At most `max_pending` sockets wait for
+    their header and TLS handshake at once; beyond that accepting pauses, so half-sent headers or handshakes cannot
+    exhaust fds."""
 
     def __init__(self, protocol_factory: ProtocolFactory, host: str | None, port: int, *,
                  ssl: ssl_module.SSLContext | None = None, header_timeout: float = 5.0,
                  ssl_handshake_timeout: float | None = None, backlog: int = 4096, max_pending: int = 1024,
                  max_v2_length: int = DEFAULT_MAX_V2_LENGTH, accept_retry_delay: float = 0.1,
                  reuse_address: bool = True, on_refused: RefusedHook | None = None, name: str = "proxy",
-                 trusted: Sequence[str] = ()) -> None:
+                 trusted: Sequence[str] = (), proxy_protocol: bool = True) -> None:
         """`trusted`: networks (CIDR) of the load balancers; a connection from elsewhere is refused before its
         header is read, since anyone who can reach the port could otherwise claim any address. Empty: any."""
         if header_timeout <= 0 or max_pending < 1 or accept_retry_delay <= 0:
@@ -78,6 +80,7 @@ class ProxyListener:
         self._reuse_address = reuse_address
         self._on_refused = on_refused or self._log_refused
         self._name = name
+        self._proxy_protocol = proxy_protocol
         self._trusted: tuple[Network, ...] = tuple(ipaddress.ip_network(net, strict=False) for net in trusted)
         self._slots = asyncio.Semaphore(max_pending)
         self._sockets: list[socket.socket] = []
@@ -97,7 +100,7 @@ class ProxyListener:
     async def start(self) -> None:
         """Bind every address `host` resolves to (all interfaces for None/"") and start accepting."""
         if self._sockets or self._closed:
-            raise RuntimeError("ProxyListener.start() called twice or after close()")
+            raise RuntimeError("AcceptLoop.start() called twice or after close()")
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         seen: set[tuple[int, object]] = set()
@@ -174,9 +177,11 @@ class ProxyListener:
         sock = pending.sock
         assert sock is not None
         peer = _format_address(address)
+        if not self._proxy_protocol:
+            return await self._connect(pending, sock, None, peer)
         if self._trusted and not _from(address, self._trusted):
             self._on_refused(peer, "not from a trusted proxy")
-            return
+            return None
         try:
             sock.setblocking(False)
             async with asyncio.timeout(self._header_timeout):
@@ -187,11 +192,14 @@ class ProxyListener:
             result = ProxyError(f"socket error before the PROXY header: {exc.strerror or exc}")
         if isinstance(result, ProxyError):
             self._on_refused(peer, result.reason)
-            return
+            return None
         if not isinstance(result, ProxyHeader):  # _read_header never ends on NeedMore
-            return
+            return None
+        return await self._connect(pending, sock, result.client_address, peer)
+
+    async def _connect(self, pending: _Pending, sock: socket.socket, client: Address | None, peer: str) -> None:
         try:
-            protocol = self._factory(result.client_address)
+            protocol = self._factory(client)
         except Exception:
             log.exception("proxy_protocol.factory_failed", extra={"listener": self._name, "peer": peer})
             return
@@ -201,8 +209,9 @@ class ProxyListener:
                 lambda: protocol, sock, ssl=self._ssl,
                 ssl_handshake_timeout=self._ssl_handshake_timeout if self._ssl is not None else None)
         except OSError as exc:  # ssl.SSLError, ConnectionError and TimeoutError are all OSError
-            log.info("proxy_protocol.handshake_failed",
-                     extra={"listener": self._name, "peer": peer, "error": str(exc) or type(exc).__name__})
+            reason = exc.reason if isinstance(exc, ssl_module.SSLError) and exc.reason else None
+            log.info("tls.handshake_failed",
+                     extra={"listener": self._name, "peer": peer, "error": reason or str(exc) or type(exc).__name__})
 
     async def _read_header(self, sock: socket.socket) -> ParseResult:
         """Peek, parse, then consume only the bytes that the parser says are header: never any application byte."""

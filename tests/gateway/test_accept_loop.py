@@ -1,4 +1,4 @@
-"""ProxyListener over real sockets on both asyncio's and uvloop's loops: payload in the header's segment, TLS
+"""AcceptLoop over real sockets on both asyncio's and uvloop's loops: payload in the header's segment, TLS
 right after the header, refusals, untrusted peers, timeouts, the pending bound, EMFILE, clean close."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import trustme
 import uvloop
 
-from gateway.proxy_listener import ProxyListener
+from gateway.accept_loop import AcceptLoop
 from gateway.proxy_protocol import (
     Address,
 )
@@ -59,10 +59,10 @@ class Seen:
 
 
 @contextlib.asynccontextmanager
-async def serving(**kwargs: Any) -> AsyncIterator[tuple[ProxyListener, Seen]]:
+async def serving(**kwargs: Any) -> AsyncIterator[tuple[AcceptLoop, Seen]]:
     seen = Seen()
     kwargs.setdefault("header_timeout", 5.0)
-    listener = ProxyListener(lambda peer: Echo(peer, seen), "127.0.0.1", 0,
+    listener = AcceptLoop(lambda peer: Echo(peer, seen), "127.0.0.1", 0,
                              on_refused=lambda peer, reason: seen.refused.append((peer, reason)), **kwargs)
     await listener.start()
     seen.port = listener.sockets[0].getsockname()[1]
@@ -271,7 +271,7 @@ def test_close_drops_pending_and_leaks_nothing(run: Callable[[Any], None]) -> No
         await asyncio.sleep(0.05)
         baseline = _open_fds()
         seen = Seen()
-        listener = ProxyListener(lambda peer: Echo(peer, seen), "127.0.0.1", 0, header_timeout=5,
+        listener = AcceptLoop(lambda peer: Echo(peer, seen), "127.0.0.1", 0, header_timeout=5,
                                  on_refused=lambda peer, reason: seen.refused.append((peer, reason)))
         await listener.start()
         port = listener.sockets[0].getsockname()[1]
@@ -328,7 +328,7 @@ def test_accept_survives_emfile(run: Callable[[Any], None], caplog: pytest.LogCa
 
 def test_default_refusal_log_line(run: Callable[[Any], None], caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
-        listener = ProxyListener(lambda peer: asyncio.Protocol(), "127.0.0.1", 0, name="mqtts")
+        listener = AcceptLoop(lambda peer: asyncio.Protocol(), "127.0.0.1", 0, name="mqtts")
         await listener.start()
         port = listener.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
