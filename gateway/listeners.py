@@ -106,8 +106,8 @@ class Admission:
             start = loop.time()
             await asyncio.sleep(interval)
             sample = (loop.time() - start - interval) * 1000
-            # Rise at once, fall gradually: one quick tick in a storm does not reopen the gates.
-            self.lag_ms = sample if sample > self.lag_ms else self.lag_ms * 0.5 + sample * 0.5
+            # Smoothed: one slow tick (a GC pause, a big batch) is not overload; lag that lasts is.
+            self.lag_ms = self.lag_ms * 0.5 + sample * 0.5
 
 
 # --- TLS --------------------------------------------------------------------------------------------------

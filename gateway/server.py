@@ -18,7 +18,8 @@ from gateway.connection import MqttConnection
 from gateway.listeners import Listener, make_listeners, reload_certificate, tls_context
 from gateway.node import Node
 from gateway.security import Security
-from gateway.websocket import WebSocketOptions, WebSocketProtocol
+from gateway.websocket import WebSocketProtocol
+from gateway.websocket_core import WebSocketOptions
 from lookup.base import InProcessLookup
 from notify.base import LocalNotifier
 from store.embedded import EmbeddedStore
