@@ -100,6 +100,16 @@ class _Keys:
         return self.jwks_single
 
 
+# PyJWT's refusals and what the log says of each; fixed texts, never token data.
+_REFUSALS: tuple[tuple[type[jwt.InvalidTokenError], str], ...] = (
+    (jwt.InvalidSignatureError, "bad signature"),
+    (jwt.ExpiredSignatureError, "token expired"),
+    (jwt.ImmatureSignatureError, "token not yet valid"),
+    (jwt.InvalidIssuerError, "wrong issuer"),
+    (jwt.InvalidAlgorithmError, "algorithm not allowed for the configured keys"),
+)
+
+
 def _deny(reason: str) -> AuthDecision:
     return AuthDecision(Outcome.DENY, failure=Failure.BAD_CREDENTIALS, reason=reason)
 
@@ -231,24 +241,14 @@ class JwtAuthenticator:
                 issuer=self.issuer,
                 leeway=self.leeway,
             )
-        except jwt.InvalidSignatureError:
-            return _deny("bad signature")
-        except jwt.ExpiredSignatureError:
-            return _deny("token expired")
-        except jwt.ImmatureSignatureError:
-            return _deny("token not yet valid")
         except jwt.MissingRequiredClaimError as exc:
             return _deny(f"missing {exc.claim} claim")  # names one of our configured claims, never token data
         except jwt.InvalidAudienceError:
             if self.audience is None:
                 return _deny("token has an audience but none is configured")
             return _deny("wrong audience")
-        except jwt.InvalidIssuerError:
-            return _deny("wrong issuer")
-        except jwt.InvalidAlgorithmError:
-            return _deny("algorithm not allowed for the configured keys")
-        except jwt.InvalidTokenError:
-            return _deny("malformed token")
+        except jwt.InvalidTokenError as exc:
+            return _deny(next((reason for kind, reason in _REFUSALS if isinstance(exc, kind)), "malformed token"))
         except Exception:  # e.g. OverflowError on absurd numbers: client input must never raise
             return _deny("malformed token")
         return self._decide(claims)
