@@ -106,7 +106,9 @@ class Settings(BaseSettings):
                                                            "source is configured (Mosquitto 2)")
     auth_chain: list[Literal["file", "jwt", "http"]] = Field(["file", "jwt", "http"],
                                                              description="order of the configured sources")
-    password_hash_threads: int = Field(2, ge=1, description="threads that check password hashes")
+    password_hash_threads: int = Field(2, ge=1, description="threads that check expensive password hashes")
+    password_inline_iterations: int = Field(200, ge=0, description="PBKDF2 checks up to this many iterations "
+                                            "run inline (Mosquitto's 101: ~70 us); more go to the threads")
     jwt_secret: str | None = Field(None, description="HS256 secret")
     jwt_public_key: Path | None = Field(None, description="PEM public key for RS256/ES256")
     jwt_jwks_file: Path | None = Field(None, description="JWKS file (keys chosen by `kid`)")

@@ -430,5 +430,5 @@ class MqttConnection(ConnectionBase):
             self.session.record.expiry_interval = self.expiry
             self.session.persistent = self.expiry > 0
         with_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL
-        self._closed(will=with_will, reason=f"client disconnect {packet.reason_code:#x}")
+        self._closed(will=with_will, reason=f"client disconnect {packet.reason_code:#x}", drain=False)
         return None

@@ -65,7 +65,7 @@ class ConnectionBase(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer is not None else ""  # the real client behind a PROXY header
         self.info = _NOBODY
         self._state = NEW
-        self._backlog: list[Any] | None = None  # packets that arrive while CONNECT is processed
+        self._backlog: list[Any] | None = None  # read while CONNECT is processed, or over the inbound rate
         self._deadline_handle: asyncio.TimerHandle | None = None  # connect timeout, keepalive, close drain
         self._expiry_handle: asyncio.TimerHandle | None = None  # credentials (token) expiry
 
@@ -162,14 +162,20 @@ class ConnectionBase(asyncio.Protocol):
         self._closed(will=True, reason="session taken over", transfer=True)
         return session
 
-    def _closed(self, *, will: bool, reason: str, transfer: bool = False, keep_will: bool = False) -> None:
+    def _closed(self, *, will: bool, reason: str, transfer: bool = False, keep_will: bool = False,
+                drain: bool = True) -> None:
+        """`drain`: we sent a last packet the client must read (see `_close_gracefully`); not when the client
+        ended the connection itself."""
         was_connected = self._state == CONNECTED
         self._state = CLOSED
         for handle in (self._deadline_handle, self._expiry_handle):
             if handle is not None:
                 handle.cancel()
         self._deadline_handle = self._expiry_handle = None
-        self._close_gracefully()
+        if drain:
+            self._close_gracefully()
+        elif self.transport is not None:
+            self.transport.close()
         if not was_connected or self.session is None:
             return
         self.listener.connections -= 1

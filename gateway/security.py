@@ -34,7 +34,8 @@ class Security:
         passwords = None
         if settings.password_file is not None or settings.auth_file is not None:
             passwords = PasswordFileAuthenticator([settings.password_file, settings.auth_file],
-                                                  settings.password_hash_threads)
+                                                  settings.password_hash_threads,
+                                                  inline_iterations=settings.password_inline_iterations)
         available: dict[str, Authenticator | None] = {
             "file": passwords, "jwt": JwtAuthenticator.from_settings(settings),
             "http": HttpAuthenticator.from_settings(settings)}

@@ -1,6 +1,10 @@
-"""CLI: `python -m loadtest.bench SCENARIO [--target tidewire|mosquitto|both]`; runs and prints reports.
+"""CLI: `python -m loadtest.bench SCENARIO [--target tidewire|mosquitto|both] [--auth] [--tls]`; runs and
+prints reports.
 
 The server runs pinned to core 0 (taskset), this load generator pins itself to core 1, one process on uvloop.
+--auth and --tls start every target with the same files (one mosquitto_passwd password file with anonymous
+access off; one CA-signed certificate on an extra TLS listener) and make every client use them, e.g.
+`connect --auth --tls` measures full TLS handshakes plus password checks.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Sequence
 
 from loadtest import servers
 from loadtest.scenarios import SCENARIOS, Params, Result
+from loadtest.security import BENCH_USERS, Security, security_files
 
 LOAD_CORE = 1
 # `all` runs every scenario with smaller defaults so the whole suite takes about a minute per target.
@@ -114,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-p99-ms", dest="max_p99_ms", type=float, help="fanout --rate max: p99 limit")
     ap.add_argument("--ramp-start", dest="ramp_start", type=float, help="fanout --rate max: first rate")
     ap.add_argument("--step-seconds", dest="step_seconds", type=float, help="fanout --rate max: step length")
+    ap.add_argument("--auth", action="store_true", default=None,
+                    help=f"targets read one password file (bench0..bench{BENCH_USERS - 1}, made by mosquitto_passwd),"
+                         " anonymous off; clients CONNECT with user name/password")
+    ap.add_argument("--tls", action="store_true", default=None,
+                    help="targets add a TLS listener (one generated CA + certificate, TLS 1.2+); clients connect "
+                         "over TLS, verifying it (connect: full handshake per connection)")
     ap.add_argument("--fsync", choices=["batch", "interval", "never"], help="TIDEWIRE_FSYNC for tidewire")
     ap.add_argument("--no-pin", action="store_true", help="do not pin server/load to cores 0/1")
     ap.add_argument("--json", action="store_true", help="one JSON object per result instead of text")
@@ -132,10 +143,19 @@ def run_event_loop(scenario: str, server: servers.Server, p: Params) -> Result:
     return uvloop.run(_run_one(scenario, server, p))
 
 
-def run_target(target: str, scenario: str, p: Params, args: argparse.Namespace) -> Result:
+def run_target(target: str, scenario: str, p: Params, args: argparse.Namespace,
+               security: Security | None = None) -> Result:
     core = None if args.no_pin else servers.SERVER_CORE
-    with servers.start(target, core=core, fsync=args.fsync) as server:
+    with servers.start(target, core=core, fsync=args.fsync, security=security) as server:
         return run_event_loop(scenario, server, p)
+
+
+def refusals(r: Result) -> str | None:
+    """Why a result must not count as a measurement: CONNACKs were refused (e.g. a wrong password setup)."""
+    n = int(r.extra.get("refused", 0))
+    if not n:
+        return None
+    return f"{n:,} CONNACKs refused (first return code {int(r.extra.get('first_refused_code', 0))})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,19 +167,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite = args.scenario == "all"
     scenarios = list(SCENARIOS) if suite else [args.scenario]
     failed = False
-    for scenario in scenarios:
-        p = params_for(scenario, args, suite)
-        results: dict[str, Result] = {}
-        for target in targets:
-            try:
-                results[target] = r = run_target(target, scenario, p, args)
-            except Exception as e:  # one broken target must not hide the other's numbers
-                failed = True
-                print(f"scenario     {scenario}\nserver       {target}\nerror        {e}\n", file=sys.stderr)
-                continue
-            print(json.dumps(dataclasses.asdict(r)) if args.json else format_result(r) + "\n", flush=True)
-        if len(results) == 2 and not args.json:
-            print(format_ratio(results["tidewire"], results["mosquitto"]) + "\n", flush=True)
+    # Made once, so both targets read the identical password file and certificate.
+    with security_files(auth=bool(args.auth), tls=bool(args.tls)) as security:
+        for scenario in scenarios:
+            p = params_for(scenario, args, suite)
+            results: dict[str, Result] = {}
+            for target in targets:
+                try:
+                    results[target] = r = run_target(target, scenario, p, args, security)
+                except Exception as e:  # one broken target must not hide the other's numbers
+                    failed = True
+                    print(f"scenario     {scenario}\nserver       {target}\nerror        {e}\n", file=sys.stderr)
+                    continue
+                print(json.dumps(dataclasses.asdict(r)) if args.json else format_result(r) + "\n", flush=True)
+                refused = refusals(r)
+                if refused:
+                    failed = True
+                    print(f"scenario     {scenario}\nserver       {r.server}\nerror        {refused}\n",
+                          file=sys.stderr)
+            if len(results) == 2 and not args.json:
+                print(format_ratio(results["tidewire"], results["mosquitto"]) + "\n", flush=True)
     return 1 if failed else 0
 
 

@@ -1,6 +1,7 @@
 """A minimal, fast asyncio MQTT 3.1.1 client for load generation: hand-encoded packets, counters, latencies.
 
-Only what the benchmarks need: CONNECT, SUBSCRIBE, PUBLISH (QoS 0/1/2 both ways), the acks, DISCONNECT.
+Only what the benchmarks need: CONNECT (optionally with user name/password, over TCP or TLS), SUBSCRIBE,
+PUBLISH (QoS 0/1/2 both ways), the acks, DISCONNECT.
 Every benchmark payload starts with a 20-byte header (send time from time.perf_counter_ns(), publisher id,
 sequence number), so a subscriber can measure latency and spot duplicates without any per-message lookup.
 """
@@ -8,6 +9,7 @@ sequence number), so a subscriber can measure latency and spot duplicates withou
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -43,9 +45,17 @@ def packet(first_byte: int, body: bytes) -> bytes:
     return bytes((first_byte,)) + encode_varint(len(body)) + body
 
 
-def connect_packet(client_id: str, keepalive: int = 600, clean: bool = True) -> bytes:
-    flags = 0x02 if clean else 0x00
+def connect_packet(client_id: str, keepalive: int = 600, clean: bool = True, username: str | None = None,
+                   password: str | None = None) -> bytes:
+    """MQTT 3.1.1 CONNECT; a password needs a user name (3.1.1 section 3.1.2.9)."""
+    if password is not None and username is None:
+        raise ValueError("a password needs a user name in MQTT 3.1.1")
+    flags = (0x02 if clean else 0x00) | (0x80 if username is not None else 0) | (0x40 if password is not None else 0)
     body = encode_str("MQTT") + bytes((4, flags)) + keepalive.to_bytes(2, "big") + encode_str(client_id)
+    if username is not None:
+        body += encode_str(username)
+    if password is not None:
+        body += encode_str(password)
     return packet(0x10, body)
 
 
@@ -270,13 +280,31 @@ class MqttConn(asyncio.Protocol):
             self.transport.write(b"".join(out))
 
 
+class ConnackRefused(ConnectionError):
+    """The server answered CONNECT with a non-zero return code (e.g. 4 bad user name or password, 5 not
+    authorized, 3 server unavailable). Carries the code, never the credentials."""
+
+    def __init__(self, client_id: str, code: int) -> None:
+        super().__init__(f"CONNACK refused for {client_id}: return code {code}")
+        self.code = code
+
+
 async def connect(host: str, port: int, client_id: str, counters: Counters, *, keepalive: int = 600,
-                  timeout: float = 10.0) -> MqttConn:
-    """Open a TCP connection, send CONNECT and wait for a successful CONNACK."""
+                  timeout: float = 10.0, ssl_context: ssl.SSLContext | None = None,
+                  server_hostname: str | None = None, username: str | None = None,
+                  password: str | None = None) -> MqttConn:
+    """Open a TCP (or, given ssl_context, TLS) connection, send CONNECT and wait for a successful CONNACK.
+
+    `timeout` bounds the TCP + TLS handshake and, separately, the wait for CONNACK.
+    """
     loop = asyncio.get_running_loop()
-    _, conn = await asyncio.wait_for(
-        loop.create_connection(lambda: MqttConn(counters), host, port), timeout)
-    conn.write(connect_packet(client_id, keepalive))
+    if ssl_context is None:
+        opening = loop.create_connection(lambda: MqttConn(counters), host, port)
+    else:
+        opening = loop.create_connection(lambda: MqttConn(counters), host, port, ssl=ssl_context,
+                                         server_hostname=server_hostname or host, ssl_handshake_timeout=timeout)
+    _, conn = await asyncio.wait_for(opening, timeout)
+    conn.write(connect_packet(client_id, keepalive, username=username, password=password))
     try:
         rc = await asyncio.wait_for(asyncio.shield(conn.connack), timeout)
     except BaseException:
@@ -284,16 +312,39 @@ async def connect(host: str, port: int, client_id: str, counters: Counters, *, k
         raise
     if rc != 0:
         conn.close()
-        raise ConnectionError(f"CONNACK refused for {client_id}: return code {rc}")
+        raise ConnackRefused(client_id, rc)
     return conn
 
 
-async def disconnect(conn: MqttConn, timeout: float = 1.0) -> None:
-    """Send DISCONNECT and let the server close first, so TIME_WAIT lands on the server side."""
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and how the clients of one run connect: address, TLS context, and the user names they cycle
+    through (all with one password). Built once per run so every connection shares one SSLContext."""
+
+    host: str
+    port: int
+    ssl_context: ssl.SSLContext | None = None
+    server_hostname: str | None = None
+    users: tuple[str, ...] = ()
+    password: str | None = field(default=None, repr=False)
+
+    async def connect(self, client_id: str, counters: Counters, *, index: int = 0, keepalive: int = 600,
+                      timeout: float = 10.0) -> MqttConn:
+        """Connection number `index` logs in as users[index % len(users)] (anonymous when there are none)."""
+        user = self.users[index % len(self.users)] if self.users else None
+        return await connect(self.host, self.port, client_id, counters, keepalive=keepalive, timeout=timeout,
+                             ssl_context=self.ssl_context, server_hostname=self.server_hostname, username=user,
+                             password=self.password if user is not None else None)
+
+
+async def disconnect(conn: MqttConn, timeout: float = 1.0) -> bool:
+    """Send DISCONNECT and let the server close first, so TIME_WAIT lands on the server side.
+    Returns False when the server had not closed within `timeout` (then we close)."""
     conn.write(DISCONNECT)
     try:
         await asyncio.wait_for(asyncio.shield(conn.closed), timeout)
     except TimeoutError:
-        pass
+        return False
     finally:
         conn.close()
+    return True

@@ -1,4 +1,8 @@
-"""The benchmark scenarios: each opens real MQTT connections to one server and returns one Result."""
+"""The benchmark scenarios: each opens real MQTT connections to one server and returns one Result.
+
+Every scenario connects through `server.endpoint(tls=, auth=)`, so `Params.tls` / `Params.auth` run it over
+the server's TLS listener and/or with the bench users' user name and password.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from loadtest.client import DISCONNECT, Counters, MqttConn, Publisher, connect, disconnect
+from loadtest.client import DISCONNECT, ConnackRefused, Counters, Endpoint, MqttConn, Publisher, disconnect
 from loadtest.servers import SERVER_CORE, Server, core_busy_seconds
 
 MAX_RAMP_STEPS = 20
 RAMP_FACTOR = 1.3
 ACK_WAIT_S = 5.0
+DISCONNECT_WAIT_S = 1.0  # connect scenario: how long a loop waits for the server to close after DISCONNECT
+MAX_CONNECT_ERRORS = 100  # connect scenario: stop after this many failed attempts (a broken setup fails fast)
 
 
 @dataclass(slots=True)
@@ -38,6 +44,8 @@ class Params:
     step_seconds: float = 3.0
     max_steps: int = MAX_RAMP_STEPS
     open_concurrency: int = 200  # connections being opened at once
+    auth: bool = False  # CONNECT with the bench users' user name/password (server: password file, no anonymous)
+    tls: bool = False  # connect to the server's TLS listener
 
 
 @dataclass(slots=True)
@@ -100,14 +108,20 @@ def _prefix(scenario: str) -> str:
     return f"lt-{scenario}-{secrets.token_hex(3)}"
 
 
-async def open_many(server: Server, n: int, prefix: str, counters: Counters, concurrency: int,
+def endpoint_for(server: Server, p: Params) -> Endpoint:
+    return server.endpoint(tls=p.tls, auth=p.auth)
+
+
+async def open_many(server: Server | Endpoint, n: int, prefix: str, counters: Counters, concurrency: int,
                     keepalive: int = 600, strict: bool = True) -> tuple[list[MqttConn], int]:
-    """Open n connections, at most `concurrency` handshakes at a time; returns (connections, failures)."""
+    """Open n connections, at most `concurrency` handshakes at a time; returns (connections, failures).
+    A Server is reached plainly and anonymously; pass an Endpoint for TLS or credentials."""
     sem = asyncio.Semaphore(max(1, concurrency))
+    ep = server if isinstance(server, Endpoint) else server.endpoint()
 
     async def one(i: int) -> MqttConn:
         async with sem:
-            return await connect(server.host, server.port, f"{prefix}-{i}", counters, keepalive=keepalive)
+            return await ep.connect(f"{prefix}-{i}", counters, index=i, keepalive=keepalive)
 
     results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
     conns = [r for r in results if isinstance(r, MqttConn)]
@@ -210,10 +224,11 @@ async def _pubsub(server: Server, name: str, p: Params, qos: int, sub_topics: li
     """Connect and subscribe everyone, attach publishers, run one phase, close everything."""
     counters = Counters()
     prefix = _prefix(name)
-    subs, _ = await open_many(server, len(sub_topics), prefix + "-s", counters, p.open_concurrency)
+    ep = endpoint_for(server, p)
+    subs, _ = await open_many(ep, len(sub_topics), prefix + "-s", counters, p.open_concurrency)
     pubs: list[MqttConn] = []
     try:
-        pubs, _ = await open_many(server, len(pub_topics), prefix + "-p", counters, p.open_concurrency)
+        pubs, _ = await open_many(ep, len(pub_topics), prefix + "-p", counters, p.open_concurrency)
         await subscribe_all(subs, sub_topics, qos)
         for i, (c, topic) in enumerate(zip(pubs, pub_topics, strict=True)):
             c.publisher = Publisher(counters, topic, qos, i + 1, p.payload, window or 65000)
@@ -289,8 +304,8 @@ async def idle(server: Server, p: Params) -> Result:
     rss0 = server.rss_kb()
     counters = Counters()
     t0 = time.perf_counter()
-    conns, failed = await open_many(server, p.connections, _prefix("idle"), counters, p.open_concurrency,
-                                    keepalive=600, strict=False)
+    conns, failed = await open_many(endpoint_for(server, p), p.connections, _prefix("idle"), counters,
+                                    p.open_concurrency, keepalive=600, strict=False)
     open_s = time.perf_counter() - t0
     try:
         await asyncio.sleep(1.0)  # let the server finish per-connection setup before sampling
@@ -305,26 +320,38 @@ async def idle(server: Server, p: Params) -> Result:
 
 
 async def connect_rate(server: Server, p: Params) -> Result:
-    """Concurrent connect + CONNACK + DISCONNECT loops; reports connections/s and handshake latency."""
+    """Concurrent connect (+ TLS handshake) + CONNECT/CONNACK + DISCONNECT loops; reports connections/s and
+    the latency from opening the socket to CONNACK. Only accepted CONNACKs count: a refused one (wrong
+    password, server busy) is an error, so a broken setup shows as errors, not as speed."""
     counters = Counters()
     prefix = _prefix("connect")
+    ep = endpoint_for(server, p)
     lat: list[int] = []
     errors: list[BaseException] = []
+    refused = attempts = first_refusal = slow_closes = 0
     meter = _Meter(server)
     deadline = time.perf_counter() + p.seconds
 
     async def worker(w: int) -> None:
+        nonlocal refused, attempts, first_refusal, slow_closes
         i = 0
-        while time.perf_counter() < deadline and len(errors) < 100:
+        while time.perf_counter() < deadline and len(errors) < MAX_CONNECT_ERRORS:
             i += 1
+            attempts += 1  # also picks the user: consecutive attempts log in as different users
             t = time.perf_counter_ns()
             try:
-                conn = await connect(server.host, server.port, f"{prefix}-{w}-{i}", counters, keepalive=60)
+                conn = await ep.connect(f"{prefix}-{w}-{i}", counters, index=attempts, keepalive=60)
+            except ConnackRefused as e:
+                refused += 1
+                first_refusal = first_refusal or e.code
+                errors.append(e)
+                continue
             except (OSError, TimeoutError, ConnectionError) as e:
                 errors.append(e)
                 continue
             lat.append(time.perf_counter_ns() - t)
-            await disconnect(conn)
+            if not await disconnect(conn, DISCONNECT_WAIT_S):
+                slow_closes += 1  # the wait caps this loop's rate: shown, so it is not mistaken for slow connects
 
     await asyncio.gather(*(worker(w) for w in range(max(1, p.concurrency))))
     duration, load_cpu, server_cpu = meter.stop()
@@ -333,7 +360,8 @@ async def connect_rate(server: Server, p: Params) -> Result:
         scenario="connect", server=server.label, rate=len(lat) / duration, unit="conns/s", sent=len(lat),
         received=len(lat), p50_ms=p50, p99_ms=p99, p999_ms=p999, duration_s=duration, load_cpu=load_cpu,
         server_cpu=server_cpu,
-        extra={"errors": len(errors), "concurrency": p.concurrency, "core0_other_cpu": meter.other_cpu})
+        extra={"errors": len(errors), "refused": refused, "first_refused_code": first_refusal,
+               "slow_closes": slow_closes, "concurrency": p.concurrency, "core0_other_cpu": meter.other_cpu})
 
 
 ScenarioFn = Callable[[Server, Params], Awaitable[Result]]

@@ -1,25 +1,32 @@
 """Start and stop the brokers under test (Tidewire, Mosquitto) on free ports, pinned to one core.
 
+Both start either plain (anonymous TCP) or with the same `Security` files: a password file with anonymous
+access off, and/or an extra TLS listener with one certificate.
+
 Also samples a server's RSS (/proc/<pid>/status VmRSS) and CPU time (/proc/<pid>/stat) for the reports.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtest.client import DISCONNECT, connect_packet
+from loadtest.client import DISCONNECT, Endpoint, connect_packet
+from loadtest.security import Security
 
 SERVER_CORE = 0
 MOSQUITTO_FALLBACK = "/usr/sbin/mosquitto"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
+TLS_READY_TIMEOUT = 5.0  # s for the TLS listener once the plain one answers (both open at start-up)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -76,10 +83,26 @@ class Server:
     proc: subprocess.Popen[bytes]
     workdir: Path
     label: str = ""
+    tls_port: int | None = None
+    security: Security = field(default_factory=Security)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def endpoint(self, *, tls: bool = False, auth: bool = False) -> Endpoint:
+        """How clients reach this server: its TLS port with the CA's context, and/or the bench users."""
+        if tls and self.tls_port is None:
+            raise ValueError(f"{self.label} has no TLS listener: start it with TLS files")
+        if auth and not self.security.auth:
+            raise ValueError(f"{self.label} has no password file: start it with auth files")
+        sec = self.security
+        if tls:
+            assert self.tls_port is not None
+            return Endpoint(self.host, self.tls_port, sec.client_context(), sec.server_hostname,
+                            sec.users if auth else (), sec.password if auth else None)
+        return Endpoint(self.host, self.port, users=sec.users if auth else (),
+                        password=sec.password if auth else None)
 
     def rss_kb(self) -> int:
         return rss_kb(self.pid)
@@ -110,7 +133,19 @@ class Server:
         self.stop()
 
 
-def wait_ready(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+def _probe(host: str, port: int, tls: ssl.SSLContext | None, server_hostname: str | None) -> bytes:
+    """Anonymous CONNECT; any CONNACK (a refusal too, when anonymous access is off) means ready."""
+    with socket.create_connection((host, port), timeout=1.0) as raw:
+        s = tls.wrap_socket(raw, server_hostname=server_hostname or host) if tls is not None else raw
+        s.sendall(connect_packet("loadtest-probe", keepalive=10))
+        reply = s.recv(4)
+        if reply[:1] == b"\x20":
+            s.sendall(DISCONNECT)
+        return reply
+
+
+def wait_ready(host: str, port: int, proc: subprocess.Popen[bytes], timeout: float = 15.0, *,
+               tls: ssl.SSLContext | None = None, server_hostname: str | None = None) -> None:
     """Poll until the broker answers a CONNECT with a CONNACK; fail fast if the process exits."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -118,28 +153,30 @@ def wait_ready(host: str, port: int, proc: subprocess.Popen[bytes], timeout: flo
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with code {proc.returncode}")
         try:
-            with socket.create_connection((host, port), timeout=1.0) as s:
-                s.sendall(connect_packet("loadtest-probe", keepalive=10))
-                reply = s.recv(4)
-                if reply[:1] == b"\x20":
-                    s.sendall(DISCONNECT)
-                    return
-                last = RuntimeError(f"unexpected reply {reply!r}")
-        except OSError as e:
+            reply = _probe(host, port, tls, server_hostname)
+            if reply[:1] == b"\x20":
+                return
+            last = RuntimeError(f"unexpected reply {reply!r}")
+        except OSError as e:  # ssl.SSLError is an OSError too
             last = e
         time.sleep(0.05)
-    raise TimeoutError(f"server on {host}:{port} not ready after {timeout}s: {last}")
+    raise TimeoutError(f"server on {host}:{port}{' (TLS)' if tls else ''} not ready after {timeout}s: {last}")
 
 
 def _spawn(name: str, cmd: list[str], host: str, port: int, workdir: Path, label: str,
-           env: dict[str, str] | None = None, timeout: float = 15.0) -> Server:
+           env: dict[str, str] | None = None, timeout: float = 15.0, *, tls_port: int | None = None,
+           security: Security | None = None) -> Server:
+    sec = security or Security()
     log = (workdir / "server.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env=env, cwd=workdir)
     log.close()  # the child holds its own copy of the descriptor
-    server = Server(name, host, port, proc, workdir, label or name)
+    server = Server(name, host, port, proc, workdir, label or name, tls_port, sec)
     try:
         wait_ready(host, port, proc, timeout)
+        if tls_port is not None:
+            wait_ready(host, tls_port, proc, TLS_READY_TIMEOUT, tls=sec.client_context(),
+                       server_hostname=sec.server_hostname)
     except BaseException as e:
         tail = server.log_tail()
         server.stop()
@@ -147,54 +184,100 @@ def _spawn(name: str, cmd: list[str], host: str, port: int, workdir: Path, label
     return server
 
 
+def mosquitto_security_conf(sec: Security, host: str, tls_port: int | None) -> str:
+    """Config lines for the auth/TLS variants. Global settings (per_listener_settings false) so the password
+    file and anonymous-off cover both listeners, as Tidewire's do."""
+    lines = []
+    if sec.auth:
+        lines += [f"password_file {sec.password_file}", "allow_anonymous false"]
+    else:
+        lines.append("allow_anonymous true")
+    if sec.tls and tls_port is not None:
+        # certfile/keyfile/tls_version bind to the listener line above them, so this block comes last.
+        lines += [f"listener {tls_port} {host}", f"certfile {sec.certfile}", f"keyfile {sec.keyfile}",
+                  "tls_version tlsv1.2"]  # Mosquitto reads this as the minimum, like Tidewire's tls_min_version
+    return "\n".join(lines) + "\n"
+
+
+def _readable_by_broker_user(sec: Security, user: str = "mosquitto") -> None:
+    """Started as root, Mosquitto drops to `user` before it reads password_file and the key, so hand that
+    user the files (root, and so Tidewire, still reads them)."""
+    if os.geteuid() != 0:
+        return
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return
+    files = [f for f in (sec.password_file, sec.certfile, sec.keyfile, sec.cafile) if f is not None]
+    for path in {f.parent for f in files} | set(files):
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
 def start_mosquitto(host: str = "127.0.0.1", port: int | None = None, *, core: int | None = SERVER_CORE,
-                    max_inflight: int = 0, max_queued: int = 100_000) -> Server:
-    """Mosquitto with a generated config: anonymous, no persistence, TCP_NODELAY like asyncio servers."""
+                    max_inflight: int = 0, max_queued: int = 100_000, security: Security | None = None) -> Server:
+    """Mosquitto with a generated config: no persistence, TCP_NODELAY like asyncio servers; anonymous unless
+    `security` has a password file; plus a TLS listener when it has a certificate."""
     exe = mosquitto_path()
     if exe is None:
         raise RuntimeError("mosquitto not found on PATH")
+    sec = security or Security()
+    _readable_by_broker_user(sec)
     port = port or free_port(host)
+    tls_port = free_port(host) if sec.tls else None
     workdir = Path(tempfile.mkdtemp(prefix="loadtest-mosquitto-"))
     conf = workdir / "mosquitto.conf"
     conf.write_text(
+        "per_listener_settings false\n"  # security settings below are global: they cover every listener
         f"listener {port} {host}\n"
-        "allow_anonymous true\n"
+        "max_connections -1\n"
         f"max_inflight_messages {max_inflight}\n"
         f"max_queued_messages {max_queued}\n"
-        "max_connections -1\n"
         "set_tcp_nodelay true\n"
         "persistence false\n"
         "log_dest stderr\n"
         "log_type error\n"
         "log_type warning\n"
+        + mosquitto_security_conf(sec, host, tls_port)
     )
-    return _spawn("mosquitto", [*_pin_prefix(core), exe, "-c", str(conf)], host, port, workdir, "mosquitto")
+    return _spawn("mosquitto", [*_pin_prefix(core), exe, "-c", str(conf)], host, port, workdir,
+                  "mosquitto" + sec.tags(), tls_port=tls_port, security=sec)
 
 
-def tidewire_command(host: str, port: int, data_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port),
-            "--data-dir", str(data_dir)]
+def tidewire_command(host: str, port: int, data_dir: Path, security: Security | None = None,
+                     tls_port: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port),
+           "--data-dir", str(data_dir)]
+    sec = security or Security()
+    if sec.auth:
+        cmd += ["--password-file", str(sec.password_file), "--no-allow-anonymous"]
+    if sec.tls and tls_port is not None:
+        cmd += ["--tls-port", str(tls_port), "--certfile", str(sec.certfile), "--keyfile", str(sec.keyfile)]
+    return cmd
 
 
 def start_tidewire(host: str = "127.0.0.1", port: int | None = None, *, core: int | None = SERVER_CORE,
-                   fsync: str | None = None, extra_env: dict[str, str] | None = None) -> Server:
+                   fsync: str | None = None, extra_env: dict[str, str] | None = None,
+                   security: Security | None = None) -> Server:
     """`python -m gateway serve` on a fresh data dir; fsync None keeps the gateway's own default."""
+    sec = security or Security()
     port = port or free_port(host)
+    tls_port = free_port(host) if sec.tls else None
     workdir = Path(tempfile.mkdtemp(prefix="loadtest-tidewire-"))
     env = dict(os.environ)
     env.setdefault("TIDEWIRE_LOG_LEVEL", "warning")
     if fsync:
         env["TIDEWIRE_FSYNC"] = fsync
     env.update(extra_env or {})
-    cmd = [*_pin_prefix(core), *tidewire_command(host, port, workdir / "data")]
-    label = f"tidewire(fsync={fsync})" if fsync else "tidewire"
-    return _spawn("tidewire", cmd, host, port, workdir, label, env=env, timeout=30.0)
+    cmd = [*_pin_prefix(core), *tidewire_command(host, port, workdir / "data", sec, tls_port)]
+    label = (f"tidewire(fsync={fsync})" if fsync else "tidewire") + sec.tags()
+    return _spawn("tidewire", cmd, host, port, workdir, label, env=env, timeout=30.0, tls_port=tls_port,
+                  security=sec)
 
 
 def start(name: str, *, host: str = "127.0.0.1", core: int | None = SERVER_CORE,
-          fsync: str | None = None) -> Server:
+          fsync: str | None = None, security: Security | None = None) -> Server:
     if name == "mosquitto":
-        return start_mosquitto(host, core=core)
+        return start_mosquitto(host, core=core, security=security)
     if name == "tidewire":
-        return start_tidewire(host, core=core, fsync=fsync)
+        return start_tidewire(host, core=core, fsync=fsync, security=security)
     raise ValueError(f"unknown target {name!r}")

@@ -118,3 +118,12 @@ def test_connection_lost_fails_pending_futures() -> None:
             await fut
 
     asyncio.run(run())
+
+
+def test_connect_with_credentials_bytes() -> None:
+    pkt = connect_packet("c1", keepalive=60, username="u", password="pw")
+    # flags 0xC2: user name + password + clean session; payload: client id, user name, password
+    assert pkt == b"\x10\x15\x00\x04MQTT\x04\xc2\x00\x3c\x00\x02c1\x00\x01u\x00\x02pw"
+    assert connect_packet("c1", username="u")[9] == 0x82
+    with pytest.raises(ValueError):
+        connect_packet("c1", password="pw")
