@@ -32,6 +32,7 @@ ALL_DEFAULTS: dict[str, dict[str, float]] = {
     "latency": {"seconds": 3},
     "idle": {"connections": 2000},
     "connect": {"seconds": 3},
+    "storm": {"seconds": 3},
 }
 
 

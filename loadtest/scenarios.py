@@ -7,6 +7,7 @@ the server's TLS listener and/or with the bench users' user name and password.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import secrets
 import time
@@ -364,8 +365,20 @@ async def connect_rate(server: Server, p: Params) -> Result:
                "slow_closes": slow_closes, "concurrency": p.concurrency, "core0_other_cpu": meter.other_cpu})
 
 
+async def storm(server: Server, p: Params) -> Result:
+    """What a connect storm costs the clients already connected: the `latency` stream (QoS 1 at `--rate`,
+    1k/s by default) measured while `--concurrency` loops connect and disconnect as fast as they can, with
+    `--auth`/`--tls` as set (password checks and handshakes included). Compare with `latency` alone."""
+    connects = asyncio.create_task(connect_rate(server, p))
+    stream = await latency(server, p)
+    storm_result = await connects
+    return dataclasses.replace(stream, scenario="storm", extra={
+        **stream.extra, "storm_conns_per_s": storm_result.rate, "storm_connack_p99_ms": storm_result.p99_ms or 0.0,
+        "storm_errors": storm_result.extra.get("errors", 0)})
+
+
 ScenarioFn = Callable[[Server, Params], Awaitable[Result]]
 SCENARIOS: Mapping[str, ScenarioFn] = MappingProxyType({
     "fanout": fanout, "fanin": fanin, "pairs": pairs, "latency": latency, "idle": idle,
-    "connect": connect_rate,
+    "connect": connect_rate, "storm": storm,
 })

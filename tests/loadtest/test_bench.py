@@ -83,6 +83,12 @@ async def test_connect_loop_counts_handshakes(server: servers.Server) -> None:
     assert r.p50_ms is not None and r.p50_ms > 0
 
 
+async def test_storm_measures_the_stream_during_connects(server: servers.Server) -> None:
+    r = await SCENARIOS["storm"](server, tiny())
+    assert r.scenario == "storm" and r.lost == 0 and r.received > 0
+    assert r.extra["storm_conns_per_s"] > 0 and r.extra["storm_errors"] == 0
+
+
 def test_percentiles_nearest_rank() -> None:
     assert percentiles([]) == (None, None, None)
     p50, p99, p999 = percentiles([i * 1_000_000 for i in range(1, 1001)])
