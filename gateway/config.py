@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     ws_port: int | None = Field(None, ge=0, le=65535, description="MQTT over WebSocket")
     wss_port: int | None = Field(None, ge=0, le=65535, description="MQTT over WebSocket over TLS")
     ws_path: str = Field("/mqtt", description="HTTP path of the WebSocket listeners")
+    ws_require_subprotocol: bool = Field(False, description="refuse WebSocket clients that offer no subprotocol "
+                                                            "(EMQX's default); `mqtt` is chosen when offered")
+    ws_origins: list[str] | None = Field(None, description="allowed browser Origin values; None: any")
     node_id: str = "node1"
     max_connections: int = Field(100_000, ge=1, description="per listener unless `listeners` overrides it")
     max_connection_rate: float = Field(0, ge=0, description="CONNECTs/s per listener (token bucket); 0: no limit")

@@ -43,7 +43,9 @@ def protocol_factory(node: Node, listener: Listener) -> Callable[[tuple[str, int
     """What a listener runs per accepted socket: MQTT, behind a WebSocket layer on ws/wss listeners."""
     settings = node.settings
     ws = WebSocketOptions(path=settings.ws_path, max_frame=settings.max_packet_size + WS_FRAME_SLACK,
-                          handshake_timeout=settings.connect_timeout)
+                          handshake_timeout=settings.connect_timeout, close_timeout=settings.close_drain_timeout,
+                          require_subprotocol=settings.ws_require_subprotocol,
+                          origins=frozenset(settings.ws_origins) if settings.ws_origins is not None else None)
 
     def make(peer: tuple[str, int] | None = None) -> asyncio.Protocol:
         if listener.websocket:
