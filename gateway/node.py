@@ -355,9 +355,11 @@ class Node:
         retention_due = 0.0
         stats_due = time.monotonic() + self.settings.sys_interval
         while True:
-            await asyncio.sleep(min(1.0, self.settings.sys_interval))
-            if time.monotonic() >= stats_due:
-                stats_due = time.monotonic() + self.settings.sys_interval
+            # Wake for the stats when they are due: a fixed 1 s nap that wakes a hair early skips a whole period.
+            await asyncio.sleep(max(0.01, min(1.0, stats_due - time.monotonic())))
+            interval = self.settings.sys_interval
+            if time.monotonic() >= stats_due - 0.005:
+                stats_due = max(stats_due + interval, time.monotonic() + interval / 2)
                 self.sys.stats(self.counters, self.gauges())
             if self._dirty:
                 self._flush_wanted.set()
