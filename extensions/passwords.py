@@ -116,7 +116,7 @@ class Credentials:
             if not line or line.startswith("#"):
                 continue
             try:
-                entry = _parse_line(line)
+                entry = parse_line(line)
             except ValueError as exc:
                 raise ValueError(f"{source}:{number}: {exc}") from None
             if entry.username in entries:
@@ -143,18 +143,14 @@ class Credentials:
         return max(counts, key=counts.__getitem__)
 
 
-def parse_line(line: str) -> CredentialEntry:
-    """One stripped, non-comment file line; ValueError (never quoting the line) if it is not a SCRAM line."""
-    return _parse_line(line)
-
-
 def is_scram_line(line: str) -> bool:
     """Whether a stripped line has the SCRAM-SHA-256 shape (it may still be malformed)."""
     parts = line.rsplit(":", 5)
     return len(parts) == 6 and parts[1] == MECHANISM
 
 
-def _parse_line(line: str) -> CredentialEntry:
+def parse_line(line: str) -> CredentialEntry:
+    """One stripped, non-comment file line; ValueError (never quoting the line) if it is not a SCRAM line."""
     parts = line.rsplit(":", 5)
     if len(parts) != 6:
         raise ValueError("expected username:SCRAM-SHA-256:iterations:salt:StoredKey:ServerKey")

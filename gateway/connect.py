@@ -55,7 +55,7 @@ class Terms:
 
 def negotiate(packet: Connect, settings: Settings, peer: str) -> Terms:
     """Terms of the connection, or `Refusal` with the CONNACK codes to answer. Who the client is comes
-    later (authentication); `terms.info` holds the user name it claims until then."""
+    later (authentication): until then `terms.info` is anonymous, whatever user name the client claims."""
     v5 = packet.protocol_level >= 5
     props = packet.properties
     ack: dict[int, Any] = {}
@@ -68,7 +68,7 @@ def negotiate(packet: Connect, settings: Settings, peer: str) -> Terms:
             ack[PropertyId.ASSIGNED_CLIENT_IDENTIFIER] = client_id
     if len(client_id) > settings.max_client_id_length:
         raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID, "client id too long")
-    info = ClientInfo(client_id, packet.username, peer, packet.protocol_level)
+    info = ClientInfo(client_id, None, peer, packet.protocol_level)
     # keepalive: 5.0 clients are told the cap; 3.1.1 clients can't be told, so they keep what they asked
     keepalive = packet.keepalive
     if v5 and settings.max_keepalive and (keepalive == 0 or keepalive > settings.max_keepalive):

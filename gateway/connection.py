@@ -129,9 +129,8 @@ class MqttConnection(ConnectionBase):
         node.spawn(self._connect(packet, terms))
         return None
 
-    def _refuse(self, code311: int, code5: int, detail: str, **extra: Any) -> None:
-        log.info("client.refused", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail,
-                                          **extra})
+    def _refuse(self, code311: int, code5: int, detail: str) -> None:
+        log.info("client.refused", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
         self._send(Connack(False, code5 if self.level >= 5 else code311))
         self._closed(will=False, reason=detail)
 
@@ -222,12 +221,10 @@ class MqttConnection(ConnectionBase):
             self._send(Auth(ReasonCode.CONTINUE_AUTHENTICATION, props))
             return None
         self.auth = None
-        if not result.success:
-            log.info("client.auth_failed", extra={"client_id": self.client_id, "peer": self.peer,
-                                                  "detail": result.reason})
+        if not result.success:  # one log line either way, from abort or _refuse
             if connect is None:
-                return self.abort(ReasonCode.NOT_AUTHORIZED, "re-authentication failed")
-            return self._refuse(0, ReasonCode.NOT_AUTHORIZED, result.reason or "authentication failed")
+                return self.abort(ReasonCode.NOT_AUTHORIZED, f"re-authentication failed ({result.reason})")
+            return self._refuse(0, ReasonCode.NOT_AUTHORIZED, f"authentication failed ({result.reason})")
         if connect is None:  # re-authenticated
             self._send(Auth(ReasonCode.SUCCESS, props))
             return None
