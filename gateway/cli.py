@@ -58,9 +58,13 @@ def serve_command(
                              max_keepalive=max_keepalive, log_level=log_level)
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    from gateway.server import run, serve  # here, so `tidewire passwd` starts without the server's imports
+    from gateway.server import StartupError, run, serve  # here, so `tidewire passwd` starts without them
 
-    run(serve(settings))
+    try:
+        run(serve(settings))
+    except StartupError as exc:
+        typer.echo(f"tidewire: cannot start: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 app.command("passwd")(passwd_command)  # mosquitto_passwd-compatible; see gateway/passwd_command.py

@@ -33,6 +33,11 @@ class _Closable(Protocol):
     def close(self) -> None: ...
 
 
+class StartupError(Exception):
+    """A configured file (password file, keys, certificate, ACL) cannot be used: refuse to start rather than
+    serve with less protection than the operator asked for."""
+
+
 def build_store(settings: Settings) -> EmbeddedStore:
     return EmbeddedStore(settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
                          segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
@@ -84,8 +89,11 @@ async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closab
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
-    security = Security.build(settings)
-    tls = tls_context(settings) if settings.tls_port is not None or settings.wss_port is not None else None
+    try:
+        security = Security.build(settings)
+        tls = tls_context(settings) if settings.tls_port is not None or settings.wss_port is not None else None
+    except (OSError, ValueError, ssl.SSLError) as exc:
+        raise StartupError(str(exc)) from exc
     store = build_store(settings)
     await store.open()
     lookup = InProcessLookup()
