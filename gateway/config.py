@@ -91,6 +91,8 @@ class Settings(BaseSettings):
     retention_seconds: int = Field(7 * 24 * 3600, ge=0, description="0: unlimited")
     cache_messages_per_queue: int = Field(4096, ge=16)
     store_recent_messages: int = Field(8192, ge=0, description="newest messages the store keeps decoded in memory")
+    store_test_delay_ms: float = Field(0, ge=0, description="testing only: every store call waits a random 0..N ms "
+                                                            "(calls complete out of order); 0: off")
     # MQTT 5 and shared subscriptions
     topic_alias_maximum: int = Field(64, ge=0, le=65535, description="inbound topic aliases per client")
     response_information: str = Field("reply/", description="CONNACK Response Information prefix (+client id)")

@@ -22,6 +22,8 @@ from gateway.websocket import WebSocketProtocol
 from gateway.websocket_core import WebSocketOptions
 from lookup.base import InProcessLookup
 from notify.base import LocalNotifier
+from store.base import Store
+from store.delaying import DelayingStore
 from store.embedded import EmbeddedStore
 
 log = logging.getLogger("tidewire.server")
@@ -38,10 +40,14 @@ class StartupError(Exception):
     serve with less protection than the operator asked for."""
 
 
-def build_store(settings: Settings) -> EmbeddedStore:
-    return EmbeddedStore(settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
-                         segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
-                         retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages)
+def build_store(settings: Settings) -> Store:
+    store: Store = EmbeddedStore(
+        settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
+        segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
+        retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages)
+    if settings.store_test_delay_ms:
+        store = DelayingStore(store, settings.store_test_delay_ms)
+    return store
 
 
 def protocol_factory(node: Node, listener: Listener) -> Callable[[tuple[str, int] | None], asyncio.Protocol]:

@@ -1,0 +1,119 @@
+"""A `Store` wrapper that makes every call wait a random time, so concurrent calls run and finish out of order.
+
+It exists to prove that callers never depend on a store that answers at once. The embedded engine finishes
+most calls in their first step, so code that forgets an `await`, spawns writes fire-and-forget, or reads a
+cache while a refresh is pending works by accident on it; a networked engine (Redis) breaks such code. With
+this wrapper the gateway runs on the embedded engine but with the timing of a network: the whole integration
+suite, run with `store_test_delay_ms` set, must pass unchanged. Testing only.
+
+Each call draws a delay in [0, max_delay_ms] and spends a random part of it before delegating (so concurrent
+calls reach the inner store in a different order than issued) and the rest after (so they also complete in a
+different order than they ran). Each call keeps its own semantics: it returns only once the inner call
+returned, with the inner result or exception. Nothing orders two calls that overlap, as with any networked
+store; calls that do not overlap keep their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from store.base import Message, SessionRecord, Store, WillRecord
+
+T = TypeVar("T")
+
+
+class DelayingStore:
+    def __init__(self, inner: Store, max_delay_ms: float, seed: int | None = None) -> None:
+        if not max_delay_ms >= 0:
+            raise ValueError(f"max_delay_ms must be >= 0, not {max_delay_ms!r}")
+        self.inner = inner
+        self.max_delay = max_delay_ms / 1000
+        # Own generator (not the module one): a seed reproduces a run without touching anyone else's randomness.
+        self._rng = random.Random(seed)
+        self.calls = 0  # delegated calls, so a test can tell the wrapper was really in the path
+
+    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        total = self._rng.uniform(0, self.max_delay)
+        before = self._rng.uniform(0, total)
+        await asyncio.sleep(before)
+        self.calls += 1
+        result = await fn()
+        # The inner call is done: a cancellation during the tail still leaves its effect in place, as when a
+        # network reply is lost after the server applied the command.
+        await asyncio.sleep(total - before)
+        return result
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    async def open(self) -> None:
+        await self._call(self.inner.open)
+
+    async def close(self) -> None:
+        await self._call(self.inner.close)
+
+    # --- messages -----------------------------------------------------------------------------------------
+    async def append(self, messages: Sequence[Message]) -> None:
+        # Snapshot the list now: the caller may reuse it while this call waits to be delegated. The messages
+        # themselves stay the caller's objects, since today's callers read the seq the store assigns to them.
+        batch = list(messages)
+        await self._call(lambda: self.inner.append(batch))
+
+    async def sync(self) -> None:
+        await self._call(self.inner.sync)
+
+    async def read(self, queue: str, after_seq: int, limit: int) -> list[Message]:
+        return await self._call(lambda: self.inner.read(queue, after_seq, limit))
+
+    def last_seq(self) -> int:
+        # Synchronous in the protocol today, so it cannot wait; callers of a networked engine will get a value
+        # that may lag behind appends made elsewhere.
+        return self.inner.last_seq()
+
+    # --- sessions and offsets -----------------------------------------------------------------------------
+    async def get_session(self, client_id: str) -> SessionRecord | None:
+        return await self._call(lambda: self.inner.get_session(client_id))
+
+    async def put_session(self, record: SessionRecord) -> None:
+        # A networked engine serializes the record when the call starts; later mutations must not reach it.
+        snapshot = copy.deepcopy(record)
+        await self._call(lambda: self.inner.put_session(snapshot))
+
+    async def delete_session(self, client_id: str) -> None:
+        await self._call(lambda: self.inner.delete_session(client_id))
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        return await self._call(self.inner.list_sessions)
+
+    async def set_offsets(self, offsets: dict[str, tuple[int, int]]) -> None:
+        snapshot = dict(offsets)  # the caller may keep filling its dict for the next batch
+        await self._call(lambda: self.inner.set_offsets(snapshot))
+
+    # --- retained -----------------------------------------------------------------------------------------
+    async def set_retained(self, topic: str, message: Message | None) -> None:
+        snapshot = copy.deepcopy(message)
+        await self._call(lambda: self.inner.set_retained(topic, snapshot))
+
+    async def match_retained(self, topic_filter: str) -> list[Message]:
+        return await self._call(lambda: self.inner.match_retained(topic_filter))
+
+    # --- wills --------------------------------------------------------------------------------------------
+    async def put_will(self, will: WillRecord) -> None:
+        snapshot = copy.deepcopy(will)
+        await self._call(lambda: self.inner.put_will(snapshot))
+
+    async def delete_will(self, client_id: str) -> None:
+        await self._call(lambda: self.inner.delete_will(client_id))
+
+    async def list_wills(self) -> list[WillRecord]:
+        return await self._call(self.inner.list_wills)
+
+    # --- engine extras --------------------------------------------------------------------------------------
+    async def enforce_retention(self) -> int:
+        """Forwarded when the inner engine has it (the node looks it up with getattr); 0 otherwise."""
+        enforce: Callable[[], Awaitable[int]] | None = getattr(self.inner, "enforce_retention", None)
+        if enforce is None:
+            return 0
+        return await self._call(enforce)
