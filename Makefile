@@ -4,8 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-# Debian packages the tests drive as real peers (mosquitto_passwd, mosquitto_pub/sub, the reference broker).
-SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub
+# Debian packages the tests drive as real peers (mosquitto_passwd, mosquitto_pub/sub, the reference broker,
+# redis-server for the Redis store; tests start their own servers).
+SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub /usr/bin/redis-server
 
 .PHONY: run test install dev system-deps lint typecheck bench clean
 
@@ -26,7 +27,7 @@ system-deps:
 	@missing=0; for t in $(SYSTEM_TOOLS); do [ -x $$t ] || missing=1; done; \
 	if [ $$missing = 1 ]; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients redis-server redis-tools >/dev/null; \
 	fi
 
 test: dev system-deps
