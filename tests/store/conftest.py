@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +11,7 @@ import pytest
 from store.base import Store
 from store.delaying import DelayingStore
 from store.embedded import EmbeddedStore
+from tests.store import redis_server
 
 
 @pytest.fixture
@@ -28,19 +29,23 @@ class Engine:
     """An opened store of one engine, with what the contract suite needs to know about it.
 
     `reopen()` closes the store and opens a fresh one over the same data, as after a restart; only engines
-    that persist (`persistent`) support it. A Redis engine joins by adding a branch to `engine` below.
+    that persist (`persistent`) support it. The Redis engine also kills and restarts its server in between.
     """
 
-    def __init__(self, name: str, factory: Callable[[], Store], persistent: bool) -> None:
+    def __init__(self, name: str, factory: Callable[[], Store], persistent: bool,
+                 restart: Callable[[], None] | None = None) -> None:
         self.name = name
         self.persistent = persistent
         self._factory = factory
+        self._restart = restart  # between close and open: e.g. kill -9 and restart a server
         self.store: Store = factory()
 
     async def reopen(self) -> Store:
         if not self.persistent:
             pytest.skip(f"{self.name} does not persist across a reopen")
         await self.store.close()
+        if self._restart is not None:
+            self._restart()
         self.store = self._factory()
         await self.store.open()
         return self.store
@@ -50,7 +55,30 @@ class Engine:
 CONTRACT_DELAY_MS = 2.0
 
 
-@pytest.fixture(params=["embedded", "delaying"])
+@pytest.fixture(scope="module")
+def redis_server_for_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisServer]:
+    """One private redis-server (AOF, appendfsync always) per test module; tests flush it before use."""
+    if not redis_server.available():
+        pytest.skip("redis-server is not installed")
+    server = redis_server.RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def flush_redis(url: str) -> None:
+    import redis.asyncio as aioredis
+
+    r = aioredis.Redis.from_url(url)
+    try:
+        await r.flushall()
+    finally:
+        await r.aclose()
+
+
+@pytest.fixture(params=["embedded", "delaying", "redis"])
 async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
     data = tmp_path / "contract"
 
@@ -60,6 +88,13 @@ async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 
     if request.param == "embedded":
         eng = Engine("embedded", embedded, persistent=True)
+    elif request.param == "redis":
+        from store.redis_store import RedisStore
+
+        server: redis_server.RedisServer = request.getfixturevalue("redis_server_for_module")
+        await flush_redis(server.url)
+        # A reopen is a crash of Redis itself (kill -9, restart from the AOF) and a new client.
+        eng = Engine("redis", lambda: RedisStore(server.url), persistent=True, restart=server.restart)
     else:
         # A seed per test: a failure reproduces, while each test sees a different interleaving.
         seed = zlib.crc32(request.node.nodeid.encode())

@@ -331,6 +331,13 @@ async def test_append_keeps_no_reference_to_the_callers_list(engine: Engine) -> 
     assert rec is not None and (rec.offset, rec.sent_upto) == (3, 3)
 
 
+def unmet_by_embedded(engine: Engine, request: pytest.FixtureRequest, reason: str) -> None:
+    """The wanted contract, which the embedded engine (and the wrapper around it) does not meet yet: a strict
+    xfail for those variants only, so an engine that meets it passes and a fixed embedded engine shows XPASS."""
+    if engine.name in ("embedded", "delaying"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "append mutates the caller's Message (assigns seq, fills timestamp_ms). Wanted contract: append leaves "
     "its arguments untouched and returns the seqs it assigned (list[int], in batch order); what `read` returns "
@@ -343,13 +350,13 @@ async def test_append_does_not_mutate_the_callers_messages(engine: Engine) -> No
     assert (m.seq, m.timestamp_ms) == (-1, 0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The embedded engine keeps the caller's WillRecord and retained Message objects and hands the same ones "
-    "back: a mutation after put_will/set_retained (or of what list_wills/match_retained returned) changes the "
-    "in-memory record but not the file, so memory and disk disagree. Wanted contract, as for sessions today: "
-    "the store keeps and hands out its own copies."
-))
-async def test_wills_and_retained_are_isolated_from_caller_objects(engine: Engine) -> None:
+async def test_wills_and_retained_are_isolated_from_caller_objects(engine: Engine,
+                                                                   request: pytest.FixtureRequest) -> None:
+    unmet_by_embedded(engine, request, (
+        "The embedded engine keeps the caller's WillRecord and retained Message objects and hands the same ones "
+        "back: a mutation after put_will/set_retained (or of what list_wills/match_retained returned) changes the "
+        "in-memory record but not the file, so memory and disk disagree. Wanted contract, as for sessions today: "
+        "the store keeps and hands out its own copies."))
     s = engine.store
     will = WillRecord("c1", msg("will/1"), delay_interval=5)
     retained = msg("r", retain=True)
@@ -368,12 +375,11 @@ async def test_wills_and_retained_are_isolated_from_caller_objects(engine: Engin
     assert (wills, retained_payloads) == ([(5, b"will/1-payload")], [b"r-payload"])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "After close, the embedded engine still answers reads from memory, its append reopens a segment and acks "
-    "(leaking the fd), and its KV writes hit a closed, possibly reused fd. Wanted contract: every call on a "
-    "closed store raises one clear error and writes nothing; close itself is idempotent."
-))
-async def test_calls_after_close_raise(engine: Engine) -> None:
+async def test_calls_after_close_raise(engine: Engine, request: pytest.FixtureRequest) -> None:
+    unmet_by_embedded(engine, request, (
+        "After close, the embedded engine still answers reads from memory, its append reopens a segment and acks "
+        "(leaking the fd), and its KV writes hit a closed, possibly reused fd. Wanted contract: every call on a "
+        "closed store raises one clear error and writes nothing; close itself is idempotent."))
     s = engine.store
     await s.append([msg("early", "early")])
     await s.close()
