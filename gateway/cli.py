@@ -43,6 +43,7 @@ def serve_command(
     password_file: Annotated[Optional[Path], typer.Option(help="Mosquitto password_file")] = None,
     allow_anonymous: Annotated[Optional[bool], typer.Option(
         "--allow-anonymous/--no-allow-anonymous", help="default: off when authentication is configured")] = None,
+    store: Annotated[Optional[str], typer.Option(help="embedded, or redis://HOST:PORT/DB")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="embedded store directory")] = None,
     acl_file: Annotated[Optional[Path], typer.Option(help="Mosquitto-syntax ACL file")] = None,
     max_keepalive: Annotated[Optional[int], typer.Option(help="cap on client keepalive (s)")] = None,
@@ -54,7 +55,7 @@ def serve_command(
                              require_certificate=require_certificate,
                              use_identity_as_username=use_identity_as_username,
                              use_subject_as_username=use_subject_as_username, password_file=password_file,
-                             allow_anonymous=allow_anonymous, data_dir=data_dir, acl_file=acl_file,
+                             allow_anonymous=allow_anonymous, store=store, data_dir=data_dir, acl_file=acl_file,
                              max_keepalive=max_keepalive, log_level=log_level)
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)

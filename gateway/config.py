@@ -80,9 +80,12 @@ class Settings(BaseSettings):
     retry_interval: float = Field(20.0, gt=0, description="s before an unacked 3.1.1 QoS 1/2 is resent")
     max_session_expiry: int = Field(0xFFFFFFFF, ge=0, description="cap on session expiry interval (s)")
     connect_timeout: float = Field(10.0, gt=0, description="s to wait for CONNECT after accept")
+    max_pending_publishes: int = Field(50_000, ge=1, description="messages waiting for the store before "
+                                                                "publishers are paused")
     write_buffer_high: int = Field(256 * 1024, ge=1024, description="bytes queued before pausing a client")
     pull_batch: int = Field(256, ge=1, description="messages pulled per queue read")
     # store
+    store: str = Field("embedded", description="`embedded` (files in data_dir) or `redis://HOST:PORT/DB`")
     data_dir: Path = Path("data")
     fsync: Literal["batch", "interval", "never"] = "batch"
     fsync_interval_ms: int = Field(50, ge=1)

@@ -26,8 +26,9 @@ log = logging.getLogger("tidewire.conn")
 
 NEW, CONNECTING, AUTHENTICATING, CONNECTED, CLOSED = range(5)
 _NOBODY = ClientInfo("", None)
-# Why reading from a client is paused (a bit each): while any is set, the socket is not read.
-HOLD_CONNECT, HOLD_STORE, HOLD_RATE = 1, 2, 4
+# Why reading from a client is paused (a bit each): while any is set, the socket is not read. HOLD_PIPELINE is the
+# node's: its append queue is full (its own bit, so the acks that lift HOLD_STORE cannot lift it).
+HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
 
 
 class ConnectionBase(asyncio.Protocol):
@@ -100,6 +101,13 @@ class ConnectionBase(asyncio.Protocol):
             self._holds &= ~why
             if not self._holds and self.transport is not None and self._state != CLOSED:
                 self.transport.resume_reading()
+
+    def pause_publishes(self) -> None:
+        """The node's append queue is full: stop reading this publisher; nothing it sent is dropped."""
+        self._hold(HOLD_PIPELINE)
+
+    def resume_publishes(self) -> None:
+        self._release(HOLD_PIPELINE)
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -230,6 +238,8 @@ class ConnectionBase(asyncio.Protocol):
             return
         limit = self.keepalive * 1.5
         idle = time.monotonic() - self.last_rx
+        if self._holds:  # we are not reading it: its silence is ours, not a dead client's
+            idle = 0.0
         if idle >= limit:
             if self.level >= 5:
                 self._send(Disconnect(ReasonCode.KEEP_ALIVE_TIMEOUT,

@@ -3,14 +3,19 @@
 Publish path: a batch per event-loop tick → one `store.append` → notify (queue names) → for each notified
 queue one cache refresh → every local session on it pulls and pushes within its credit. Publishers' acks
 wait for `store.sync()` (group commit) while the next batch is already being appended.
+
+Store errors never end a loop: the failed step is retried as is, with exponential backoff, logged once per
+failure streak; nothing queued is lost or reordered, and acks still go out only once durable. Messages
+waiting for append are bounded (`max_pending`): beyond it publishers' sockets stop being read, and only
+clients' QoS 0 publishes may be dropped (counted), and only while the store is failing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +26,7 @@ from extensions.hooks import Authorizer, PerClient
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
 from gateway.listeners import Admission
+from gateway.retry import Backoff
 from gateway.session import SHARED_PREFIX, Session
 from gateway.shared import SharedGroup
 from gateway.subscriptions import SubscriptionRegistry
@@ -34,6 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidewire.node")
 
+MAX_PENDING_PUBLISHES = 50_000  # messages waiting for append before publishers are held back
+
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
@@ -42,7 +50,7 @@ def _now_ms() -> int:
 class Node:
     def __init__(self, settings: Settings, store: Store, lookup: Lookup, notifier: Notifier,
                  authorizer: Authorizer, enhanced_auth: EnhancedAuth | None = None,
-                 auth: AuthChain | None = None) -> None:
+                 auth: AuthChain | None = None, *, max_pending: int = MAX_PENDING_PUBLISHES) -> None:
         self.settings = settings
         self.enhanced_auth = enhanced_auth
         self.auth = auth if auth is not None else AuthChain((), allow_anonymous=True)
@@ -60,10 +68,22 @@ class Node:
         self._offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
         self._client_locks: dict[str, asyncio.Lock] = {}
         self._will_timers: dict[str, asyncio.TimerHandle] = {}
-        # publish pipeline
-        self._batch: list[Message] = []
-        self._acks: list[tuple[ConnectionBase, bytes]] = []
-        self._retained: list[Message] = []
+        # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks
+        self.max_pending = max_pending
+        self._batch: list[Message] = []  # published since the last append started
+        self._acks: list[tuple[ConnectionBase, bytes]] = []  # acks of `_batch`
+        self._appending: list[Message] = []  # taken for append; retried as a whole (plus `_batch`) until it lands
+        self._appending_acks: list[tuple[ConnectionBase, bytes]] = []
+        self._unretained: deque[Message] = deque()  # appended; retained entry not yet set
+        self._appended_acks: list[tuple[ConnectionBase, bytes]] = []  # appended; wait for `_unretained`
+        self._durable_acks: list[tuple[ConnectionBase, bytes]] = []  # wait for one successful sync
+        self._ack_wanted = asyncio.Event()
+        self._held: set[ConnectionBase] = set()  # publishers not read while the batch is over max_pending
+        self._dropping = False  # a drop streak is logged once
+        self._flush_retry = Backoff("flush")
+        self._sync_retry = Backoff("sync")
+        self._dispatch_retry = Backoff("dispatch")
+        self._housekeeping_retry = Backoff("housekeeping")
         self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
         self._notified: set[str] = set()
@@ -91,24 +111,31 @@ class Node:
         self.subscriptions.load(live)
         for will in await self.store.list_wills():
             # Its connection died with the previous process without a DISCONNECT.
-            self.publish(will.message)
+            self._enqueue(will.message, None, b"", droppable=False)
             await self.store.delete_will(will.client_id)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._flush_loop()), loop.create_task(self._dispatch_loop()),
-                       loop.create_task(self._housekeeping_loop())]
+        self._tasks = [loop.create_task(self._flush_loop()), loop.create_task(self._ack_loop()),
+                       loop.create_task(self._dispatch_loop()), loop.create_task(self._housekeeping_loop())]
+
+    @property
+    def store_down(self) -> bool:
+        """The publish pipeline's last store call failed (appends or syncs are being retried)."""
+        return bool(self._flush_retry.failures or self._sync_retry.failures)
 
     async def stop(self) -> None:
         for conn in list(self.connections.values()):
             conn.shutdown(ReasonCode.SERVER_SHUTTING_DOWN)
         for handle in self._will_timers.values():
             handle.cancel()
-        await self._flush_once()
         for task in self._tasks:
             task.cancel()
-        for task in [*self._tasks, *self._background]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.store.sync()
+        # return_exceptions: one failed background write must not keep the rest of the shutdown from running
+        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        try:
+            await self._flush_once()  # one last attempt, no retries: we are going away
+            await self.store.sync()
+        except Exception:
+            log.exception("stop.flush_failed", extra={"unappended": len(self._batch) + len(self._appending)})
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -184,6 +211,7 @@ class Node:
         self.subscriptions.detach(session)
         session.detach()
         self._dirty.discard(session)
+        self._held.discard(conn)
         if transfer:
             return
         if session.persistent:
@@ -245,14 +273,14 @@ class Node:
     # --- wills --------------------------------------------------------------------------------------------
     def schedule_will(self, client_id: str, message: Message, delay: int) -> None:
         if delay <= 0:
-            self.publish(message)
+            self._enqueue(message, None, b"", droppable=False)
             self.spawn(self.store.delete_will(client_id))
             return
         self._cancel_will(client_id)
 
         def fire() -> None:
             self._will_timers.pop(client_id, None)
-            self.publish(message)
+            self._enqueue(message, None, b"", droppable=False)
             self.spawn(self.store.delete_will(client_id))
 
         self._will_timers[client_id] = asyncio.get_running_loop().call_later(delay, fire)
@@ -267,50 +295,116 @@ class Node:
 
     # --- publish pipeline ---------------------------------------------------------------------------------
     def publish(self, message: Message, conn: ConnectionBase | None = None, ack: bytes = b"") -> None:
-        """Queue a message for the next append batch; `ack` goes to `conn` once the batch is durable."""
+        """Queue a message for the next append batch; `ack` goes to `conn` once the batch is durable.
+
+        Over `max_pending` the publisher's socket stops being read until the batch drains; a client's QoS 0
+        message is then dropped (and counted) if the store is failing. Nothing else is ever dropped."""
+        self._enqueue(message, conn, ack, droppable=not ack and message.qos == 0 and bool(message.publisher))
+
+    def _enqueue(self, message: Message, conn: ConnectionBase | None, ack: bytes, *, droppable: bool) -> None:
         if not message.timestamp_ms:
             message.timestamp_ms = _now_ms()
-        message.queues = self.subscriptions.queues_for(message.topic)
         counters = self.counters
         counters.messages_in += 1
         counters.bytes_in += len(message.payload)
+        if len(self._batch) + len(self._appending) >= self.max_pending:
+            source = conn if conn is not None else self.connections.get(message.publisher)
+            if source is not None and source not in self._held:
+                source.pause_publishes()
+                self._held.add(source)
+            if droppable and self.store_down:
+                counters.dropped += 1
+                if not self._dropping:
+                    self._dropping = True
+                    log.warning("publish.dropping_qos0", extra={"pending": self.max_pending})
+                return
+        message.queues = self.subscriptions.queues_for(message.topic)
         self._batch.append(message)
         if ack and conn is not None:
             self._acks.append((conn, ack))
-        if message.retain:
-            self._retained.append(message)
         self._flush_wanted.set()
+
+    def _release_publishers(self) -> None:
+        held, self._held = self._held, set()
+        self._dropping = False
+        for conn in held:
+            conn.resume_publishes()
 
     async def _flush_loop(self) -> None:
         offsets_due = 0.0
+        retry = self._flush_retry
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
-            await self._flush_once(offsets=time.monotonic() >= offsets_due)
+            try:
+                await self._flush_once(offsets=time.monotonic() >= offsets_due)
+            except Exception as exc:  # the store failed: everything is kept in place and tried again as is
+                await asyncio.sleep(retry.failed(exc))
+                self._flush_wanted.set()
+                continue
+            retry.succeeded()
             if self._dirty:
                 offsets_due = time.monotonic() + 0.1
 
     async def _flush_once(self, offsets: bool = True) -> None:
-        batch, self._batch = self._batch, []
-        acks, self._acks = self._acks, []
-        retained, self._retained = self._retained, []
+        """Append the batch, set retained entries, hand acks to the sync loop, write due offsets. Raises on a
+        store error with every step not done still queued, so calling again resumes where it failed."""
+        if self._batch:  # after a failed append, the batch retried grows: order kept, fewer round trips
+            self._appending.extend(self._batch)
+            self._appending_acks.extend(self._acks)
+            self._batch, self._acks = [], []
+        batch = self._appending
         if batch:
             await self.store.append(batch)
+            acks = self._appending_acks
+            self._appending, self._appending_acks = [], []
+            if self._held and len(self._batch) <= self.max_pending // 2:
+                self._release_publishers()
             queues: set[str] = set()
             for message in batch:
                 queues.update(message.queues)
+                if message.retain:
+                    self._unretained.append(message)
             self.notifier.notify(queues)
-        for message in retained:
+            self._appended_acks.extend(acks)
+        unretained = self._unretained
+        while unretained:
+            message = unretained[0]
             await self.store.set_retained(message.topic, message if message.payload else None)
+            unretained.popleft()
+        if self._appended_acks:
+            self._durable_acks.extend(self._appended_acks)
+            self._appended_acks = []
+            self._ack_wanted.set()
         if offsets and self._dirty:
             dirty, self._dirty = self._dirty, set()
-            await self.store.set_offsets({s.client_id: (s.committed_offset(), s.record.sent_upto)
-                                          for s in dirty})
-        if acks:
-            self.spawn(self._ack_when_durable(acks))
+            try:
+                await self.store.set_offsets({s.client_id: (s.committed_offset(), s.record.sent_upto)
+                                              for s in dirty})
+            except BaseException:  # also cancelled at stop: written by its last flush
+                self._dirty |= dirty  # written on the next flush, with the positions current then
+                raise
 
-    async def _ack_when_durable(self, acks: list[tuple[ConnectionBase, bytes]]) -> None:
-        await self.store.sync()
+    async def _ack_loop(self) -> None:
+        """PUBACK/PUBREC once a sync covers their messages; one sync serves every ack queued before it."""
+        retry = self._sync_retry
+        while True:
+            await self._ack_wanted.wait()
+            self._ack_wanted.clear()
+            acks: list[tuple[ConnectionBase, bytes]] = []
+            while True:
+                acks.extend(self._durable_acks)
+                self._durable_acks = []
+                try:
+                    await self.store.sync()
+                except Exception as exc:
+                    await asyncio.sleep(retry.failed(exc))
+                    continue
+                break
+            retry.succeeded()
+            self._write_acks(acks)
+
+    def _write_acks(self, acks: list[tuple[ConnectionBase, bytes]]) -> None:
         per_conn: dict[ConnectionBase, list[bytes]] = {}
         for conn, ack in acks:
             chunks = per_conn.get(conn)
@@ -326,34 +420,49 @@ class Node:
         self._dispatch_wanted.set()
 
     async def _dispatch_loop(self) -> None:
+        retry = self._dispatch_retry
         while True:
             await self._dispatch_wanted.wait()
             self._dispatch_wanted.clear()
             queues, self._notified = self._notified, set()
-            # P2P first, before any pull moves a cursor past a P2P message not yet seen
-            p2p: list[Session] = []
-            for queue in queues:
-                if queue.startswith(P2P_PREFIX):
-                    conn = self.connections.get(queue[len(P2P_PREFIX):])
-                    if conn is not None and conn.session is not None:
-                        conn.session.p2p_pending = True
-                        p2p.append(conn.session)
-            readers = self.subscriptions.readers
-            live = [q for q in queues if q in readers]
-            for queue in live:
-                await self.cache.refresh(queue)
-            for queue in live:
-                for reader in list(readers.get(queue, ())):
-                    try:
-                        reader.pull()
-                    except Exception:  # one reader's bug must not stop delivery to every other one
-                        log.exception("dispatch.pull_failed", extra={"queue": queue})
-            for session in p2p:
-                session.pull()
+            try:
+                await self._dispatch(queues)
+            except Exception as exc:
+                # A read failed before any reader pulled: nothing was skipped. Notify the same queues again.
+                self._notified |= queues
+                await asyncio.sleep(retry.failed(exc))
+                self._dispatch_wanted.set()
+                continue
+            retry.succeeded()
+
+    async def _dispatch(self, queues: set[str]) -> None:
+        # P2P first, before any pull moves a cursor past a P2P message not yet seen
+        p2p: list[Session] = []
+        for queue in queues:
+            if queue.startswith(P2P_PREFIX):
+                conn = self.connections.get(queue[len(P2P_PREFIX):])
+                if conn is not None and conn.session is not None:
+                    conn.session.p2p_pending = True
+                    p2p.append(conn.session)
+        readers = self.subscriptions.readers
+        live = [q for q in queues if q in readers]
+        # Every refresh before any pull: a reader merging several queues must not pass a message of a queue
+        # whose refresh failed.
+        for queue in live:
+            await self.cache.refresh(queue)
+        for queue in live:
+            for reader in list(readers.get(queue, ())):
+                try:
+                    reader.pull()
+                except Exception:  # one reader's bug must not stop delivery to every other one
+                    log.exception("dispatch.pull_failed", extra={"queue": queue})
+        for session in p2p:
+            session.pull()
 
     async def _housekeeping_loop(self) -> None:
         retention_due = 0.0
         stats_due = time.monotonic() + self.settings.sys_interval
+        retry = self._housekeeping_retry
         while True:
             # Wake for the stats when they are due: a fixed 1 s nap that wakes a hair early skips a whole period.
             await asyncio.sleep(max(0.01, min(1.0, stats_due - time.monotonic())))
@@ -363,20 +472,31 @@ class Node:
                 self.sys.stats(self.counters, self.gauges())
             if self._dirty:
                 self._flush_wanted.set()
-            now = _now_ms()
-            for client_id in [c for c, deadline in self._offline_expiry.items() if deadline <= now]:
-                if client_id in self.connections:
-                    continue
+            try:
+                await self._expire_sessions()
+                if time.monotonic() >= retention_due:
+                    enforce = getattr(self.store, "enforce_retention", None)
+                    if enforce is not None:
+                        await enforce()
+                    retention_due = time.monotonic() + 60
+            except Exception as exc:  # tried again on the next tick; the nap above is the backoff
+                retry.failed(exc)
+                continue
+            retry.succeeded()
+
+    async def _expire_sessions(self) -> None:
+        now = _now_ms()
+        for client_id, deadline in [(c, d) for c, d in self._offline_expiry.items() if d <= now]:
+            if client_id in self.connections:
+                continue
+            record = await self.store.get_session(client_id)
+            # Forgotten only once read (after a store error it is looked at again on the next tick), and only
+            # if the client did not come and go meanwhile, setting a new deadline.
+            if self._offline_expiry.get(client_id) == deadline:
                 del self._offline_expiry[client_id]
-                record = await self.store.get_session(client_id)
-                if record is not None and self._expired(record, now):
-                    await self._drop_stored(record)
-                    log.info("session.expired", extra={"client_id": client_id})
-            if time.monotonic() >= retention_due:
-                retention_due = time.monotonic() + 60
-                enforce = getattr(self.store, "enforce_retention", None)
-                if enforce is not None:
-                    await enforce()
+            if record is not None and self._expired(record, now):
+                await self._drop_stored(record)
+                log.info("session.expired", extra={"client_id": client_id})
 
     def gauges(self) -> dict[str, int]:
         return {"clients/connected": len(self.connections),

@@ -41,10 +41,19 @@ class StartupError(Exception):
 
 
 def build_store(settings: Settings) -> Store:
-    store: Store = EmbeddedStore(
-        settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
-        segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
-        retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages)
+    store: Store
+    if settings.store.startswith(("redis://", "rediss://", "unix://")):
+        from store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
+
+        store = RedisStore(settings.store, retention_bytes=settings.retention_bytes,
+                           retention_seconds=settings.retention_seconds)
+    elif settings.store == "embedded":
+        store = EmbeddedStore(
+            settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
+            segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
+            retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages)
+    else:
+        raise StartupError(f"unknown store {settings.store!r} (embedded, or redis://HOST:PORT/DB)")
     if settings.store_test_delay_ms:
         store = DelayingStore(store, settings.store_test_delay_ms)
     return store
@@ -101,10 +110,13 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     except (OSError, ValueError, ssl.SSLError) as exc:
         raise StartupError(str(exc)) from exc
     store = build_store(settings)
-    await store.open()
+    try:
+        await store.open()
+    except OSError as exc:
+        raise StartupError(f"store {settings.store}: {exc}") from exc
     lookup = InProcessLookup()
     node = Node(settings, store, lookup, LocalNotifier(lookup), security.authorizer, security.enhanced,
-                security.chain)
+                security.chain, max_pending=settings.max_pending_publishes)
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)

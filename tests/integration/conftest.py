@@ -21,11 +21,14 @@ from typing import Any
 import pytest
 
 from tests.integration.paho import ConnResult, PahoClient, PahoFactory, Received, props_dict, v5_props
+from tests.store.redis_server import RedisServer
 
 __all__ = ["ConnResult", "Gateway", "GatewayFactory", "PahoClient", "PahoFactory", "Received", "props_dict",
            "v5_props"]
 
 TARGET = os.environ.get("TIDEWIRE_TEST_TARGET", "tidewire")
+# Tidewire's store for the whole suite: `embedded` (default) or `redis` (each gateway gets a private redis-server).
+STORE = os.environ.get("TIDEWIRE_TEST_STORE", "embedded")
 START_TIMEOUT = 10.0
 MOSQUITTO = "/usr/sbin/mosquitto"
 MOSQUITTO_PASSWD = "/usr/bin/mosquitto_passwd"
@@ -139,6 +142,8 @@ class Gateway:
         self.extra_args = list(extra_args)
         self.log_path = workdir / "gateway.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        # Outlives gateway restarts and kill -9, as an external store does; stopped by `close`.
+        self.redis = RedisServer(workdir / "redis") if STORE == "redis" and self.target == "tidewire" else None
 
     # -- process control ---------------------------------------------------------------------------
     def command(self) -> list[str]:
@@ -146,6 +151,8 @@ class Gateway:
             return [MOSQUITTO, "-c", str(self._write_mosquitto_conf())]
         cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--data-dir", str(self.data_dir)]
+        if self.redis is not None:
+            cmd += ["--store", self.redis.url]
         if self.acl_file is not None:
             cmd += ["--acl-file", str(self.acl_file)]
         if self.max_keepalive is not None:
@@ -216,6 +223,8 @@ class Gateway:
 
     def start(self) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
+        if self.redis is not None:
+            self.redis.start()  # a no-op while it runs
         env = {**os.environ, "TIDEWIRE_LOG_LEVEL": "info", **self.env}
         with self.log_path.open("ab") as log:
             log.write(f"---- start {self.target} on port {self.port}\n".encode())
@@ -272,6 +281,12 @@ class Gateway:
         self.stop()
         self.start()
 
+    def close(self) -> None:
+        """Teardown: the broker and its store server."""
+        self.kill9()
+        if self.redis is not None:
+            self.redis.stop()
+
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -306,7 +321,7 @@ def gateway_factory(tmp_path: Path) -> Iterator[GatewayFactory]:
 
     yield make
     for gw in made:
-        gw.kill9()
+        gw.close()
 
 
 @pytest.fixture

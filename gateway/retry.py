@@ -1,0 +1,41 @@
+"""Exponential backoff for a background loop's store calls, logged once per failure streak: a store that is
+down must neither end the loop nor flood the log."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("tidewire.node")
+
+RETRY_FIRST_S = 0.01  # backoff of a failing store call: doubles per failure up to RETRY_MAX_S
+RETRY_MAX_S = 1.0
+
+
+class Backoff:
+    """Exponential backoff for one background loop's store calls, logged once per failure streak."""
+
+    __slots__ = ("delay", "failures", "since", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.delay = 0.0
+        self.failures = 0
+        self.since = 0.0
+
+    def failed(self, exc: Exception) -> float:
+        """Count a failure; returns the seconds to wait before the next attempt."""
+        if not self.failures:
+            self.since = time.monotonic()
+            log.error("store.failing", extra={"loop": self.what, "error": f"{type(exc).__name__}: {exc}"},
+                      exc_info=exc)
+        self.failures += 1
+        self.delay = min(RETRY_MAX_S, self.delay * 2 if self.delay else RETRY_FIRST_S)
+        return self.delay
+
+    def succeeded(self) -> None:
+        if self.failures:
+            log.warning("store.recovered", extra={"loop": self.what, "failures": self.failures,
+                                                  "down_s": round(time.monotonic() - self.since, 3)})
+            self.failures = 0
+            self.delay = 0.0

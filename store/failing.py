@@ -1,0 +1,105 @@
+"""A test engine: wraps a real store and makes chosen calls raise `OSError` until switched back.
+
+Failures are injected before the inner store is touched, so a failed call changes nothing (the contract a
+retrying caller relies on: a failed `append` may be retried as is, without duplicates).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from store.base import Message, SessionRecord, Store, WillRecord
+
+CALLS = frozenset({"append", "sync", "read", "get_session", "put_session", "delete_session", "list_sessions",
+                   "set_offsets", "set_retained", "match_retained", "put_will", "delete_will", "list_wills"})
+
+
+class FailingStore:
+    """`fail("append", "sync")` makes those calls raise until `heal()`; `failures` counts the raised ones."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.failing: set[str] = set()
+        self.failures: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+
+    def fail(self, *calls: str) -> None:
+        unknown = set(calls) - CALLS
+        if unknown:
+            raise ValueError(f"not a store call: {sorted(unknown)}")
+        self.failing.update(calls)
+
+    def heal(self, *calls: str) -> None:
+        """Stop failing `calls` (every call when none is named)."""
+        if calls:
+            self.failing.difference_update(calls)
+        else:
+            self.failing.clear()
+
+    def _check(self, call: str) -> None:
+        self.calls[call] += 1
+        if call in self.failing:
+            self.failures[call] += 1
+            raise OSError(f"injected store failure: {call}")
+
+    async def open(self) -> None:
+        await self.inner.open()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def append(self, messages: Sequence[Message]) -> None:
+        self._check("append")
+        await self.inner.append(messages)
+
+    async def sync(self) -> None:
+        self._check("sync")
+        await self.inner.sync()
+
+    async def read(self, queue: str, after_seq: int, limit: int) -> list[Message]:
+        self._check("read")
+        return await self.inner.read(queue, after_seq, limit)
+
+    def last_seq(self) -> int:
+        return self.inner.last_seq()
+
+    async def get_session(self, client_id: str) -> SessionRecord | None:
+        self._check("get_session")
+        return await self.inner.get_session(client_id)
+
+    async def put_session(self, record: SessionRecord) -> None:
+        self._check("put_session")
+        await self.inner.put_session(record)
+
+    async def delete_session(self, client_id: str) -> None:
+        self._check("delete_session")
+        await self.inner.delete_session(client_id)
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        self._check("list_sessions")
+        return await self.inner.list_sessions()
+
+    async def set_offsets(self, offsets: dict[str, tuple[int, int]]) -> None:
+        self._check("set_offsets")
+        await self.inner.set_offsets(offsets)
+
+    async def set_retained(self, topic: str, message: Message | None) -> None:
+        self._check("set_retained")
+        await self.inner.set_retained(topic, message)
+
+    async def match_retained(self, topic_filter: str) -> list[Message]:
+        self._check("match_retained")
+        return await self.inner.match_retained(topic_filter)
+
+    async def put_will(self, will: WillRecord) -> None:
+        self._check("put_will")
+        await self.inner.put_will(will)
+
+    async def delete_will(self, client_id: str) -> None:
+        self._check("delete_will")
+        await self.inner.delete_will(client_id)
+
+    async def list_wills(self) -> list[WillRecord]:
+        self._check("list_wills")
+        return await self.inner.list_wills()
