@@ -10,6 +10,7 @@ log = logging.getLogger("tidewire.node")
 
 RETRY_FIRST_S = 0.01  # backoff of a failing store call: doubles per failure up to RETRY_MAX_S
 RETRY_MAX_S = 1.0
+STORE_RETRY_S = 0.2  # a session's failed store read is tried again after this (the node's loops log the outage)
 
 
 class Backoff:

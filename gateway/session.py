@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.codec import pubrel
 from gateway.outbound import encoded_publish, encoded_publish_with, with_dup
+from gateway.retry import STORE_RETRY_S
 from store.base import P2P_PREFIX, Message, SessionRecord, Store, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
@@ -285,6 +286,10 @@ class Session:
                     p2p_complete = len(messages) < self.pull_batch
                 if messages:
                     lists.append((sub, messages))
+        except OSError:
+            # The store is failing (the node's loops log it): nothing moved, so try the same pull again later.
+            asyncio.get_running_loop().call_later(STORE_RETRY_S, self.pull)
+            return
         finally:
             self._reading_store = False
         if self.conn is None:

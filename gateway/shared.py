@@ -15,6 +15,7 @@ from collections.abc import Callable
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.retry import STORE_RETRY_S
 from store.base import Message, SessionRecord, SubscriptionRecord
 
 if TYPE_CHECKING:
@@ -131,6 +132,9 @@ class SharedGroup:
     async def _pull_from_store(self) -> None:
         try:
             messages = await self.owner.store.read(self.queue, self.cursor, self.pull_batch)
+        except OSError:  # the store is failing (the node's loops log it): try the same read again later
+            asyncio.get_running_loop().call_later(STORE_RETRY_S, self.schedule_pull)
+            return
         finally:
             self._reading = False
         self._push(messages)
