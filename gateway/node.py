@@ -31,6 +31,7 @@ from gateway.session import SHARED_PREFIX, Session
 from gateway.shared import SharedGroup
 from gateway.subscriptions import SubscriptionRegistry
 from gateway.sys_topics import Counters, SysTopics
+from gateway.writes import OrderedWrites
 from lookup.base import Lookup
 from notify.base import Notifier
 from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, Store, WillRecord
@@ -90,6 +91,7 @@ class Node:
         self._dispatch_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
+        self.writes = OrderedWrites()
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -131,11 +133,26 @@ class Node:
             task.cancel()
         # return_exceptions: one failed background write must not keep the rest of the shutdown from running
         await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        if cancelled := await self.writes.close(timeout=5.0):
+            log.error("stop.writes_lost", extra={"writes": cancelled})
         try:
             await self._flush_once()  # one last attempt, no retries: we are going away
             await self.store.sync()
         except Exception:
             log.exception("stop.flush_failed", extra={"unappended": len(self._batch) + len(self._appending)})
+
+    # Session and will records: written in the order issued per client, retried while the store fails.
+    def save_session(self, record: SessionRecord) -> None:
+        self.writes.write("s:" + record.client_id, lambda: self.store.put_session(record))
+
+    def drop_session(self, client_id: str) -> None:
+        self.writes.write("s:" + client_id, lambda: self.store.delete_session(client_id))
+
+    def save_will(self, will: WillRecord) -> None:
+        self.writes.write("w:" + will.client_id, lambda: self.store.put_will(will))
+
+    def drop_will(self, client_id: str) -> None:
+        self.writes.write("w:" + client_id, lambda: self.store.delete_will(client_id))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -165,10 +182,12 @@ class Node:
                 log.info("client.takeover", extra={"client_id": client_id})
                 session = old.take_over()
             self._cancel_will(client_id)
-            await self.store.delete_will(client_id)
+            self.drop_will(client_id)
+            await self.writes.settled("w:" + client_id)
             self._offline_expiry.pop(client_id, None)
             record: SessionRecord | None = None
             if session is None:
+                await self.writes.settled("s:" + client_id)  # read what this node last wrote, not older
                 record = await self.store.get_session(client_id)
                 if record is not None and self._expired(record, _now_ms()):
                     await self._drop_stored(record)
@@ -198,7 +217,8 @@ class Node:
             self.lookup.set_client_location(client_id, self.node_id)
             self.subscriptions.attach(session, conn.info)
             if session.persistent:
-                await self.store.put_session(session.snapshot())
+                self.save_session(session.snapshot())
+                await self.writes.settled("s:" + client_id)
         if not lock.locked() and self._client_locks.get(client_id) is lock:
             del self._client_locks[client_id]
         return session, present
@@ -218,10 +238,10 @@ class Node:
             record = session.snapshot()
             record.disconnected_at_ms = _now_ms()
             self._offline_expiry[session.client_id] = self._expiry_deadline(record)
-            self.spawn(self.store.put_session(record))
+            self.save_session(record)
         else:
             self.subscriptions.forget(session.record)
-            self.spawn(self.store.delete_session(session.client_id))
+            self.drop_session(session.client_id)
 
     def _expiry_deadline(self, record: SessionRecord) -> int:
         if record.expiry_interval >= NEVER_EXPIRES:
@@ -234,7 +254,8 @@ class Node:
     async def _drop_stored(self, record: SessionRecord) -> None:
         self.subscriptions.forget(record)
         self._offline_expiry.pop(record.client_id, None)
-        await self.store.delete_session(record.client_id)
+        self.drop_session(record.client_id)
+        await self.writes.settled("s:" + record.client_id)
 
     # --- subscriptions ----------------------------------------------------------------------------------
     def subscribe(self, session: Session, conn: ConnectionBase, requests: list[SubscriptionRequest],
@@ -274,14 +295,14 @@ class Node:
     def schedule_will(self, client_id: str, message: Message, delay: int) -> None:
         if delay <= 0:
             self._enqueue(message, None, b"", droppable=False)
-            self.spawn(self.store.delete_will(client_id))
+            self.drop_will(client_id)
             return
         self._cancel_will(client_id)
 
         def fire() -> None:
             self._will_timers.pop(client_id, None)
             self._enqueue(message, None, b"", droppable=False)
-            self.spawn(self.store.delete_will(client_id))
+            self.drop_will(client_id)
 
         self._will_timers[client_id] = asyncio.get_running_loop().call_later(delay, fire)
 
@@ -291,7 +312,7 @@ class Node:
             handle.cancel()
 
     def store_will(self, client_id: str, message: Message, delay: int) -> None:
-        self.spawn(self.store.put_will(WillRecord(client_id, message, delay)))
+        self.save_will(WillRecord(client_id, message, delay))
 
     # --- publish pipeline ---------------------------------------------------------------------------------
     def publish(self, message: Message, conn: ConnectionBase | None = None, ack: bytes = b"") -> None:

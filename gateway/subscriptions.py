@@ -114,7 +114,7 @@ class SubscriptionRegistry:
             if record is None:
                 last = self.node.store.last_seq()
                 record = SessionRecord(key, offset=last, sent_upto=last)
-                self.node.spawn(self.node.store.put_session(record))
+                self.node.save_session(record)
             group = self.groups[key] = SharedGroup(
                 self.node, name, topic_filter, strategy_for(name, settings.shared_strategy,
                                                             settings.shared_strategies),
@@ -132,7 +132,7 @@ class SubscriptionRegistry:
             del self.groups[key]
             self._unregister(group, group.queue)
             self._remove_wildcard(group.queue, key)
-            self.node.spawn(self.node.store.delete_session(key))
+            self.node.drop_session(key)
 
     # --- sessions ---------------------------------------------------------------------------------------------
     def load(self, records: list[SessionRecord]) -> None:
@@ -147,7 +147,7 @@ class SubscriptionRegistry:
                 else:
                     self._add_wildcard(topic_filter, record.client_id)
         for key in groups.keys() - self.groups.keys():
-            self.node.spawn(self.node.store.delete_session(key))  # no member left
+            self.node.drop_session(key)  # no member left
 
     def attach(self, session: Session, client: ClientInfo) -> None:
         """An online session starts reading its queues (and joins its groups)."""
@@ -164,6 +164,13 @@ class SubscriptionRegistry:
                 self._set_access(session, client, topic_filter,
                                  self.node.authorizer.subscribe_access(client, topic_filter))
         session.subscriptions_changed()
+
+    def resume_groups(self, session: Session) -> None:
+        """The session's connection is bound now: its groups may deliver to it (a group that tried while the
+        session was being restored found no connection and stopped)."""
+        for key in session.subscriptions:
+            if key.startswith(SHARED_PREFIX) and (group := self.groups.get(key)) is not None:
+                group.schedule_pull()
 
     def detach(self, session: Session) -> None:
         for topic_filter in session.subscriptions:

@@ -250,3 +250,16 @@ def test_shared_subscription_available_in_connack(gateway: Gateway) -> None:
     raw = RawClient(gateway.port, level=5)
     ack: Connack = raw.connect("shavail")
     assert ack.properties.get(0x2A, 1) == 1, f"Shared Subscription Available: {ack.properties}"
+
+
+@pytest.mark.tidewire_only  # a store that answers late: the member's connection is bound after its group tried
+def test_returning_member_gets_backlog_on_a_slow_store(gateway_factory: GatewayFactory,
+                                                       paho_factory: PahoFactory) -> None:
+    gw = gateway_factory(env={"TIDEWIRE_STORE_TEST_DELAY_MS": "5"})
+    for i in range(2):
+        paho_member(gw, paho_factory, f"shslow{i}", "$share/gslow/shslow/t", clean=False,
+                    session_expiry=60).disconnect()
+    publish_numbered(gw, paho_factory, "shslow/t", 10)
+    back = paho_factory(gw.port, "shslow1", version=5, clean=False)
+    assert back.connect(session_expiry=60).session_present
+    assert sorted(drain(back, quiet=1.0)) == list(range(10))
