@@ -76,6 +76,7 @@ class Node:
         self._appending: list[Message] = []  # taken for append; retried as a whole (plus `_batch`) until it lands
         self._appending_acks: list[tuple[ConnectionBase, bytes]] = []
         self._unretained: deque[Message] = deque()  # appended; retained entry not yet set
+        self._to_notify: set[str] = set()  # queues of appended messages, notified once retained entries are set
         self._appended_acks: list[tuple[ConnectionBase, bytes]] = []  # appended; wait for `_unretained`
         self._durable_acks: list[tuple[ConnectionBase, bytes]] = []  # wait for one successful sync
         self._ack_wanted = asyncio.Event()
@@ -381,18 +382,20 @@ class Node:
             self._appending, self._appending_acks = [], []
             if self._held and len(self._batch) <= self.max_pending // 2:
                 self._release_publishers()
-            queues: set[str] = set()
             for message in batch:
-                queues.update(message.queues)
+                self._to_notify.update(message.queues)
                 if message.retain:
                     self._unretained.append(message)
-            self.notifier.notify(queues)
             self._appended_acks.extend(acks)
         unretained = self._unretained
         while unretained:
             message = unretained[0]
             await self.store.set_retained(message.topic, message if message.payload else None)
             unretained.popleft()
+        if self._to_notify:
+            # Only now: a subscriber that got a retained message live and subscribes anew finds it retained.
+            queues, self._to_notify = self._to_notify, set()
+            self.notifier.notify(queues)
         if self._appended_acks:
             self._durable_acks.extend(self._appended_acks)
             self._appended_acks = []

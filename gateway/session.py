@@ -301,6 +301,8 @@ class Session:
             self._push_merged(self.conn, lists)
         if p2p_complete and not self.pending:
             self.p2p_pending = False
+        elif self.pending:
+            self.pull()  # work that came in while the store was read (retained messages, a notify) waits no more
 
     def _push_merged(self, conn: Writer, lists: list[tuple[SubscriptionRecord, list[Message]]]) -> None:
         if len(lists) == 1 and self.plain:

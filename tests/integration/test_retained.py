@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.conftest import Gateway, PahoFactory
+from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory
 
 
 @pytest.mark.parametrize("version", [4, 5])
@@ -79,3 +79,19 @@ def test_retained_survive_restart(gateway: Gateway, paho_factory: PahoFactory) -
     got = sorted((m.topic, m.payload, m.retain) for m in sub.expect(2))
     assert got == [("ret/rs/1", b"one", True), ("ret/rs/2", b"two", True)]
     sub.assert_nothing(0.3)
+
+
+@pytest.mark.tidewire_only  # a store that answers late: retained messages found while the session reads the store
+def test_retained_reach_a_new_subscriber_on_a_slow_store(gateway_factory: GatewayFactory,
+                                                         paho_factory: PahoFactory) -> None:
+    gw = gateway_factory(env={"TIDEWIRE_STORE_TEST_DELAY_MS": "5"})
+    pub = paho_factory(gw.port, "ret-slow-pub", version=5)
+    pub.connect()
+    for i in range(3):
+        pub.publish(f"ret/slow/{i}", str(i).encode(), qos=1, retain=True)
+    for attempt in range(3):  # each a new session: the retained lookup races its first store read
+        sub = paho_factory(gw.port, f"ret-slow-sub{attempt}", version=5)
+        sub.connect()
+        sub.subscribe("ret/slow/#", 1)
+        assert sorted(m.payload for m in sub.expect(3)) == [b"0", b"1", b"2"]
+        sub.disconnect()
