@@ -84,11 +84,11 @@ class PahoClient:
             self.client.tls_set_context(tls_context)
         if websocket:
             self.client.ws_set_options(path=ws_path)
-        if websocket or ca_certs is not None or tls_context is not None:
-            # paho writes from the calling thread unless a write hook is set; an SSL object or paho's WebSocket
-            # framing must not be read and written from two threads at once (it loses packets), so every
-            # write is left to our loop thread, woken by paho's socket pair.
-            self.client.on_socket_register_write = self._write_in_loop_thread
+        # paho writes from the calling thread unless a write hook is set: an SSL object or paho's WebSocket
+        # framing read and written from two threads at once loses packets, and even on plain TCP a partial write
+        # racing the loop thread's can put packets on the wire out of order. So every write is left to our loop
+        # thread, woken by paho's socket pair.
+        self.client.on_socket_register_write = self._write_in_loop_thread
         self.messages: queue.Queue[Received] = queue.Queue()
         self.connacks: queue.Queue[ConnResult] = queue.Queue()
         self.disconnects: queue.Queue[int] = queue.Queue()
