@@ -407,7 +407,7 @@ class MqttConnection(ConnectionBase):
         log.info("client.subscribed", extra={"client_id": self.client_id,
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
         if session.persistent:
-            self.node.save_session(session.snapshot())
+            self.node.writes.save_session(session.snapshot())
         if retained:
             self.node.spawn(self.node.send_retained(session, retained))
 
@@ -417,7 +417,7 @@ class MqttConnection(ConnectionBase):
         codes = self.node.unsubscribe(session, packet.topic_filters)
         self._send(Unsuback(packet.packet_id, codes))
         if session.persistent:
-            self.node.save_session(session.snapshot())
+            self.node.writes.save_session(session.snapshot())
 
     def _on_disconnect(self, packet: Disconnect) -> None:
         new_expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)

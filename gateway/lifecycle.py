@@ -193,7 +193,7 @@ class ConnectionBase(asyncio.Protocol):
             delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
             self.node.schedule_will(self.client_id, self.will, delay)
         elif self.will is not None and not keep_will:
-            self.node.drop_will(self.client_id)
+            self.node.writes.drop_will(self.client_id)
         log.info("client.disconnected", extra={"client_id": self.client_id, "peer": self.peer,
                                                "reason": reason})
         self.node.sys.event(self.client_id, "disconnected", address=self.peer, proto_ver=self.level, reason=reason)

@@ -26,12 +26,12 @@ from extensions.hooks import Authorizer, PerClient
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
 from gateway.listeners import Admission
-from gateway.retry import Backoff
+from gateway.retry import Backoff, stop_if_cancelled
 from gateway.session import SHARED_PREFIX, Session
 from gateway.shared import SharedGroup
 from gateway.subscriptions import SubscriptionRegistry
 from gateway.sys_topics import Counters, SysTopics
-from gateway.writes import OrderedWrites
+from gateway.writes import RecordWrites
 from lookup.base import Lookup
 from notify.base import Notifier
 from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, Store, WillRecord
@@ -92,7 +92,7 @@ class Node:
         self._dispatch_wanted = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
-        self.writes = OrderedWrites()
+        self.writes = RecordWrites(store)
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -130,10 +130,15 @@ class Node:
             conn.shutdown(ReasonCode.SERVER_SHUTTING_DOWN)
         for handle in self._will_timers.values():
             handle.cancel()
-        for task in self._tasks:
-            task.cancel()
-        # return_exceptions: one failed background write must not keep the rest of the shutdown from running
-        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        pending = set(self._tasks)
+        for _ in range(20):  # a client library may swallow a cancel (redis-py can): ask again until they end
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.25) if pending else (set(), set())
+            if not pending:
+                break
+        if self._background:  # spawned one-off work (retained lookups, session opens): a bounded wait
+            await asyncio.wait(self._background, timeout=5.0)
         if cancelled := await self.writes.close(timeout=5.0):
             log.error("stop.writes_lost", extra={"writes": cancelled})
         try:
@@ -141,19 +146,6 @@ class Node:
             await self.store.sync()
         except Exception:
             log.exception("stop.flush_failed", extra={"unappended": len(self._batch) + len(self._appending)})
-
-    # Session and will records: written in the order issued per client, retried while the store fails.
-    def save_session(self, record: SessionRecord) -> None:
-        self.writes.write("s:" + record.client_id, lambda: self.store.put_session(record))
-
-    def drop_session(self, client_id: str) -> None:
-        self.writes.write("s:" + client_id, lambda: self.store.delete_session(client_id))
-
-    def save_will(self, will: WillRecord) -> None:
-        self.writes.write("w:" + will.client_id, lambda: self.store.put_will(will))
-
-    def drop_will(self, client_id: str) -> None:
-        self.writes.write("w:" + client_id, lambda: self.store.delete_will(client_id))
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -183,12 +175,12 @@ class Node:
                 log.info("client.takeover", extra={"client_id": client_id})
                 session = old.take_over()
             self._cancel_will(client_id)
-            self.drop_will(client_id)
-            await self.writes.settled("w:" + client_id)
+            self.writes.drop_will(client_id)
+            await self.writes.will_settled(client_id)
             self._offline_expiry.pop(client_id, None)
             record: SessionRecord | None = None
             if session is None:
-                await self.writes.settled("s:" + client_id)  # read what this node last wrote, not older
+                await self.writes.session_settled(client_id)  # read what this node last wrote, not older
                 record = await self.store.get_session(client_id)
                 if record is not None and self._expired(record, _now_ms()):
                     await self._drop_stored(record)
@@ -218,8 +210,8 @@ class Node:
             self.lookup.set_client_location(client_id, self.node_id)
             self.subscriptions.attach(session, conn.info)
             if session.persistent:
-                self.save_session(session.snapshot())
-                await self.writes.settled("s:" + client_id)
+                self.writes.save_session(session.snapshot())
+                await self.writes.session_settled(client_id)
         if not lock.locked() and self._client_locks.get(client_id) is lock:
             del self._client_locks[client_id]
         return session, present
@@ -239,10 +231,10 @@ class Node:
             record = session.snapshot()
             record.disconnected_at_ms = _now_ms()
             self._offline_expiry[session.client_id] = self._expiry_deadline(record)
-            self.save_session(record)
+            self.writes.save_session(record)
         else:
             self.subscriptions.forget(session.record)
-            self.drop_session(session.client_id)
+            self.writes.drop_session(session.client_id)
 
     def _expiry_deadline(self, record: SessionRecord) -> int:
         if record.expiry_interval >= NEVER_EXPIRES:
@@ -255,8 +247,8 @@ class Node:
     async def _drop_stored(self, record: SessionRecord) -> None:
         self.subscriptions.forget(record)
         self._offline_expiry.pop(record.client_id, None)
-        self.drop_session(record.client_id)
-        await self.writes.settled("s:" + record.client_id)
+        self.writes.drop_session(record.client_id)
+        await self.writes.session_settled(record.client_id)
 
     # --- subscriptions ----------------------------------------------------------------------------------
     def subscribe(self, session: Session, conn: ConnectionBase, requests: list[SubscriptionRequest],
@@ -296,14 +288,14 @@ class Node:
     def schedule_will(self, client_id: str, message: Message, delay: int) -> None:
         if delay <= 0:
             self._enqueue(message, None, b"", droppable=False)
-            self.drop_will(client_id)
+            self.writes.drop_will(client_id)
             return
         self._cancel_will(client_id)
 
         def fire() -> None:
             self._will_timers.pop(client_id, None)
             self._enqueue(message, None, b"", droppable=False)
-            self.drop_will(client_id)
+            self.writes.drop_will(client_id)
 
         self._will_timers[client_id] = asyncio.get_running_loop().call_later(delay, fire)
 
@@ -313,7 +305,7 @@ class Node:
             handle.cancel()
 
     def store_will(self, client_id: str, message: Message, delay: int) -> None:
-        self.save_will(WillRecord(client_id, message, delay))
+        self.writes.save_will(WillRecord(client_id, message, delay))
 
     # --- publish pipeline ---------------------------------------------------------------------------------
     def publish(self, message: Message, conn: ConnectionBase | None = None, ack: bytes = b"") -> None:
@@ -361,6 +353,7 @@ class Node:
             try:
                 await self._flush_once(offsets=time.monotonic() >= offsets_due)
             except Exception as exc:  # the store failed: everything is kept in place and tried again as is
+                stop_if_cancelled()
                 await asyncio.sleep(retry.failed(exc))
                 self._flush_wanted.set()
                 continue
@@ -422,6 +415,7 @@ class Node:
                 try:
                     await self.store.sync()
                 except Exception as exc:
+                    stop_if_cancelled()
                     await asyncio.sleep(retry.failed(exc))
                     continue
                 break
@@ -454,6 +448,7 @@ class Node:
             except Exception as exc:
                 # A read failed before any reader pulled: nothing was skipped. Notify the same queues again.
                 self._notified |= queues
+                stop_if_cancelled()
                 await asyncio.sleep(retry.failed(exc))
                 self._dispatch_wanted.set()
                 continue
@@ -504,6 +499,7 @@ class Node:
                         await enforce()
                     retention_due = time.monotonic() + 60
             except Exception as exc:  # tried again on the next tick; the nap above is the backoff
+                stop_if_cancelled()
                 retry.failed(exc)
                 continue
             retry.succeeded()
@@ -513,6 +509,7 @@ class Node:
         for client_id, deadline in [(c, d) for c, d in self._offline_expiry.items() if d <= now]:
             if client_id in self.connections:
                 continue
+            await self.writes.session_settled(client_id)  # the record saved at its disconnect, not an older one
             record = await self.store.get_session(client_id)
             # Forgotten only once read (after a store error it is looked at again on the next tick), and only
             # if the client did not come and go meanwhile, setting a new deadline.

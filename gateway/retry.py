@@ -3,6 +3,7 @@ down must neither end the loop nor flood the log."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -40,3 +41,11 @@ class Backoff:
                                                   "down_s": round(time.monotonic() - self.since, 3)})
             self.failures = 0
             self.delay = 0.0
+
+
+def stop_if_cancelled() -> None:
+    """Call where a loop catches a store error: a client library (redis-py does) may turn the CancelledError of
+    a stop into an error of its own, and a loop that retried it would never end."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -114,7 +114,7 @@ class SubscriptionRegistry:
             if record is None:
                 last = self.node.store.last_seq()
                 record = SessionRecord(key, offset=last, sent_upto=last)
-                self.node.save_session(record)
+                self.node.writes.save_session(record)
             group = self.groups[key] = SharedGroup(
                 self.node, name, topic_filter, strategy_for(name, settings.shared_strategy,
                                                             settings.shared_strategies),
@@ -132,7 +132,7 @@ class SubscriptionRegistry:
             del self.groups[key]
             self._unregister(group, group.queue)
             self._remove_wildcard(group.queue, key)
-            self.node.drop_session(key)
+            self.node.writes.drop_session(key)
 
     # --- sessions ---------------------------------------------------------------------------------------------
     def load(self, records: list[SessionRecord]) -> None:
@@ -147,7 +147,7 @@ class SubscriptionRegistry:
                 else:
                     self._add_wildcard(topic_filter, record.client_id)
         for key in groups.keys() - self.groups.keys():
-            self.node.drop_session(key)  # no member left
+            self.node.writes.drop_session(key)  # no member left
 
     def attach(self, session: Session, client: ClientInfo) -> None:
         """An online session starts reading its queues (and joins its groups)."""

@@ -14,7 +14,8 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 
-from gateway.retry import Backoff
+from gateway.retry import Backoff, stop_if_cancelled
+from store.base import SessionRecord, Store, WillRecord
 
 Write = Callable[[], Awaitable[None]]
 
@@ -57,6 +58,7 @@ class OrderedWrites:
             try:
                 await make()
             except OSError as exc:
+                stop_if_cancelled()
                 await asyncio.sleep(self._retry.failed(exc))
                 continue
             self._retry.succeeded()
@@ -69,3 +71,31 @@ class OrderedWrites:
             # Not OSError (those are retried): a bug. Logged like any background task's failure.
             asyncio.get_running_loop().call_exception_handler(
                 {"message": "store write failed", "exception": task.exception(), "task": task})
+
+
+class RecordWrites(OrderedWrites):
+    """Session and will records, in the order issued per client."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self._store = store
+
+    def save_session(self, record: SessionRecord) -> None:
+        self.write("s:" + record.client_id, lambda: self._store.put_session(record))
+
+    def drop_session(self, client_id: str) -> None:
+        self.write("s:" + client_id, lambda: self._store.delete_session(client_id))
+
+    def save_will(self, will: WillRecord) -> None:
+        self.write("w:" + will.client_id, lambda: self._store.put_will(will))
+
+    def drop_will(self, client_id: str) -> None:
+        self.write("w:" + client_id, lambda: self._store.delete_will(client_id))
+
+    async def session_settled(self, client_id: str) -> None:
+        await self.settled("s:" + client_id)
+
+    async def will_settled(self, client_id: str) -> None:
+        await self.settled("w:" + client_id)
