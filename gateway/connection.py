@@ -52,7 +52,7 @@ from gateway.lifecycle import (
 )
 from gateway.listeners import certificate_name
 from gateway.ratelimit import InboundLimiter
-from store.base import Message
+from store.base import Message, WillRecord
 
 log = logging.getLogger("tidewire.conn")
 
@@ -260,7 +260,7 @@ class MqttConnection(ConnectionBase):
         self.session = session
         self.listener.connections += 1
         if self.will is not None:
-            self.node.store_will(client_id, self.will, self.will_delay)
+            self.node.writes.save_will(WillRecord(client_id, self.will, self.will_delay))
         self._send(Connack(present, 0, ack_props))
         self._state = CONNECTED
         log.info("client.connected", extra={"client_id": client_id, "peer": self.peer, "level": self.level,

@@ -191,7 +191,7 @@ class ConnectionBase(asyncio.Protocol):
         self.node.close_session(self, session, transfer=transfer)
         if self.will is not None and will:
             delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
-            self.node.schedule_will(self.client_id, self.will, delay)
+            self.node.wills.publish_after(self.client_id, self.will, delay)
         elif self.will is not None and not keep_will:
             self.node.writes.drop_will(self.client_id)
         log.info("client.disconnected", extra={"client_id": self.client_id, "peer": self.peer,

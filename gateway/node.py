@@ -31,10 +31,11 @@ from gateway.session import SHARED_PREFIX, Session
 from gateway.shared import SharedGroup
 from gateway.subscriptions import SubscriptionRegistry
 from gateway.sys_topics import Counters, SysTopics
+from gateway.wills import DelayedWills
 from gateway.writes import RecordWrites
 from lookup.base import Lookup
 from notify.base import Notifier
-from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, Store, WillRecord
+from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, Store
 
 if TYPE_CHECKING:
     from gateway.lifecycle import ConnectionBase
@@ -68,7 +69,6 @@ class Node:
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
         self._offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
         self._client_locks: dict[str, asyncio.Lock] = {}
-        self._will_timers: dict[str, asyncio.TimerHandle] = {}
         # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
         self._batch: list[Message] = []  # published since the last append started
@@ -93,6 +93,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.writes = RecordWrites(store)
+        self.wills = DelayedWills(lambda message: self._enqueue(message, None, b"", droppable=False), self.writes)
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -128,8 +129,7 @@ class Node:
     async def stop(self) -> None:
         for conn in list(self.connections.values()):
             conn.shutdown(ReasonCode.SERVER_SHUTTING_DOWN)
-        for handle in self._will_timers.values():
-            handle.cancel()
+        self.wills.cancel_all()
         pending = set(self._tasks)
         for _ in range(20):  # a client library may swallow a cancel (redis-py can): ask again until they end
             for task in pending:
@@ -174,7 +174,7 @@ class Node:
             if old is not None:
                 log.info("client.takeover", extra={"client_id": client_id})
                 session = old.take_over()
-            self._cancel_will(client_id)
+            self.wills.cancel(client_id)
             self.writes.drop_will(client_id)
             await self.writes.will_settled(client_id)
             self._offline_expiry.pop(client_id, None)
@@ -283,29 +283,6 @@ class Node:
         counters.messages_out += messages
         counters.bytes_out += nbytes
         counters.dropped += dropped
-
-    # --- wills --------------------------------------------------------------------------------------------
-    def schedule_will(self, client_id: str, message: Message, delay: int) -> None:
-        if delay <= 0:
-            self._enqueue(message, None, b"", droppable=False)
-            self.writes.drop_will(client_id)
-            return
-        self._cancel_will(client_id)
-
-        def fire() -> None:
-            self._will_timers.pop(client_id, None)
-            self._enqueue(message, None, b"", droppable=False)
-            self.writes.drop_will(client_id)
-
-        self._will_timers[client_id] = asyncio.get_running_loop().call_later(delay, fire)
-
-    def _cancel_will(self, client_id: str) -> None:
-        handle = self._will_timers.pop(client_id, None)
-        if handle is not None:
-            handle.cancel()
-
-    def store_will(self, client_id: str, message: Message, delay: int) -> None:
-        self.writes.save_will(WillRecord(client_id, message, delay))
 
     # --- publish pipeline ---------------------------------------------------------------------------------
     def publish(self, message: Message, conn: ConnectionBase | None = None, ack: bytes = b"") -> None:
