@@ -1,19 +1,22 @@
 """A per-node cache of the newest messages of each queue that has local subscribers.
 
 A cached queue is complete for seqs in (head, tail]: everything the store holds for it in that range is here,
-in seq order. `refresh` pulls (tail, store end] once per notify no matter how many subscribers wait on the
-queue; a reader behind `head` gets None and reads the store itself, so a slow session never pins memory here.
+in seq order, and `tail` is the `upto` of the store's last answer (not the last message seen), so a reader
+merging several queues knows how far each one is known. `refresh` pulls (tail, store end] once per notify
+no matter how many subscribers wait on the queue; a reader behind `head` gets None and reads the store itself,
+so a slow session never pins memory here.
 """
 
 from __future__ import annotations
 
+import asyncio
 from bisect import bisect_right
 
 from store.base import Message, Store
 
 
 class _CachedQueue:
-    __slots__ = ("head", "messages", "pulling", "refs", "seqs", "stale", "tail")
+    __slots__ = ("head", "messages", "pull", "refs", "seal", "seqs", "stale", "tail")
 
     def __init__(self, start_seq: int) -> None:
         self.head = start_seq
@@ -21,8 +24,9 @@ class _CachedQueue:
         self.seqs: list[int] = []
         self.messages: list[Message] = []
         self.refs = 0
-        self.pulling = False
+        self.pull: asyncio.Future[None] | None = None  # the store read in progress, shared by every caller
         self.stale = False
+        self.seal = 0
 
 
 class QueueCache:
@@ -49,38 +53,64 @@ class QueueCache:
     def tracked(self, queue: str) -> bool:
         return queue in self._queues
 
-    async def refresh(self, queue: str) -> None:
-        """Pull everything new for `queue`; concurrent callers share the pull in progress."""
+    def tracked_queues(self) -> list[str]:
+        return list(self._queues)
+
+    async def refresh(self, queue: str, seal: int = 0) -> None:
+        """Pull everything new for `queue` (complete at least up to `seal`); concurrent callers share the pull
+        in progress and return when it has covered their call too."""
         cached = self._queues.get(queue)
         if cached is None:
             return
-        if cached.pulling:
+        if seal > cached.seal:
+            cached.seal = seal
+        if cached.pull is not None:
             cached.stale = True  # the running pull loops once more instead of a second concurrent read
+            await asyncio.shield(cached.pull)
             return
-        cached.pulling = True
+        done = cached.pull = asyncio.get_running_loop().create_future()
         try:
             while True:
                 cached.stale = False
-                batch = await self._store.read(queue, cached.tail, self._pull_batch)
-                if batch:
-                    self._append(cached, batch)
-                if len(batch) < self._pull_batch and not cached.stale:
-                    return
+                seal = cached.seal if cached.seal > cached.tail else 0
+                messages, upto = await self._store.read(queue, cached.tail, self._pull_batch, seal)
+                if messages:
+                    self._append(cached, messages)
+                if upto > cached.tail:
+                    cached.tail = upto
+                if len(messages) < self._pull_batch and not cached.stale:
+                    break
+        except Exception as exc:
+            done.set_exception(exc)
+            done.exception()  # marked retrieved: only callers that wait on it see it
+            raise
+        except BaseException:
+            done.cancel()
+            raise
         finally:
-            cached.pulling = False
+            cached.pull = None
+        done.set_result(None)
 
-    def get(self, queue: str, after_seq: int, limit: int) -> list[Message] | None:
-        """Up to `limit` cached messages with seq > after_seq; None if the cache can't answer completely."""
+    def known_upto(self, queue: str) -> int:
+        """The seq up to which the cached queue is complete (-1: not cached)."""
+        cached = self._queues.get(queue)
+        return -1 if cached is None else cached.tail
+
+    def get(self, queue: str, after_seq: int, limit: int) -> tuple[list[Message], int] | None:
+        """Up to `limit` cached messages with seq > after_seq and the seq up to which that answer is complete;
+        None if the cache can't answer completely."""
         cached = self._queues.get(queue)
         if cached is None or after_seq < cached.head:
             return None
         start = bisect_right(cached.seqs, after_seq)
-        return cached.messages[start : start + limit]
+        messages = cached.messages[start : start + limit]
+        if len(messages) == limit and limit:
+            return messages, messages[-1].seq
+        return messages, cached.tail
 
     def _append(self, cached: _CachedQueue, batch: list[Message]) -> None:
         cached.seqs.extend(m.seq for m in batch)
         cached.messages.extend(batch)
-        cached.tail = batch[-1].seq
         overflow = len(cached.seqs) - self._per_queue
         if overflow > 0:
             # Drop a quarter extra so trimming is amortised rather than per message.

@@ -85,7 +85,9 @@ class Settings(BaseSettings):
     write_buffer_high: int = Field(256 * 1024, ge=1024, description="bytes queued before pausing a client")
     pull_batch: int = Field(256, ge=1, description="messages pulled per queue read")
     # store
-    store: str = Field("embedded", description="`embedded` (files in data_dir) or `redis://HOST:PORT/DB`")
+    store: str = Field("embedded", description="`embedded` (files in data_dir), `redis://HOST:PORT/DB` or "
+                                               "`redis-cluster://HOST:PORT[,HOST:PORT...]`")
+    store_partitions: int = Field(16, ge=1, le=64, description="log partitions on Redis Cluster (1 on one Redis)")
     data_dir: Path = Path("data")
     fsync: Literal["batch", "interval", "never"] = "batch"
     fsync_interval_ms: int = Field(50, ge=1)
@@ -96,6 +98,15 @@ class Settings(BaseSettings):
     store_recent_messages: int = Field(8192, ge=0, description="newest messages the store keeps decoded in memory")
     store_test_delay_ms: float = Field(0, ge=0, description="testing only: every store call waits a random 0..N ms "
                                                             "(calls complete out of order); 0: off")
+    # cluster (nodes sharing a Redis store)
+    cluster_port: int | None = Field(None, ge=0, le=65535, description="internal port for the other nodes; set "
+                                     "to join a cluster (Redis store only); 0 picks a free one")
+    cluster_host: str | None = Field(None, description="address the other nodes reach this one at; default: host")
+    cluster_secret: str | None = Field(None, description="shared secret every node of the cluster proves")
+    cluster_heartbeat: float = Field(0.5, gt=0, description="s between membership heartbeats")
+    cluster_member_ttl: float = Field(3.0, gt=0, description="s without a heartbeat before a node is dead")
+    cluster_resync_interval: float = Field(1.0, gt=0, description="s between re-reads of every local queue (a "
+                                           "notify lost with a node delays, never loses)")
     # MQTT 5 and shared subscriptions
     topic_alias_maximum: int = Field(64, ge=0, le=65535, description="inbound topic aliases per client")
     response_information: str = Field("reply/", description="CONNACK Response Information prefix (+client id)")

@@ -52,6 +52,7 @@ from gateway.lifecycle import (
 )
 from gateway.listeners import certificate_name
 from gateway.ratelimit import InboundLimiter
+from gateway.session import Session
 from store.base import Message, WillRecord
 
 log = logging.getLogger("tidewire.conn")
@@ -260,7 +261,7 @@ class MqttConnection(ConnectionBase):
         self.session = session
         self.listener.connections += 1
         if self.will is not None:
-            self.node.writes.save_will(WillRecord(client_id, self.will, self.will_delay))
+            self.node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, self.node.node_id))
         self._send(Connack(present, 0, ack_props))
         self._state = CONNECTED
         log.info("client.connected", extra={"client_id": client_id, "peer": self.peer, "level": self.level,
@@ -402,12 +403,32 @@ class MqttConnection(ConnectionBase):
         if any(s.no_local and s.topic_filter.startswith("$share/") for s in packet.subscriptions):
             return self.abort(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
         ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER) if packet.properties else None
-        codes, retained = self.node.subscribe(session, self, packet.subscriptions, ids[0] if ids else 0)
-        self._send(Suback(packet.packet_id, codes))
+        codes, retained, registering = self.node.subscribe(session, self, packet.subscriptions,
+                                                           ids[0] if ids else 0)
         log.info("client.subscribed", extra={"client_id": self.client_id,
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
         if session.persistent:
             self.node.writes.save_session(session.snapshot())
+        if registering or self._subacks is not None:
+            # A new wildcard must be in the store's set before SUBACK: what is published after it, on any node,
+            # is then indexed into the subscription's queue. SUBACKs keep their order.
+            self._subacks = asyncio.get_running_loop().create_task(
+                self._suback_later(self._subacks, registering, Suback(packet.packet_id, codes), session, retained))
+            return
+        self._send(Suback(packet.packet_id, codes))
+        if retained:
+            self.node.spawn(self.node.send_retained(session, retained))
+
+    async def _suback_later(self, previous: asyncio.Task[None] | None, registering: list[str], suback: Suback,
+                            session: Session, retained: list[tuple[str, int, int]]) -> None:
+        if previous is not None:
+            await asyncio.wait([previous])
+        await self.node.subscriptions.wildcards_registered(registering)
+        if self._subacks is asyncio.current_task():
+            self._subacks = None
+        if self.session is not session:
+            return
+        self._send(suback)
         if retained:
             self.node.spawn(self.node.send_retained(session, retained))
 

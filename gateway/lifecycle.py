@@ -33,7 +33,7 @@ HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
 
 class ConnectionBase(asyncio.Protocol):
     __slots__ = (
-        "_backlog", "_deadline_handle", "_expiry_handle", "_holds", "_state", "alias_max", "aliases_in", "auth",
+        "_backlog", "_deadline_handle", "_expiry_handle", "_holds", "_state", "_subacks", "alias_max", "aliases_in", "auth",
         "client_id", "expiry", "inbound_qos2", "info", "keepalive", "last_rx", "level", "limiter", "listener",
         "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session", "transport", "unacked_in",
         "will", "will_delay",
@@ -52,6 +52,7 @@ class ConnectionBase(asyncio.Protocol):
         self.last_rx = 0.0
         self.paused = False
         self._holds = 0
+        self._subacks: asyncio.Task[None] | None = None  # SUBACKs waiting for the store, sent in order
         self.limiter: InboundLimiter | None = None
         self.unacked_in = 0  # inbound QoS 1/2 publishes waiting for the store
         self.pending_qos1 = 0  # inbound QoS 1 publishes not yet acknowledged (counts against Receive Maximum)

@@ -35,9 +35,10 @@ from gateway.wills import DelayedWills
 from gateway.writes import RecordWrites
 from lookup.base import Lookup
 from notify.base import Notifier
-from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, Store
+from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, StaleWildcards, Store
 
 if TYPE_CHECKING:
+    from gateway.cluster import ClusterRole
     from gateway.lifecycle import ConnectionBase
 
 log = logging.getLogger("tidewire.node")
@@ -93,33 +94,39 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.writes = RecordWrites(store)
+        self.cluster: ClusterRole | None = None  # set by the server when the node joins a cluster
         self.wills = DelayedWills(lambda message: self._enqueue(message, None, b"", droppable=False), self.writes)
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self.notifier.register(self.node_id, self._on_notify)
+        self.notifier.register(self.node_id, self.notified)
         now = _now_ms()
         live: list[SessionRecord] = []
+        cluster = self.cluster
         for record in await self.store.list_sessions():
             if record.client_id.startswith(SHARED_PREFIX):
                 live.append(record)  # a shared group's offset
                 continue
-            if record.disconnected_at_ms == 0:  # online when the previous process died
-                record.disconnected_at_ms = now
+            if record.disconnected_at_ms == 0 and (cluster is None or cluster.stale_owner(record.owner)):
+                record.disconnected_at_ms = now  # online when the process that held it died
                 await self.store.put_session(record)
             if self._expired(record, now):
                 await self.store.delete_session(record.client_id)
                 continue
-            self._offline_expiry[record.client_id] = self._expiry_deadline(record)
+            self.track_offline(record)
             live.append(record)
         self.subscriptions.load(live)
+        await self.subscriptions.refresh_wildcards()
         for will in await self.store.list_wills():
-            # Its connection died with the previous process without a DISCONNECT.
-            self._enqueue(will.message, None, b"", droppable=False)
-            await self.store.delete_will(will.client_id)
+            if cluster is None or cluster.stale_owner(will.owner):
+                # Its connection died with the process that held it, without a DISCONNECT.
+                self._enqueue(will.message, None, b"", droppable=False)
+                await self.store.delete_will(will.client_id)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._flush_loop()), loop.create_task(self._ack_loop()),
                        loop.create_task(self._dispatch_loop()), loop.create_task(self._housekeeping_loop())]
+        if cluster is not None:
+            self._tasks.append(loop.create_task(cluster.resync_loop()))
 
     @property
     def store_down(self) -> bool:
@@ -178,29 +185,35 @@ class Node:
             self.writes.drop_will(client_id)
             await self.writes.will_settled(client_id)
             self._offline_expiry.pop(client_id, None)
-            record: SessionRecord | None = None
-            if session is None:
-                await self.writes.session_settled(client_id)  # read what this node last wrote, not older
-                record = await self.store.get_session(client_id)
-                if record is not None and self._expired(record, _now_ms()):
-                    await self._drop_stored(record)
-                    record = None
+            # Claim the session in the store: its epoch fences off any node that held it before (their late
+            # writes of its record and offsets are ignored); that node is told to close the connection.
+            await self.writes.session_settled(client_id)  # read what this node last wrote, not older
+            record, epoch = await self.store.claim_session(client_id, self.node_id)
+            if self.cluster is not None:
+                await self.cluster.kick_elsewhere(client_id, epoch)
+            if session is not None:
+                record = None
+            elif record is not None and self._expired(record, _now_ms()):
+                await self._drop_stored(record, epoch)
+                record = None
             if clean_start:
                 if session is not None:
                     self.subscriptions.forget(session.record)
                     session = None
                 if record is not None:
-                    await self._drop_stored(record)
+                    await self._drop_stored(record, epoch)
                     record = None
             present = session is not None or record is not None
             if session is None:
                 if record is None:
                     last = self.store.last_seq()
                     record = SessionRecord(client_id, offset=last, sent_upto=last)
+                record.owner, record.epoch = self.node_id, epoch
                 session = Session(self, record, persistent=expiry > 0, window=window,
                                   pull_batch=self.settings.pull_batch,
                                   retry_interval=self.settings.retry_interval)
             record = session.record
+            record.owner, record.epoch = self.node_id, epoch
             record.protocol_level = session.level = level
             record.expiry_interval = expiry
             record.disconnected_at_ms = 0
@@ -236,6 +249,10 @@ class Node:
             self.subscriptions.forget(session.record)
             self.writes.drop_session(session.client_id)
 
+    def track_offline(self, record: SessionRecord) -> None:
+        """A stored session whose client is away: it expires here unless its client comes back first."""
+        self._offline_expiry[record.client_id] = self._expiry_deadline(record)
+
     def _expiry_deadline(self, record: SessionRecord) -> int:
         if record.expiry_interval >= NEVER_EXPIRES:
             return 1 << 62
@@ -244,20 +261,20 @@ class Node:
     def _expired(self, record: SessionRecord, now_ms: int) -> bool:
         return record.disconnected_at_ms > 0 and self._expiry_deadline(record) <= now_ms
 
-    async def _drop_stored(self, record: SessionRecord) -> None:
+    async def _drop_stored(self, record: SessionRecord, epoch: int = -1) -> None:
         self.subscriptions.forget(record)
         self._offline_expiry.pop(record.client_id, None)
-        self.writes.drop_session(record.client_id)
+        self.writes.drop_session(record.client_id, epoch)
         await self.writes.session_settled(record.client_id)
 
     # --- subscriptions ----------------------------------------------------------------------------------
     def subscribe(self, session: Session, conn: ConnectionBase, requests: list[SubscriptionRequest],
-                  sub_id: int = 0) -> tuple[list[int], list[tuple[str, int, int]]]:
-        codes, retained = self.subscriptions.subscribe(session, conn.info, requests, sub_id)
+                  sub_id: int = 0) -> tuple[list[int], list[tuple[str, int, int]], list[str]]:
+        codes, retained, registering = self.subscriptions.subscribe(session, conn.info, requests, sub_id)
         for request, code in zip(requests, codes, strict=True):
             if code < 0x80:
                 self.sys.event(session.client_id, "subscribed", topic=request.topic_filter, qos=code)
-        return codes, retained
+        return codes, retained, registering
 
     def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
         codes = self.subscriptions.unsubscribe(session, filters)
@@ -347,7 +364,15 @@ class Node:
             self._batch, self._acks = [], []
         batch = self._appending
         if batch:
-            await self.store.append(batch)
+            subscriptions = self.subscriptions
+            while True:
+                try:
+                    await self.store.append(batch, subscriptions.wildcard_version)
+                    break
+                except StaleWildcards:  # another node changed the set: index the batch with the current one
+                    await subscriptions.refresh_wildcards()
+                    for message in batch:
+                        message.queues = subscriptions.queues_for(message.topic)
             acks = self._appending_acks
             self._appending, self._appending_acks = [], []
             if self._held and len(self._batch) <= self.max_pending // 2:
@@ -373,7 +398,7 @@ class Node:
         if offsets and self._dirty:
             dirty, self._dirty = self._dirty, set()
             try:
-                await self.store.set_offsets({s.client_id: (s.committed_offset(), s.record.sent_upto)
+                await self.store.set_offsets({s.client_id: (s.committed_offset(), s.record.sent_upto, s.record.epoch)
                                               for s in dirty})
             except BaseException:  # also cancelled at stop: written by its last flush
                 self._dirty |= dirty  # written on the next flush, with the positions current then
@@ -410,7 +435,8 @@ class Node:
         for conn, chunks in per_conn.items():
             conn.write_acks(chunks, sum(1 for ack in chunks if ack[0] == 0x40))
 
-    def _on_notify(self, queues: set[str]) -> None:
+    def notified(self, queues: set[str]) -> None:
+        """Queues with new messages (from the notifier, or a periodic resync): refresh and pull them."""
         self._notified |= queues
         self._dispatch_wanted.set()
 
@@ -493,7 +519,7 @@ class Node:
             if self._offline_expiry.get(client_id) == deadline:
                 del self._offline_expiry[client_id]
             if record is not None and self._expired(record, now):
-                await self._drop_stored(record)
+                await self._drop_stored(record, record.epoch)  # not if a node claimed it since it was read
                 log.info("session.expired", extra={"client_id": client_id})
 
     def gauges(self) -> dict[str, int]:

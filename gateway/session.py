@@ -260,32 +260,36 @@ class Session:
         lists: list[tuple[SubscriptionRecord, list[Message]]] = []
         cache = self.owner.cache
         cursor = self.cursor
+        horizon = _NO_HORIZON
         for sub in self.stream_subs:
-            messages = cache.get(sub.filter, cursor if cursor > sub.since_seq else sub.since_seq, self.pull_batch)
-            if messages is None:
+            got = cache.get(sub.filter, cursor if cursor > sub.since_seq else sub.since_seq, self.pull_batch)
+            if got is None:
                 self._reading_store = True
                 asyncio.get_running_loop().create_task(self._pull_from_store())
                 return
+            messages, upto = got
+            if upto < horizon:
+                horizon = upto
             if messages:
                 lists.append((sub, messages))
         if lists:
-            self._push_merged(conn, lists)
+            self._push_merged(conn, lists, horizon)
 
     async def _pull_from_store(self) -> None:
         p2p_sub = self.p2p_sub if self.p2p_pending else None
         p2p_complete = False
         try:
             cursor = self.cursor
-            lists: list[tuple[SubscriptionRecord, list[Message]]] = []
-            for sub in [*self.stream_subs, p2p_sub] if p2p_sub is not None else list(self.stream_subs):
-                after = cursor if cursor > sub.since_seq else sub.since_seq
-                messages = self.owner.cache.get(sub.filter, after, self.pull_batch)
-                if messages is None:
-                    messages = await self.owner.store.read(sub.filter, after, self.pull_batch)
-                if sub is p2p_sub:
-                    p2p_complete = len(messages) < self.pull_batch
-                if messages:
-                    lists.append((sub, messages))
+            subs = [*self.stream_subs, p2p_sub] if p2p_sub is not None else list(self.stream_subs)
+            answers: list[tuple[SubscriptionRecord, list[Message], int]] = []
+            for sub in subs:
+                answers.append((sub, *await self._read(sub, cursor, 0)))
+            # A queue read before a message of another queue was appended may be known only below that
+            # message: read those again, sealed up to it, rather than pass it or wait for a notify.
+            needed = max((m[-1].seq for _, m, _ in answers if m), default=0)
+            for i, (sub, messages, upto) in enumerate(answers):
+                if upto < needed and len(messages) < self.pull_batch:
+                    answers[i] = (sub, *await self._read(sub, cursor, needed))
         except OSError:
             # The store is failing (the node's loops log it): nothing moved, so try the same pull again later.
             asyncio.get_running_loop().call_later(STORE_RETRY_S, self.pull)
@@ -297,31 +301,69 @@ class Session:
         if self.cursor != cursor:
             self.pull()  # moved meanwhile: read again from where it is now
             return
+        horizon = min((upto for _, _, upto in answers), default=_NO_HORIZON)
+        lists = [(sub, messages) for sub, messages, _ in answers if messages]
+        for sub, messages, _ in answers:
+            if sub is p2p_sub:
+                p2p_complete = len(messages) < self.pull_batch and (not messages or messages[-1].seq <= horizon)
         if lists:
-            self._push_merged(self.conn, lists)
+            self._push_merged(self.conn, lists, horizon)
         if p2p_complete and not self.pending:
             self.p2p_pending = False
         elif self.pending:
             self.pull()  # work that came in while the store was read (retained messages, a notify) waits no more
 
-    def _push_merged(self, conn: Writer, lists: list[tuple[SubscriptionRecord, list[Message]]]) -> None:
+    async def _read(self, sub: SubscriptionRecord, cursor: int, seal: int) -> tuple[list[Message], int]:
+        after = cursor if cursor > sub.since_seq else sub.since_seq
+        got = self.owner.cache.get(sub.filter, after, self.pull_batch) if not seal else None
+        if got is not None:
+            return got
+        messages, upto = await self.owner.store.read(sub.filter, after, self.pull_batch, seal)
+        return messages, upto
+
+    def _catch_up(self, lagging: list[str], seal: int) -> None:
+        """Queues known only below a message waiting in another queue: refresh them (sealed up to it), then
+        pull again. The session reads nothing else meanwhile."""
+        self._reading_store = True
+        asyncio.get_running_loop().create_task(self._refresh_then_pull(lagging, seal))
+
+    async def _refresh_then_pull(self, lagging: list[str], seal: int) -> None:
+        try:
+            for queue in lagging:
+                await self.owner.cache.refresh(queue, seal)
+        except OSError:
+            self._reading_store = False
+            asyncio.get_running_loop().call_later(STORE_RETRY_S, self.pull)
+            return
+        self._reading_store = False
+        self.pull()
+
+    def _push_merged(self, conn: Writer, lists: list[tuple[SubscriptionRecord, list[Message]]],
+                     horizon: int) -> None:
+        """Push the merge of `lists` up to `horizon`, the seq up to which every queue of the session is known:
+        a message beyond it waits until the queues known less far are caught up."""
         if len(lists) == 1 and self.plain:
             sub, messages = lists[0]
-            self._push(conn, messages, None, sub.qos, len(messages) == self.pull_batch)
-            return
-        # Merge by seq: one copy per message at the highest granted QoS with every matching identifier, and
-        # stop at the horizon of any truncated list (messages beyond it may be missing from that answer).
-        horizon = _NO_HORIZON
+            if messages[-1].seq <= horizon:
+                self._push(conn, messages, None, sub.qos, len(messages) == self.pull_batch)
+                return
+        # Merge by seq: one copy per message at the highest granted QoS with every matching identifier.
         deliveries: dict[int, Delivery] = {}
         by_seq: dict[int, Message] = {}
         filtered = self.filtered
         client_id = self.client_id
+        beyond = 0
+        truncated = False
         for sub, messages in lists:
-            if len(messages) == self.pull_batch and messages[-1].seq < horizon:
-                horizon = messages[-1].seq
+            if len(messages) == self.pull_batch:
+                truncated = True
             check = self.read_check if filtered and sub.filter in filtered else None
             for message in messages:
                 seq = message.seq
+                if seq > horizon:
+                    if seq > beyond:
+                        beyond = seq
+                    continue
                 readable = (check is None or check(message.topic)) and not (
                     sub.no_local and message.publisher == client_id)
                 qos = sub.qos if readable else -1
@@ -333,8 +375,16 @@ class Session:
                     deliveries[seq] = (qos, retain, ids)
                 else:
                     deliveries[seq] = (max(seen[0], qos), seen[1] or retain, seen[2] + ids)
-        merged = [by_seq[seq] for seq in sorted(by_seq) if seq <= horizon]
-        self._push(conn, merged, deliveries, 0, horizon != _NO_HORIZON)
+        merged = [by_seq[seq] for seq in sorted(by_seq)]
+        if merged:
+            self._push(conn, merged, deliveries, 0, truncated and not beyond)
+        if beyond and not self.pending and not self._reading_store:
+            cache = self.owner.cache
+            lagging = [sub.filter for sub in self.stream_subs if cache.known_upto(sub.filter) < beyond]
+            if lagging:
+                self._catch_up(lagging, beyond)
+            elif truncated and merged:
+                self._schedule_pull()
 
     def _push(self, conn: Writer, messages: list[Message], deliveries: dict[int, Delivery] | None, cap: int,
               more: bool) -> None:

@@ -122,16 +122,16 @@ class SharedGroup:
             if not self._deliver(redeliver[0]):
                 return
             redeliver.popleft()
-        messages = self.owner.cache.get(self.queue, self.cursor, self.pull_batch)
-        if messages is None:
+        got = self.owner.cache.get(self.queue, self.cursor, self.pull_batch)
+        if got is None:
             self._reading = True
             asyncio.get_running_loop().create_task(self._pull_from_store())
             return
-        self._push(messages)
+        self._push(got[0])
 
     async def _pull_from_store(self) -> None:
         try:
-            messages = await self.owner.store.read(self.queue, self.cursor, self.pull_batch)
+            messages, _ = await self.owner.store.read(self.queue, self.cursor, self.pull_batch)
         except OSError:  # the store is failing (the node's loops log it): try the same read again later
             asyncio.get_running_loop().call_later(STORE_RETRY_S, self.schedule_pull)
             return

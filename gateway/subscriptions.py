@@ -1,7 +1,10 @@
 """Who reads which queue on this node, and which queues a topic is indexed into.
 
-Queues: the full topic, its first level (`a/#`), every wildcard filter some live session subscribes (the
-wildcard set is derived from subscriptions, online or stored), and `p2p#<clientId>` for P2P topics. Local
+Queues: the full topic, its first level (`a/#`), every wildcard filter of the cluster-wide wildcard set, and
+`p2p#<clientId>` for P2P topics. The wildcard set lives in the store: this node adds a filter when its first
+local holder (a session, online or stored, or a group) appears and removes it when its last one goes; an
+append carries the version of the set its queues were computed with, and the store refuses a stale one, so a
+message is never indexed without a wildcard some node registered before it was appended. Local
 readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name. A P2P queue
 has one reader, its client's session, which notify finds through the client's location.
 """
@@ -9,6 +12,7 @@ has one reader, its client's session, which notify finds through the client's lo
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol
 
 from extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
@@ -47,7 +51,10 @@ class SubscriptionRegistry:
         self.node = node
         self.readers: dict[str, set[Puller]] = {}
         self.groups: dict[str, SharedGroup] = {}
-        self._wildcards: FilterTrie[str] = FilterTrie()  # filter → ids of sessions/groups that need it
+        self._holders: dict[str, set[str]] = {}  # wildcard filter → ids of local sessions/groups that need it
+        self._wildcards: FilterTrie[str] = FilterTrie()  # what appends are indexed with: the store's set ∪ held
+        self._indexed: set[str] = set()  # the filters in `_wildcards`
+        self.wildcard_version = -1  # of the store's set as last read; -1: none read yet (appends unchecked)
         self._topic_queues: dict[str, tuple[str, ...]] = {}  # cleared whenever the wildcard set changes
 
     # --- indexing ---------------------------------------------------------------------------------------
@@ -69,17 +76,62 @@ class SubscriptionRegistry:
             queues += [f for f, _ in self._wildcards.match(topic)]
         return tuple(queues)
 
+    @staticmethod
+    def _is_wildcard_queue(topic_filter: str) -> bool:
+        return is_wildcard(topic_filter) and not is_first_level_queue(topic_filter) and not topic_filter.startswith(
+            P2P_PREFIX)
+
     def _add_wildcard(self, topic_filter: str, owner: str) -> None:
-        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter) and not topic_filter.startswith(
-                P2P_PREFIX):
-            if self._wildcards.add(topic_filter, owner):
-                self._topic_queues.clear()
+        if not self._is_wildcard_queue(topic_filter):
+            return
+        holders = self._holders.get(topic_filter)
+        if holders is None:
+            holders = self._holders[topic_filter] = set()
+            if topic_filter not in self._indexed:
+                self._indexed.add(topic_filter)
+                self._wildcards.add(topic_filter, "")
+                self._topic_queues.clear()  # indexed from now on by this node's appends
+            store = self.node.store
+            self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
+                store.add_wildcards([topic_filter])))
+        holders.add(owner)
 
     def _remove_wildcard(self, topic_filter: str, owner: str) -> None:
-        if is_wildcard(topic_filter) and not is_first_level_queue(topic_filter) and not topic_filter.startswith(
-                P2P_PREFIX):
-            if self._wildcards.remove(topic_filter, owner):
-                self._topic_queues.clear()
+        holders = self._holders.get(topic_filter)
+        if holders is None or owner not in holders:
+            return
+        holders.discard(owner)
+        if not holders:
+            del self._holders[topic_filter]
+            store = self.node.store
+            self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
+                store.remove_wildcards([topic_filter])))
+
+    async def _registered(self, change: Awaitable[int]) -> None:
+        await change
+        await self.refresh_wildcards()
+
+    async def wildcards_registered(self, filters: list[str]) -> None:
+        """Wait until the store has every wildcard among `filters` (before SUBACK: a message published after it
+        must be indexed into the new subscription's queue on every node)."""
+        for topic_filter in filters:
+            await self.node.writes.settled("wildcard:" + topic_filter)
+
+    async def refresh_wildcards(self) -> None:
+        """Read the store's wildcard set and index with it (plus what local holders are registering)."""
+        version, filters = await self.node.store.wildcards()
+        if version < self.wildcard_version:
+            return  # an older answer overtaken by a newer one
+        wanted = filters | self._holders.keys()
+        indexed = self._indexed
+        if wanted != indexed:
+            for topic_filter in indexed - wanted:
+                self._wildcards.remove(topic_filter, "")
+            for topic_filter in wanted - indexed:
+                self._wildcards.add(topic_filter, "")
+            self._indexed = set(wanted)
+            self._topic_queues.clear()
+        self.wildcard_version = version
 
     def wildcard_count(self) -> int:
         return len(self._wildcards)
@@ -191,13 +243,15 @@ class SubscriptionRegistry:
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------------
     def subscribe(self, session: Session, client: ClientInfo, requests: list[SubscriptionRequest],
-                  sub_id: int) -> tuple[list[int], list[tuple[str, int, int]]]:
-        """Returns SUBACK codes and the (filter, qos, subscription id) whose retained messages to send."""
+                  sub_id: int) -> tuple[list[int], list[tuple[str, int, int]], list[str]]:
+        """Returns SUBACK codes, the (filter, qos, subscription id) whose retained messages to send, and the
+        wildcard filters being added to the store's set (SUBACK waits for them)."""
         v5 = session.level >= 5
         authorizer: Authorizer = self.node.authorizer
         settings = self.node.settings
         codes: list[int] = []
         retained: list[tuple[str, int, int]] = []
+        registering: list[str] = []
         for request in requests:
             key = request.topic_filter
             shared = parse_shared(key) if key.startswith(SHARED_PREFIX) else None
@@ -223,17 +277,21 @@ class SubscriptionRegistry:
             sub = session.subscriptions[key] = SubscriptionRecord(
                 key, qos, request.no_local, request.retain_as_published, request.retain_handling, sub_id, since)
             if shared is not None:
+                if key not in self.groups and self._is_wildcard_queue(topic_filter):
+                    registering.append(topic_filter)
                 self.group(key).join(session, sub)  # retained messages are not sent to shared subscriptions
             else:
                 self._set_access(session, client, key, access)
                 if existing is None:
                     self._register(session, key)
+                    if self._is_wildcard_queue(key) and key not in self._holders:
+                        registering.append(key)
                     self._add_wildcard(key, session.client_id)
                 if request.retain_handling == 0 or (request.retain_handling == 1 and existing is None):
                     retained.append((key, qos, sub_id))
             codes.append(qos)
         session.subscriptions_changed()
-        return codes, retained
+        return codes, retained, registering
 
     def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
         codes: list[int] = []

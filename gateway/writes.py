@@ -83,10 +83,14 @@ class RecordWrites(OrderedWrites):
         self._store = store
 
     def save_session(self, record: SessionRecord) -> None:
-        self.write("s:" + record.client_id, lambda: self._store.put_session(record))
+        """Fenced by the record's epoch: once another node claimed the session, this write is ignored."""
+        async def put() -> None:
+            await self._store.put_session(record)
 
-    def drop_session(self, client_id: str) -> None:
-        self.write("s:" + client_id, lambda: self._store.delete_session(client_id))
+        self.write("s:" + record.client_id, put)
+
+    def drop_session(self, client_id: str, epoch: int = -1) -> None:
+        self.write("s:" + client_id, lambda: self._store.delete_session(client_id, epoch))
 
     def save_will(self, will: WillRecord) -> None:
         self.write("w:" + will.client_id, lambda: self._store.put_will(will))

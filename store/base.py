@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 NEVER_EXPIRES = 0xFFFFFFFF
 # A client's P2P queue. '#' can't appear in a topic name or inside a filter level: no clash with other queues.
@@ -67,6 +67,8 @@ class SessionRecord:
     inbound_qos2: list[int] = field(default_factory=list)  # packet ids PUBREC'd, awaiting PUBREL
     outbound_pubrel: list[int] = field(default_factory=list)  # packet ids PUBREL'd, awaiting PUBCOMP
     disconnected_at_ms: int = 0  # 0 while online
+    owner: str = ""  # node id that claimed the session last ("" on one node)
+    epoch: int = 0  # fencing token: bumped by every claim; writes carrying an older epoch are ignored
 
 
 @dataclass(slots=True)
@@ -74,6 +76,24 @@ class WillRecord:
     client_id: str
     message: Message
     delay_interval: int = 0  # seconds (MQTT 5 will delay)
+    owner: str = ""  # node id of the client's connection (a survivor publishes the wills of a dead node)
+
+
+class Slice(NamedTuple):
+    """A read's answer: `messages` ascending by seq, and `upto`: the queue is complete in (after_seq, upto].
+
+    Every message of the queue with after_seq < seq <= upto is in `messages`; when the list was cut at the
+    limit, `upto` is the last message's seq. `upto` also covers every append that completed (on any node)
+    before the read began, and no append that starts after the read gets a seq <= upto: a reader merging
+    several queues never moves its cursor past a message that was not yet visible."""
+
+    messages: list[Message]
+    upto: int
+
+
+class StaleWildcards(Exception):
+    """`append` was indexed with an older wildcard set than the store's: refresh with `wildcards()`, re-index
+    the batch, append again. Nothing of the refused batch was stored."""
 
 
 class Store(Protocol):
@@ -86,34 +106,58 @@ class Store(Protocol):
         """Flush and sync everything, release files."""
 
     # --- messages -------------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message]) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
         """Append a batch in order, assign each `seq`, index into each `message.queues`.
 
-        Returns when the batch is readable by `read` (written, not necessarily synced)."""
+        Returns when the batch is readable by `read` (written, not necessarily synced). `wildcard_version` is
+        the version of the wildcard set the queues were computed with (-1: unchecked); if the store's is
+        newer, raise `StaleWildcards` and store nothing."""
 
     async def sync(self) -> None:
         """Return once everything appended (and every offset/session write) before the call is durable
         according to the fsync policy. Concurrent callers share one fsync (group commit)."""
 
-    async def read(self, queue: str, after_seq: int, limit: int) -> list[Message]:
-        """Up to `limit` messages of `queue` with seq > after_seq, ascending by seq."""
+    async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
+        """Up to `limit` messages of `queue` with seq > after_seq, and up to where that answer is complete.
+
+        `seal`: unless the answer is cut at the limit, make `upto >= seal` (a partitioned engine raises the
+        sequences of its partitions so that no later append gets a seq <= seal)."""
 
     def last_seq(self) -> int:
-        """Highest seq assigned so far (0 when empty). Cheap, no I/O: a new subscription starts here."""
+        """A sealed high-water mark: no append that starts after this returns gets a seq <= it. Cheap, no I/O
+        (a local value, possibly behind the store's): a new subscription or session starts here."""
 
-    # --- sessions and offsets ---------------------------------------------------------------------------
+    # --- the cluster-wide wildcard set (queues are indexed for every filter in it) --------------------------
+    async def add_wildcards(self, filters: Sequence[str]) -> int:
+        """Count one more holder of each filter (a node's first local subscriber of it). Returns the new
+        wildcard set version; every append that starts after this returns indexes into these filters."""
+
+    async def remove_wildcards(self, filters: Sequence[str]) -> int:
+        """Count one holder less; a filter at zero leaves the set. Returns the new version."""
+
+    async def wildcards(self) -> tuple[int, frozenset[str]]:
+        """The wildcard set and its version."""
+
+    # --- sessions and offsets (fenced: a write carrying an epoch below the stored one is ignored) ---------
     async def get_session(self, client_id: str) -> SessionRecord | None: ...
 
-    async def put_session(self, record: SessionRecord) -> None: ...
+    async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
+        """Take the client's session for node `owner`: bump its epoch, record the owner, and return the stored
+        record (None if none) and the new epoch. The epoch is kept even without a record, so a node that lost
+        the client can no longer write its session back, nor its offsets."""
 
-    async def delete_session(self, client_id: str) -> None:
-        """Remove the session and its offsets."""
+    async def put_session(self, record: SessionRecord) -> bool:
+        """Store the record unless the stored epoch is higher than `record.epoch`; False if fenced off."""
+
+    async def delete_session(self, client_id: str, epoch: int = -1) -> None:
+        """Remove the session and its offsets (only if its epoch is not above `epoch`; -1: unconditionally)."""
 
     async def list_sessions(self) -> list[SessionRecord]:
         """Every stored session (startup: wildcard set, expiry sweep)."""
 
-    async def set_offsets(self, offsets: dict[str, tuple[int, int]]) -> None:
-        """Batched update of `(offset, sent_upto)` per client id (a no-op for unknown sessions)."""
+    async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
+        """Batched update of `(offset, sent_upto, epoch)` per client id (a no-op for unknown sessions and for
+        an epoch below the stored one)."""
 
     # --- retained -----------------------------------------------------------------------------------------
     async def set_retained(self, topic: str, message: Message | None) -> None:

@@ -21,7 +21,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from store.base import Message, SessionRecord, Store, WillRecord
+from store.base import Message, SessionRecord, Slice, Store, WillRecord
 
 T = TypeVar("T")
 
@@ -55,39 +55,51 @@ class DelayingStore:
         await self._call(self.inner.close)
 
     # --- messages -----------------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message]) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
         # Snapshot the list now: the caller may reuse it while this call waits to be delegated. The messages
         # themselves stay the caller's objects, since today's callers read the seq the store assigns to them.
         batch = list(messages)
-        await self._call(lambda: self.inner.append(batch))
+        await self._call(lambda: self.inner.append(batch, wildcard_version))
 
     async def sync(self) -> None:
         await self._call(self.inner.sync)
 
-    async def read(self, queue: str, after_seq: int, limit: int) -> list[Message]:
-        return await self._call(lambda: self.inner.read(queue, after_seq, limit))
+    async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
+        return await self._call(lambda: self.inner.read(queue, after_seq, limit, seal))
 
     def last_seq(self) -> int:
-        # Synchronous in the protocol today, so it cannot wait; callers of a networked engine will get a value
-        # that may lag behind appends made elsewhere.
         return self.inner.last_seq()
+
+    async def add_wildcards(self, filters: Sequence[str]) -> int:
+        batch = list(filters)
+        return await self._call(lambda: self.inner.add_wildcards(batch))
+
+    async def remove_wildcards(self, filters: Sequence[str]) -> int:
+        batch = list(filters)
+        return await self._call(lambda: self.inner.remove_wildcards(batch))
+
+    async def wildcards(self) -> tuple[int, frozenset[str]]:
+        return await self._call(self.inner.wildcards)
 
     # --- sessions and offsets -----------------------------------------------------------------------------
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return await self._call(lambda: self.inner.get_session(client_id))
 
-    async def put_session(self, record: SessionRecord) -> None:
+    async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
+        return await self._call(lambda: self.inner.claim_session(client_id, owner))
+
+    async def put_session(self, record: SessionRecord) -> bool:
         # A networked engine serializes the record when the call starts; later mutations must not reach it.
         snapshot = copy.deepcopy(record)
-        await self._call(lambda: self.inner.put_session(snapshot))
+        return await self._call(lambda: self.inner.put_session(snapshot))
 
-    async def delete_session(self, client_id: str) -> None:
-        await self._call(lambda: self.inner.delete_session(client_id))
+    async def delete_session(self, client_id: str, epoch: int = -1) -> None:
+        await self._call(lambda: self.inner.delete_session(client_id, epoch))
 
     async def list_sessions(self) -> list[SessionRecord]:
         return await self._call(self.inner.list_sessions)
 
-    async def set_offsets(self, offsets: dict[str, tuple[int, int]]) -> None:
+    async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         snapshot = dict(offsets)  # the caller may keep filling its dict for the next batch
         await self._call(lambda: self.inner.set_offsets(snapshot))
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
-from store.base import Message, SessionRecord, WillRecord
+from store.base import Message, SessionRecord, Slice, StaleWildcards, WillRecord
 from store.kv import OFFSET, RETAINED, SESSION, WILL, KVFile
 from store.records import (
     OFFSETS,
@@ -96,6 +96,9 @@ class EmbeddedStore:
         self._sessions: dict[str, SessionRecord] = {}
         self._retained = RetainedIndex()
         self._wills: dict[str, WillRecord] = {}
+        self._epochs: dict[str, int] = {}  # claims of clients without a stored record (in memory: one node)
+        self._wildcard_counts: dict[str, int] = {}
+        self._wildcard_version = 0
         # Group commit: every write bumps _write_gen; a sync round makes everything up to the gen it
         # captured durable.
         self._write_gen = 0
@@ -177,9 +180,11 @@ class EmbeddedStore:
             self._open = False
 
     # --- messages -----------------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message]) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
         if not messages:
             return
+        if wildcard_version not in (-1, self._wildcard_version):
+            raise StaleWildcards(wildcard_version)
         now_ms = 0
         for m in messages:
             if not m.timestamp_ms:
@@ -202,7 +207,17 @@ class EmbeddedStore:
         self._next_seq = seq
         self._write_gen += 1
 
-    async def read(self, queue: str, after_seq: int, limit: int) -> list[Message]:
+    async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
+        # One sequence and no await before the answer: everything appended so far is visible, so the answer
+        # is complete up to the last seq.
+        messages = self._read(queue, after_seq, limit)
+        if limit > 0 and len(messages) >= limit:
+            return Slice(messages, messages[-1].seq)
+        if seal >= self._next_seq:
+            self._next_seq = seal + 1  # seqs are gaps-tolerant: skipping ahead costs nothing
+        return Slice(messages, max(self._next_seq - 1, after_seq))
+
+    def _read(self, queue: str, after_seq: int, limit: int) -> list[Message]:
         arr = self._queues.get(queue)
         if not arr or limit <= 0:
             return []
@@ -249,6 +264,30 @@ class EmbeddedStore:
 
     def last_seq(self) -> int:
         return self._next_seq - 1
+
+    # --- wildcard set (one node: in memory, rebuilt by the node from its sessions at start) ---------------
+    async def add_wildcards(self, filters: Sequence[str]) -> int:
+        counts = self._wildcard_counts
+        for f in filters:
+            n = counts.get(f, 0)
+            counts[f] = n + 1
+            if not n:
+                self._wildcard_version += 1
+        return self._wildcard_version
+
+    async def remove_wildcards(self, filters: Sequence[str]) -> int:
+        counts = self._wildcard_counts
+        for f in filters:
+            n = counts.get(f, 0)
+            if n <= 1:
+                if counts.pop(f, None) is not None:
+                    self._wildcard_version += 1
+            else:
+                counts[f] = n - 1
+        return self._wildcard_version
+
+    async def wildcards(self) -> tuple[int, frozenset[str]]:
+        return self._wildcard_version, frozenset(self._wildcard_counts)
 
     # --- durability -----------------------------------------------------------------------------------------
     async def sync(self) -> None:
@@ -321,13 +360,31 @@ class EmbeddedStore:
         rec = self._sessions.get(client_id)
         return None if rec is None else _copy_session(rec)
 
-    async def put_session(self, record: SessionRecord) -> None:
+    def _epoch(self, client_id: str) -> int:
+        rec = self._sessions.get(client_id)
+        return max(self._epochs.get(client_id, 0), rec.epoch if rec is not None else 0)
+
+    async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
+        epoch = self._epoch(client_id) + 1
+        self._epochs[client_id] = epoch
+        rec = self._sessions.get(client_id)
+        if rec is None:
+            return None, epoch
+        rec.owner, rec.epoch = owner, epoch  # in memory only: the next put carries them to the file
+        return _copy_session(rec), epoch
+
+    async def put_session(self, record: SessionRecord) -> bool:
+        if record.epoch < self._epoch(record.client_id):
+            return False
         self._kv.write(sets=((SESSION, record.client_id, encode_session(record)),))
         self._kv.forget(OFFSET, record.client_id)
         self._sessions[record.client_id] = _copy_session(record)
         self._kv_written()
+        return True
 
-    async def delete_session(self, client_id: str) -> None:
+    async def delete_session(self, client_id: str, epoch: int = -1) -> None:
+        if epoch >= 0 and epoch < self._epoch(client_id):
+            return
         if self._sessions.pop(client_id, None) is None:
             return
         self._kv.write(deletes=((SESSION, client_id), (OFFSET, client_id)))
@@ -336,13 +393,14 @@ class EmbeddedStore:
     async def list_sessions(self) -> list[SessionRecord]:
         return [_copy_session(r) for r in self._sessions.values()]
 
-    async def set_offsets(self, offsets: dict[str, tuple[int, int]]) -> None:
+    async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         sessions = self._sessions
         sets: list[tuple[int, str, bytes]] = []
         pack = OFFSETS.pack
-        for client_id, (offset, sent_upto) in offsets.items():
+        epochs = self._epochs
+        for client_id, (offset, sent_upto, epoch) in offsets.items():
             rec = sessions.get(client_id)
-            if rec is None:
+            if rec is None or epoch < rec.epoch or epoch < epochs.get(client_id, 0):
                 continue
             rec.offset = offset
             rec.sent_upto = sent_upto

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from store.base import Message, SessionRecord, Store, WillRecord
+from store.base import Message, SessionRecord, Slice, Store, WillRecord
 
-CALLS = frozenset({"append", "sync", "read", "get_session", "put_session", "delete_session", "list_sessions",
-                   "set_offsets", "set_retained", "match_retained", "put_will", "delete_will", "list_wills"})
+CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
+                   "list_sessions", "set_offsets", "set_retained", "match_retained", "put_will", "delete_will",
+                   "list_wills", "add_wildcards", "remove_wildcards", "wildcards"})
 
 
 class FailingStore:
@@ -49,38 +50,54 @@ class FailingStore:
     async def close(self) -> None:
         await self.inner.close()
 
-    async def append(self, messages: Sequence[Message]) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
         self._check("append")
-        await self.inner.append(messages)
+        await self.inner.append(messages, wildcard_version)
 
     async def sync(self) -> None:
         self._check("sync")
         await self.inner.sync()
 
-    async def read(self, queue: str, after_seq: int, limit: int) -> list[Message]:
+    async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
         self._check("read")
-        return await self.inner.read(queue, after_seq, limit)
+        return await self.inner.read(queue, after_seq, limit, seal)
 
     def last_seq(self) -> int:
         return self.inner.last_seq()
+
+    async def add_wildcards(self, filters: Sequence[str]) -> int:
+        self._check("add_wildcards")
+        return await self.inner.add_wildcards(filters)
+
+    async def remove_wildcards(self, filters: Sequence[str]) -> int:
+        self._check("remove_wildcards")
+        return await self.inner.remove_wildcards(filters)
+
+    async def wildcards(self) -> tuple[int, frozenset[str]]:
+        self._check("wildcards")
+        return await self.inner.wildcards()
 
     async def get_session(self, client_id: str) -> SessionRecord | None:
         self._check("get_session")
         return await self.inner.get_session(client_id)
 
-    async def put_session(self, record: SessionRecord) -> None:
-        self._check("put_session")
-        await self.inner.put_session(record)
+    async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
+        self._check("claim_session")
+        return await self.inner.claim_session(client_id, owner)
 
-    async def delete_session(self, client_id: str) -> None:
+    async def put_session(self, record: SessionRecord) -> bool:
+        self._check("put_session")
+        return await self.inner.put_session(record)
+
+    async def delete_session(self, client_id: str, epoch: int = -1) -> None:
         self._check("delete_session")
-        await self.inner.delete_session(client_id)
+        await self.inner.delete_session(client_id, epoch)
 
     async def list_sessions(self) -> list[SessionRecord]:
         self._check("list_sessions")
         return await self.inner.list_sessions()
 
-    async def set_offsets(self, offsets: dict[str, tuple[int, int]]) -> None:
+    async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         self._check("set_offsets")
         await self.inner.set_offsets(offsets)
 

@@ -128,7 +128,8 @@ def decode_session(value: bytes | memoryview) -> SessionRecord:
 
 
 def encode_will(will: WillRecord) -> bytes:
-    head = json.dumps({"client_id": will.client_id, "delay_interval": will.delay_interval}).encode()
+    head = json.dumps({"client_id": will.client_id, "delay_interval": will.delay_interval,
+                       "owner": will.owner}).encode()
     return _WILL_HEADER.pack(len(head)) + head + encode_message_body(will.message, will.message.seq)
 
 
@@ -136,6 +137,6 @@ def decode_will(value: bytes) -> WillRecord:
     (n,) = _WILL_HEADER.unpack_from(value, 0)
     head = json.loads(value[4 : 4 + n])
     return WillRecord(
-        client_id=head["client_id"], delay_interval=head["delay_interval"],
+        client_id=head["client_id"], delay_interval=head["delay_interval"], owner=head.get("owner", ""),
         message=decode_message_body(value, 4 + n),
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from store.base import Message, SessionRecord, Store, SubscriptionRecord, WillRecord, p2p_queue
+from store.base import Message, SessionRecord, StaleWildcards, Store, SubscriptionRecord, WillRecord, p2p_queue
 from store.delaying import DelayingStore
 from store.embedded import EmbeddedStore
 from tests.store.conftest import Engine
@@ -38,7 +38,7 @@ def content(m: Message) -> Content:
 
 
 async def read_all(s: Store, queue: str) -> list[Message]:
-    return await s.read(queue, 0, 1_000_000)
+    return (await s.read(queue, 0, 1_000_000)).messages
 
 
 async def seqs_of(s: Store, queue: str) -> list[int]:
@@ -105,18 +105,18 @@ async def test_read_order_bounds_and_limit(engine: Engine) -> None:
     full = await read_all(s, "q")
     seqs = [m.seq for m in full]
     assert [m.topic for m in full] == [f"m/{i}" for i in range(0, 20, 2)]
-    assert [m.seq for m in await s.read("q", seqs[3], 100)] == seqs[4:]
-    assert [m.seq for m in await s.read("q", seqs[3] + 1, 100)] == seqs[4:]  # a seq of "r", not of "q"
-    assert [m.seq for m in await s.read("q", seqs[3], 2)] == seqs[4:6]
-    assert [m.seq for m in await s.read("q", 0, 1)] == seqs[:1]
-    assert await s.read("q", seqs[-1], 10) == []
-    assert await s.read("q", s.last_seq() + 100, 10) == []
-    assert await s.read("q", 0, 0) == []
-    assert await s.read("no/such/queue", 0, 10) == []
+    assert [m.seq for m in (await s.read("q", seqs[3], 100)).messages] == seqs[4:]
+    assert [m.seq for m in (await s.read("q", seqs[3] + 1, 100)).messages] == seqs[4:]  # a seq of "r", not of "q"
+    assert [m.seq for m in (await s.read("q", seqs[3], 2)).messages] == seqs[4:6]
+    assert [m.seq for m in (await s.read("q", 0, 1)).messages] == seqs[:1]
+    assert (await s.read("q", seqs[-1], 10)).messages == []
+    assert (await s.read("q", s.last_seq() + 100, 10)).messages == []
+    assert (await s.read("q", 0, 0)).messages == []
+    assert (await s.read("no/such/queue", 0, 10)).messages == []
     # Paging with a small limit walks the whole queue once, in order.
     paged: list[int] = []
     after = 0
-    while batch := await s.read("q", after, 3):
+    while batch := (await s.read("q", after, 3)).messages:
         assert len(batch) <= 3
         paged += [m.seq for m in batch]
         after = batch[-1].seq
@@ -145,7 +145,7 @@ async def test_sync_makes_everything_before_it_survive_a_reopen(engine: Engine) 
     for i in range(0, 40, 8):
         await s.append(sent[i : i + 8])
     await s.put_session(full_session("c1"))
-    await s.set_offsets({"c1": (5, 7)})
+    await s.set_offsets({"c1": (5, 7, 0)})
     await s.set_retained("d/0", msg("d/0", retain=True))
     await s.put_will(WillRecord("c1", msg("will/c1"), delay_interval=30))
     await asyncio.gather(*(s.sync() for _ in range(5)))  # concurrent callers all return
@@ -180,6 +180,78 @@ def full_session(cid: str, offset: int = 2, sent_upto: int = 4) -> SessionRecord
         offset=offset, sent_upto=sent_upto, inbound_qos2=[1, 2, 65535], outbound_pubrel=[9, 10],
         disconnected_at_ms=123,
     )
+
+
+async def test_read_says_up_to_where_it_is_complete(engine: Engine) -> None:
+    s = engine.store
+    await s.append([msg("a", "x")])
+    await s.append([msg("b", "y"), msg("c", "y")])
+    before = s.last_seq()
+    x = await s.read("x", 0, 10)
+    assert [m.topic for m in x.messages] == ["a"]
+    # Nothing new in x, but the answer covers every append that completed before the read (also y's).
+    assert x.upto >= (await s.read("y", 0, 10)).messages[-1].seq and x.upto >= before
+    cut = await s.read("y", 0, 1)
+    assert cut.upto == cut.messages[-1].seq  # cut at the limit: complete only up to the last message
+    empty = await s.read("no/such/queue", 0, 10)
+    assert empty.messages == [] and empty.upto >= before
+    sealed = await s.read("x", x.upto, 10, seal=x.upto + 1000)
+    assert sealed.upto >= x.upto + 1000
+    await s.append([msg("d", "x")])  # no later append lands at or below what was sealed
+    after = await s.read("x", x.upto, 10)
+    assert [m.topic for m in after.messages] == ["d"] and after.messages[0].seq > sealed.upto
+
+
+async def test_last_seq_is_sealed(engine: Engine) -> None:
+    s = engine.store
+    await s.append([msg("a", "q")])
+    mark = s.last_seq()
+    await s.append([msg("b", "q"), msg("c", "r")])
+    assert all(m.seq > mark for m in (await s.read("q", 0, 10)).messages[1:])
+    assert all(m.seq > mark for m in (await s.read("r", 0, 10)).messages)
+
+
+async def test_claim_fences_off_older_owners(engine: Engine) -> None:
+    s = engine.store
+    none, first = await s.claim_session("c1", "n1")
+    assert none is None and first >= 1
+    rec = full_session("c1")
+    rec.owner, rec.epoch = "n1", first
+    assert await s.put_session(rec)
+    got, second = await s.claim_session("c1", "n2")
+    assert second > first and got is not None and got.owner == "n2" and got.epoch == second
+    stale = full_session("c1", offset=99, sent_upto=99)
+    stale.owner, stale.epoch = "n1", first
+    assert not await s.put_session(stale)  # n1 lost the client: its record is not written back
+    await s.set_offsets({"c1": (77, 77, first)})  # nor its offsets
+    kept = await s.get_session("c1")
+    assert kept is not None and kept.offset == rec.offset
+    await s.delete_session("c1", first)  # nor may it delete the session
+    assert await s.get_session("c1") is not None
+    await s.set_offsets({"c1": (8, 9, second)})
+    kept = await s.get_session("c1")
+    assert kept is not None and (kept.offset, kept.sent_upto) == (8, 9)
+    await s.delete_session("c1", second)
+    assert await s.get_session("c1") is None
+
+
+async def test_wildcard_set_versions_and_stale_appends(engine: Engine) -> None:
+    s = engine.store
+    v0, filters = await s.wildcards()
+    assert filters == frozenset()
+    v1 = await s.add_wildcards(["a/+"])
+    assert v1 > v0
+    assert await s.add_wildcards(["a/+"]) == v1  # a second holder: the set is unchanged
+    assert await s.wildcards() == (v1, frozenset({"a/+"}))
+    with pytest.raises(StaleWildcards):
+        await s.append([msg("a/b", "a/b")], wildcard_version=v0)
+    assert (await s.read("a/b", 0, 10)).messages == []  # nothing of the refused batch was stored
+    await s.append([msg("a/b", "a/b", "a/+")], wildcard_version=v1)
+    await s.append([msg("a/c", "a/c")])  # -1: unchecked
+    assert await s.remove_wildcards(["a/+"]) == v1  # one holder left
+    v2 = await s.remove_wildcards(["a/+"])
+    assert v2 > v1 and await s.wildcards() == (v2, frozenset())
+    assert await s.remove_wildcards(["never/+"]) == v2
 
 
 async def test_sessions_round_trip(engine: Engine) -> None:
@@ -218,8 +290,8 @@ async def test_set_offsets_for_known_and_unknown_clients(engine: Engine) -> None
     s = engine.store
     await s.put_session(full_session("c1"))
     await s.put_session(full_session("c2"))
-    await s.set_offsets({"c1": (10, 12), "c2": (4, 4), "ghost": (50, 50)})
-    await s.set_offsets({"c1": (11, 12)})
+    await s.set_offsets({"c1": (10, 12, 0), "c2": (4, 4, 0), "ghost": (50, 50, 0)})
+    await s.set_offsets({"c1": (11, 12, 0)})
     await s.set_offsets({})
     assert await s.get_session("ghost") is None  # an unknown client is not created
     assert sorted(r.client_id for r in await s.list_sessions()) == ["c1", "c2"]
@@ -233,7 +305,7 @@ async def test_set_offsets_for_known_and_unknown_clients(engine: Engine) -> None
     # A later put wins over earlier offsets; a delete takes the offsets with it.
     await s.put_session(full_session("c1"))
     await s.delete_session("c2")
-    await s.set_offsets({"c2": (99, 99)})
+    await s.set_offsets({"c2": (99, 99, 0)})
     await s.sync()
     s = await engine.reopen()
     assert await s.get_session("c1") == full_session("c1")
@@ -323,10 +395,10 @@ async def test_append_keeps_no_reference_to_the_callers_list(engine: Engine) -> 
     batch.append(msg("l/intruder", "l"))
     batch.insert(0, msg("l/other", "l"))
     assert [m.topic for m in await read_all(s, "l")] == ["l/0", "l/1"]
-    offsets = {"c1": (3, 3)}
+    offsets = {"c1": (3, 3, 0)}
     await s.put_session(SessionRecord("c1"))
     await s.set_offsets(offsets)
-    offsets["c1"] = (9, 9)
+    offsets["c1"] = (9, 9, 0)
     rec = await s.get_session("c1")
     assert rec is not None and (rec.offset, rec.sent_upto) == (3, 3)
 
@@ -386,7 +458,7 @@ async def test_calls_after_close_raise(engine: Engine, request: pytest.FixtureRe
     await s.close()  # idempotent
     # Reads first: today they answer, so the test stops here before a write can leak anything.
     with pytest.raises(Exception):  # noqa: B017 - the error type is not part of the protocol yet
-        await s.read("early", 0, 10)
+        (await s.read("early", 0, 10)).messages
     with pytest.raises(Exception):  # noqa: B017
         await s.append([msg("late", "late")])
 
@@ -414,7 +486,7 @@ async def test_delaying_store_reorders_execution_and_completion(tmp_path: Path) 
         done: list[int] = []
 
         async def read(i: int) -> None:
-            await s.read("o", 0, 1)
+            (await s.read("o", 0, 1)).messages
             done.append(i)
 
         await asyncio.gather(*(read(i) for i in range(30)))

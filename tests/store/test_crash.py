@@ -27,7 +27,7 @@ WRITER = textwrap.dedent(
             batch = [Message(f"t/{i + k}", b"%010d" % (i + k), queues=("q",)) for k in range(10)]
             i += 10
             await s.append(batch)
-            await s.set_offsets({"sub": (batch[0].seq, batch[-1].seq)})
+            await s.set_offsets({"sub": (batch[0].seq, batch[-1].seq, 0)})
             await s.sync()
             print(batch[-1].seq, flush=True)
 
@@ -57,7 +57,7 @@ async def test_synced_writes_survive_sigkill(tmp_path: Path) -> None:
 
     s = EmbeddedStore(data)
     await s.open()
-    got = await s.read("q", 0, synced + 10_000)
+    got = (await s.read("q", 0, synced + 10_000)).messages
     assert len(got) >= synced
     assert [m.seq for m in got] == list(range(1, len(got) + 1))
     assert all(m.payload == b"%010d" % (m.seq - 1) and m.topic == f"t/{m.seq - 1}" for m in got)

@@ -43,14 +43,14 @@ async def test_append_assigns_seqs_and_reads_per_queue(store: EmbeddedStore) -> 
     await store.append(batch[50:])
     assert [m.seq for m in batch] == list(range(1, 201))
     assert store.last_seq() == 200
-    assert [m.seq for m in await store.read("all", 0, 1000)] == list(range(1, 201))
-    assert [m.seq for m in await store.read("even", 10, 5)] == [12, 14, 16, 18, 20]
-    assert [m.seq for m in await store.read("odd", 195, 100)] == [197, 199]
-    assert await store.read("odd", 199, 10) == []
-    assert await store.read("nope", 0, 10) == []
-    assert await store.read("all", 0, 0) == []
+    assert [m.seq for m in (await store.read("all", 0, 1000)).messages] == list(range(1, 201))
+    assert [m.seq for m in (await store.read("even", 10, 5)).messages] == [12, 14, 16, 18, 20]
+    assert [m.seq for m in (await store.read("odd", 195, 100)).messages] == [197, 199]
+    assert (await store.read("odd", 199, 10)).messages == []
+    assert (await store.read("nope", 0, 10)).messages == []
+    assert (await store.read("all", 0, 0)).messages == []
     # the hot tail comes back as the very objects appended
-    got = await store.read("all", 150, 10)
+    got = (await store.read("all", 150, 10)).messages
     assert all(a is b for a, b in zip(got, batch[150:160], strict=True))
 
 
@@ -63,9 +63,9 @@ async def test_rollover_and_disk_reads_match(tmp_path: Path) -> None:
         await s.append(batch)
         originals += [(m.seq, m.topic, m.payload, m.publisher, m.properties) for m in batch]
     assert s.stats()["segments"] > 5
-    got = await s.read("q", 0, 1000)
+    got = (await s.read("q", 0, 1000)).messages
     assert [(m.seq, m.topic, m.payload, m.publisher, m.properties) for m in got] == originals
-    assert [m.seq for m in await s.read("q1", 57, 4)] == [58, 60, 62, 64]
+    assert [m.seq for m in (await s.read("q1", 57, 4)).messages] == [58, 60, 62, 64]
     assert all(m.queues == ("q", f"q{(m.seq - 1) % 2}") for m in got)
     await s.close()
 
@@ -77,16 +77,16 @@ async def test_recovery_after_reopen_rebuilds_indexes(tmp_path: Path) -> None:
     await s.close()
     s2 = await reopen(tmp_path, segment_bytes=4096)
     assert s2.last_seq() == 100
-    assert [m.seq for m in await s2.read("all", 0, 1000)] == list(range(1, 101))
+    assert [m.seq for m in (await s2.read("all", 0, 1000)).messages] == list(range(1, 101))
     k1 = [i for i in range(1, 101) if (i - 1) % 10 % 3 == 1]
-    assert [m.seq for m in await s2.read("k1", 0, 1000)] == k1
-    m = (await s2.read("all", 41, 1))[0]
+    assert [m.seq for m in (await s2.read("k1", 0, 1000)).messages] == k1
+    m = (await s2.read("all", 41, 1)).messages[0]
     assert (m.topic, m.payload[:8], m.qos, m.publisher) == ("t/41", b"%08d" % 41, 1, "pub2")
     await s2.append([msg(0, "all")])
     assert s2.last_seq() == 101
     await s2.close()
     s3 = await reopen(tmp_path, segment_bytes=4096)
-    assert [m.seq for m in await s3.read("all", 99, 10)] == [100, 101]
+    assert [m.seq for m in (await s3.read("all", 99, 10)).messages] == [100, 101]
     await s3.close()
 
 
@@ -121,7 +121,7 @@ async def test_torn_tail_is_cut(
     with caplog.at_level(logging.WARNING, logger="tidewire.store"):
         s = await reopen(tmp_path)
     assert "cutting" in caplog.text
-    got = await s.read("q", 0, 1000)
+    got = (await s.read("q", 0, 1000)).messages
     assert [m.seq for m in got] == list(range(1, kept + 1))
     assert got[-1].payload[:8] == b"%08d" % (kept - 1)
     assert s.last_seq() == kept
@@ -130,7 +130,7 @@ async def test_torn_tail_is_cut(
     await s.close()
     size_after = seg.stat().st_size
     s2 = await reopen(tmp_path)
-    assert [m.seq for m in await s2.read("q", kept - 1, 10)] == [kept, kept + 1]
+    assert [m.seq for m in (await s2.read("q", kept - 1, 10)).messages] == [kept, kept + 1]
     assert s2.stats()["bytes"] == size_after
     await s2.close()
 
@@ -140,7 +140,7 @@ async def test_seq_never_reused_when_offsets_are_past_the_log(tmp_path: Path) ->
     await s.append([msg(i, "q") for i in range(5)])
     await s.put_session(SessionRecord("c"))
     # a subscriber saw seqs the log lost (written, unsynced, crash)
-    await s.set_offsets({"c": (7, 9)})
+    await s.set_offsets({"c": (7, 9, 0)})
     await s.close()
     s2 = await reopen(tmp_path)
     assert s2.last_seq() == 9
@@ -149,7 +149,7 @@ async def test_seq_never_reused_when_offsets_are_past_the_log(tmp_path: Path) ->
     assert m.seq == 10
     await s2.close()
     s3 = await reopen(tmp_path)
-    assert [x.seq for x in await s3.read("q", 0, 100)] == [1, 2, 3, 4, 5, 10]
+    assert [x.seq for x in (await s3.read("q", 0, 100)).messages] == [1, 2, 3, 4, 5, 10]
     assert s3.last_seq() == 10
     await s3.close()
 
@@ -210,15 +210,15 @@ async def test_retention_by_bytes_deletes_whole_segments(tmp_path: Path) -> None
     assert after["segments"] == before["segments"] - deleted
     assert after["bytes"] <= 6000 or after["segments"] == 1
     assert len(segment_files(tmp_path)) == after["segments"]
-    got = await s.read("q", 0, 1000)
+    got = (await s.read("q", 0, 1000)).messages
     assert got and got[-1].seq == 150
     assert [m.seq for m in got] == list(range(got[0].seq, 151))  # the survivors are a contiguous tail
     assert after["queues"] < before["queues"]  # queues whose messages all went were dropped
-    assert await s.read("only0", 0, 10) == []
+    assert (await s.read("only0", 0, 10)).messages == []
     await s.append([msg(0, "q")])
     await s.close()
     s2 = await reopen(tmp_path, segment_bytes=2048)
-    assert [m.seq for m in await s2.read("q", 0, 1000)][-2:] == [150, 151]
+    assert [m.seq for m in (await s2.read("q", 0, 1000)).messages][-2:] == [150, 151]
     await s2.close()
 
 
@@ -234,7 +234,7 @@ async def test_retention_by_age_keeps_recent_and_active(tmp_path: Path) -> None:
     segments = s.stats()["segments"]
     assert segments >= 3
     assert await s.enforce_retention() == segments - 1
-    assert [m.seq for m in await s.read("q", 0, 100)] == [31, 32, 33, 34, 35]
+    assert [m.seq for m in (await s.read("q", 0, 100)).messages] == [31, 32, 33, 34, 35]
     assert await s.enforce_retention() == 0  # the active segment is never deleted
     assert s.stats()["segments"] == 1
     await s.close()

@@ -41,8 +41,8 @@ async def test_sessions_and_offsets_round_trip(tmp_path: Path) -> None:
     assert got is not None
     got.subscriptions.clear()
     assert (await s.get_session("c1")) == session("c1", disconnected_at_ms=123)
-    await s.set_offsets({"c1": (10, 12), "c2": (4, 4), "ghost": (50, 50)})
-    await s.set_offsets({"c1": (11, 12)})
+    await s.set_offsets({"c1": (10, 12, 0), "c2": (4, 4, 0), "ghost": (50, 50, 0)})
+    await s.set_offsets({"c1": (11, 12, 0)})
     assert await s.get_session("ghost") is None
     await s.sync()
     await s.close()
@@ -137,7 +137,7 @@ async def test_kv_compaction_keeps_latest_values(tmp_path: Path) -> None:
     payload = b"p" * 2000  # 60 rounds rewrite ~2.5 MB of retained values: past the 1 MB threshold
     for round_ in range(60):
         await s.put_session(session("c1", disconnected_at_ms=round_))
-        await s.set_offsets({f"c{i}": (round_, round_ + 1) for i in range(1, 4)})
+        await s.set_offsets({f"c{i}": (round_, round_ + 1, 0) for i in range(1, 4)})
         for t in range(20):
             await s.set_retained(f"r/{t}", Message(f"r/{t}", payload + b"%d" % round_, retain=True))
         await s.put_will(WillRecord("w", Message("w", b"%d" % round_)))
@@ -148,7 +148,7 @@ async def test_kv_compaction_keeps_latest_values(tmp_path: Path) -> None:
         if round_ == 1:
             await s.delete_session("gone")
             await s.set_retained("r/gone", None)
-    await s.set_offsets({"c1": (77, 78)})
+    await s.set_offsets({"c1": (77, 78, 0)})
     stats = s.stats()
     assert stats["kv_compactions"] >= 1
     assert stats["kv_bytes"] < 2**20 + 64 * 1024
@@ -169,7 +169,7 @@ async def test_kv_compaction_keeps_latest_values(tmp_path: Path) -> None:
 async def test_kv_torn_tail_is_cut(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     s = await reopen(tmp_path)
     await s.put_session(session("c1"))
-    await s.set_offsets({"c1": (5, 6)})
+    await s.set_offsets({"c1": (5, 6, 0)})
     await s.close()
     kv = tmp_path / "meta.kv"
     data = kv.read_bytes()
@@ -179,7 +179,7 @@ async def test_kv_torn_tail_is_cut(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert "cutting" in caplog.text
     c1 = await s.get_session("c1")
     assert c1 is not None and (c1.offset, c1.sent_upto) == (0, 0)
-    await s.set_offsets({"c1": (8, 9)})
+    await s.set_offsets({"c1": (8, 9, 0)})
     await s.close()
     s = await reopen(tmp_path)
     c1 = await s.get_session("c1")

@@ -1,0 +1,106 @@
+"""A node's part in a cluster of nodes sharing one store: takeover across nodes, dead nodes, lost notifies.
+
+The store is the authority: a session claimed by a node carries that node as owner and a new epoch, which
+fences off every earlier owner's writes. The fabric (membership, lookup, notify; `lookup.fabric`) only makes
+things fast: it tells the previous owner to close its connection, and it names the one survivor that cleans up
+after a node declared dead (marks its clients' sessions offline, publishes their wills). A notify lost with a
+node is made up for by re-reading every locally read queue every `resync_interval` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Protocol
+
+from gateway.retry import Backoff, stop_if_cancelled
+
+if TYPE_CHECKING:
+    from gateway.node import Node
+
+log = logging.getLogger("tidewire.cluster")
+
+KICK_TIMEOUT = 2.0  # s a connecting client waits for its previous node to hear of the takeover
+
+
+class Fabric(Protocol):
+    """What a node needs from `lookup.fabric.ClusterFabric`."""
+
+    @property
+    def members(self) -> Mapping[str, str]: ...
+
+    async def kick(self, client_id: str, epoch: int) -> None: ...
+
+    def on_kick(self, callback: Callable[[str, int], None]) -> None: ...
+
+    def on_dead(self, callback: Callable[[list[str]], Awaitable[None]]) -> None: ...
+
+
+class ClusterRole:
+    def __init__(self, node: Node, fabric: Fabric, resync_interval: float) -> None:
+        self.node = node
+        self.fabric = fabric
+        self.resync_interval = resync_interval
+        self._retry = Backoff("dead-node cleanup")
+        fabric.on_kick(self._on_kick)
+        fabric.on_dead(self._on_dead)
+
+    def stale_owner(self, owner: str) -> bool:
+        """The node that held a session or will is gone: an earlier process with our id, or not a member."""
+        return not owner or owner == self.node.node_id or owner not in self.fabric.members
+
+    async def kick_elsewhere(self, client_id: str, epoch: int) -> None:
+        try:
+            await asyncio.wait_for(self.fabric.kick(client_id, epoch), KICK_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            # Safe anyway: the epoch fences the old node's writes; its connection ends at its next failed write
+            # or when its node hears of the claim.
+            log.warning("cluster.kick_failed", extra={"client_id": client_id, "error": str(exc)})
+
+    def _on_kick(self, client_id: str, epoch: int) -> None:
+        node = self.node
+        conn = node.connections.get(client_id)
+        if conn is None or conn.session is None or conn.session.record.epoch >= epoch:
+            return
+        log.info("client.takeover_remote", extra={"client_id": client_id})
+        session = conn.take_over()  # 5.0: DISCONNECT 0x8E
+        node.wills.cancel(client_id)
+        if session is not None:
+            node.subscriptions.forget(session.record)  # its new node holds it now
+
+    async def _on_dead(self, dead: list[str]) -> None:
+        """This node is the one survivor that saw `dead` leave: their clients are offline from now on."""
+        gone = set(dead)
+        log.warning("cluster.nodes_dead", extra={"nodes": ",".join(sorted(gone))})
+        while True:
+            try:
+                await self._take_over_dead(gone)
+                break
+            except OSError as exc:
+                stop_if_cancelled()
+                await asyncio.sleep(self._retry.failed(exc))
+        self._retry.succeeded()
+
+    async def _take_over_dead(self, gone: set[str]) -> None:
+        node = self.node
+        store = node.store
+        now = int(time.time() * 1000)
+        for record in await store.list_sessions():
+            if record.owner in gone and record.disconnected_at_ms == 0:
+                record.disconnected_at_ms = now
+                if await store.put_session(record):  # fenced: not if the client was claimed meanwhile
+                    node.track_offline(record)
+        for will in await store.list_wills():
+            if will.owner in gone:
+                await store.delete_will(will.client_id)
+                node.publish(will.message)
+
+    async def resync_loop(self) -> None:
+        """Lost notifies delay but never lose: every locally read queue is refreshed now and then."""
+        while True:
+            await asyncio.sleep(self.resync_interval)
+            queues = set(self.node.subscriptions.readers)
+            if queues:
+                self.node.notified(queues)
