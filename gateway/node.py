@@ -25,6 +25,7 @@ from extensions.authn import AuthChain
 from extensions.hooks import Authorizer, PerClient
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
+from gateway.housekeeping import housekeeping_loop
 from gateway.listeners import Admission
 from gateway.retry import Backoff, stop_if_cancelled
 from gateway.session import SHARED_PREFIX, Session
@@ -86,7 +87,6 @@ class Node:
         self._flush_retry = Backoff("flush")
         self._sync_retry = Backoff("sync")
         self._dispatch_retry = Backoff("dispatch")
-        self._housekeeping_retry = Backoff("housekeeping")
         self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
         self._notified: set[str] = set()
@@ -124,7 +124,7 @@ class Node:
                 await self.store.delete_will(will.client_id)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._flush_loop()), loop.create_task(self._ack_loop()),
-                       loop.create_task(self._dispatch_loop()), loop.create_task(self._housekeeping_loop())]
+                       loop.create_task(self._dispatch_loop()), loop.create_task(housekeeping_loop(self))]
         if cluster is not None:
             self._tasks.append(loop.create_task(cluster.resync_loop()))
 
@@ -481,33 +481,7 @@ class Node:
         for session in p2p:
             session.pull()
 
-    async def _housekeeping_loop(self) -> None:
-        retention_due = 0.0
-        stats_due = time.monotonic() + self.settings.sys_interval
-        retry = self._housekeeping_retry
-        while True:
-            # Wake for the stats when they are due: a fixed 1 s nap that wakes a hair early skips a whole period.
-            await asyncio.sleep(max(0.01, min(1.0, stats_due - time.monotonic())))
-            interval = self.settings.sys_interval
-            if time.monotonic() >= stats_due - 0.005:
-                stats_due = max(stats_due + interval, time.monotonic() + interval / 2)
-                self.sys.stats(self.counters, self.gauges())
-            if self._dirty:
-                self._flush_wanted.set()
-            try:
-                await self._expire_sessions()
-                if time.monotonic() >= retention_due:
-                    enforce = getattr(self.store, "enforce_retention", None)
-                    if enforce is not None:
-                        await enforce()
-                    retention_due = time.monotonic() + 60
-            except Exception as exc:  # tried again on the next tick; the nap above is the backoff
-                stop_if_cancelled()
-                retry.failed(exc)
-                continue
-            retry.succeeded()
-
-    async def _expire_sessions(self) -> None:
+    async def expire_sessions(self) -> None:
         now = _now_ms()
         for client_id, deadline in [(c, d) for c, d in self._offline_expiry.items() if d <= now]:
             if client_id in self.connections:
@@ -521,6 +495,11 @@ class Node:
             if record is not None and self._expired(record, now):
                 await self._drop_stored(record, record.epoch)  # not if a node claimed it since it was read
                 log.info("session.expired", extra={"client_id": client_id})
+
+    def offsets_due(self) -> None:
+        """Write dirty offsets soon (the flush loop writes them with the next batch, or now if idle)."""
+        if self._dirty:
+            self._flush_wanted.set()
 
     def gauges(self) -> dict[str, int]:
         return {"clients/connected": len(self.connections),

@@ -52,7 +52,8 @@ class SubscriptionRegistry:
         self.readers: dict[str, set[Puller]] = {}
         self.groups: dict[str, SharedGroup] = {}
         self._holders: dict[str, set[str]] = {}  # wildcard filter → ids of local sessions/groups that need it
-        self._wildcards: FilterTrie[str] = FilterTrie()  # what appends are indexed with: the store's set ∪ held
+        # What appends are indexed with: the store's set and what is held here.
+        self._wildcards: FilterTrie[str] = FilterTrie()
         self._indexed: set[str] = set()  # the filters in `_wildcards`
         self.wildcard_version = -1  # of the store's set as last read; -1: none read yet (appends unchecked)
         self._topic_queues: dict[str, tuple[str, ...]] = {}  # cleared whenever the wildcard set changes
