@@ -1,4 +1,5 @@
-"""Command line: `tidewire serve` starts one node on the embedded store; `tidewire passwd` edits a password file."""
+"""Command line: `tidewire serve` starts a node, `tidewire passwd` edits a password file, `tidewire cluster` runs or
+inspects a local cluster."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from gateway.cluster_command import cluster_app
 from gateway.config import Settings
 from gateway.logs import setup_logging
 from gateway.passwd_command import passwd_command
@@ -43,7 +45,13 @@ def serve_command(
     password_file: Annotated[Optional[Path], typer.Option(help="Mosquitto password_file")] = None,
     allow_anonymous: Annotated[Optional[bool], typer.Option(
         "--allow-anonymous/--no-allow-anonymous", help="default: off when authentication is configured")] = None,
-    store: Annotated[Optional[str], typer.Option(help="embedded, or redis://HOST:PORT/DB")] = None,
+    store: Annotated[Optional[str], typer.Option(
+        help="embedded, redis://HOST:PORT/DB or redis-cluster://HOST:PORT[,HOST:PORT...]")] = None,
+    node_id: Annotated[Optional[str], typer.Option(help="this node's id, unique in its cluster")] = None,
+    cluster_port: Annotated[Optional[int], typer.Option(help="internal port for the other nodes (joins a cluster)")]
+    = None,
+    cluster_secret: Annotated[Optional[str], typer.Option(
+        help="shared cluster secret (prefer TIDEWIRE_CLUSTER_SECRET: a flag shows in the process list)")] = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="embedded store directory")] = None,
     acl_file: Annotated[Optional[Path], typer.Option(help="Mosquitto-syntax ACL file")] = None,
     max_keepalive: Annotated[Optional[int], typer.Option(help="cap on client keepalive (s)")] = None,
@@ -55,7 +63,9 @@ def serve_command(
                              require_certificate=require_certificate,
                              use_identity_as_username=use_identity_as_username,
                              use_subject_as_username=use_subject_as_username, password_file=password_file,
-                             allow_anonymous=allow_anonymous, store=store, data_dir=data_dir, acl_file=acl_file,
+                             allow_anonymous=allow_anonymous, store=store, node_id=node_id,
+                             cluster_port=cluster_port, cluster_secret=cluster_secret, data_dir=data_dir,
+                             acl_file=acl_file,
                              max_keepalive=max_keepalive, log_level=log_level)
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -69,6 +79,7 @@ def serve_command(
 
 
 app.command("passwd")(passwd_command)  # mosquitto_passwd-compatible; see gateway/passwd_command.py
+app.add_typer(cluster_app, name="cluster")  # cluster up / status; see gateway/cluster_command.py
 
 if __name__ == "__main__":
     app()

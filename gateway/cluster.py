@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.retry import Backoff, stop_if_cancelled
@@ -35,7 +35,7 @@ class Fabric(Protocol):
 
     def on_kick(self, callback: Callable[[str, int], None]) -> None: ...
 
-    def on_dead(self, callback: Callable[[list[str]], Awaitable[None]]) -> None: ...
+    def on_dead(self, callback: Callable[[list[str]], None]) -> None: ...
 
 
 class ClusterRole:
@@ -70,7 +70,10 @@ class ClusterRole:
         if session is not None:
             node.subscriptions.forget(session.record)  # its new node holds it now
 
-    async def _on_dead(self, dead: list[str]) -> None:
+    def _on_dead(self, dead: list[str]) -> None:
+        self.node.spawn(self._clean_up_after(dead))
+
+    async def _clean_up_after(self, dead: list[str]) -> None:
         """This node is the one survivor that saw `dead` leave: their clients are offline from now on."""
         gone = set(dead)
         log.warning("cluster.nodes_dead", extra={"nodes": ",".join(sorted(gone))})

@@ -10,9 +10,10 @@ import signal
 import ssl
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.accept_loop import AcceptLoop
+from gateway.cluster import ClusterRole
 from gateway.config import Settings
 from gateway.connection import MqttConnection
 from gateway.listeners import Listener, make_listeners, reload_certificate, tls_context
@@ -20,11 +21,14 @@ from gateway.node import Node
 from gateway.security import Security
 from gateway.websocket import WebSocketProtocol
 from gateway.websocket_core import WebSocketOptions
-from lookup.base import InProcessLookup
-from notify.base import LocalNotifier
+from lookup.base import InProcessLookup, Lookup
+from notify.base import LocalNotifier, Notifier
 from store.base import Store
 from store.delaying import DelayingStore
 from store.embedded import EmbeddedStore
+
+if TYPE_CHECKING:
+    from lookup.fabric import ClusterFabric
 
 log = logging.getLogger("tidewire.server")
 
@@ -40,20 +44,55 @@ class StartupError(Exception):
     serve with less protection than the operator asked for."""
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis-cluster://", "rediss-cluster://")
+
+
+def build_fabric(settings: Settings) -> ClusterFabric | None:
+    """The cluster fabric when `cluster_port` is set (a Redis store only: the nodes must share it)."""
+    if settings.cluster_port is None:
+        return None
+    if not settings.store.startswith(REDIS_SCHEMES):
+        raise StartupError("cluster_port needs a shared store: --store redis://... or redis-cluster://...")
+    if not settings.cluster_secret:
+        raise StartupError("cluster_port needs cluster_secret: every node must prove it to the others")
+    from lookup.fabric import ClusterFabric
+
+    return ClusterFabric(settings.node_id, redis_client(settings.store), host=settings.host,
+                         cluster_port=settings.cluster_port, secret=settings.cluster_secret,
+                         heartbeat_interval=settings.cluster_heartbeat, member_ttl=settings.cluster_member_ttl,
+                         advertise_host=settings.cluster_host)
+
+
+def redis_client(url: str) -> Any:
+    """A plain redis-py client for the membership (the store keeps its own connections)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    from store.redis_conn import CLUSTER_SCHEMES, parse_cluster_url
+
+    if url.startswith(CLUSTER_SCHEMES):
+        nodes, username, password, tls = parse_cluster_url(url)
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=username,
+                            password=password, ssl=tls)
+    return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+
+
 def build_store(settings: Settings) -> Store:
     store: Store
-    if settings.store.startswith(("redis://", "rediss://", "unix://")):
+    if settings.store.startswith(REDIS_SCHEMES):
         from store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
 
         store = RedisStore(settings.store, retention_bytes=settings.retention_bytes,
-                           retention_seconds=settings.retention_seconds)
+                           retention_seconds=settings.retention_seconds,
+                           partitions=settings.store_partitions if "-cluster://" in settings.store else 1)
     elif settings.store == "embedded":
         store = EmbeddedStore(
             settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
             segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
             retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages)
     else:
-        raise StartupError(f"unknown store {settings.store!r} (embedded, or redis://HOST:PORT/DB)")
+        raise StartupError(f"unknown store {settings.store!r} (embedded, redis://HOST:PORT/DB or "
+                           "redis-cluster://HOST:PORT[,HOST:PORT...])")
     if settings.store_test_delay_ms:
         store = DelayingStore(store, settings.store_test_delay_ms)
     return store
@@ -114,9 +153,27 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await store.open()
     except OSError as exc:
         raise StartupError(f"store {settings.store}: {exc}") from exc
-    lookup = InProcessLookup()
-    node = Node(settings, store, lookup, LocalNotifier(lookup), security.authorizer, security.enhanced,
+    try:
+        fabric = build_fabric(settings)
+    except StartupError:
+        await store.close()
+        raise
+    lookup: Lookup
+    notifier: Notifier
+    if fabric is not None:
+        try:
+            await fabric.start()
+        except (OSError, RuntimeError) as exc:
+            await store.close()
+            raise StartupError(f"cluster: {exc}") from exc
+        lookup, notifier = fabric.lookup, fabric.notifier
+    else:
+        lookup = InProcessLookup()
+        notifier = LocalNotifier(lookup)
+    node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
                 security.chain, max_pending=settings.max_pending_publishes)
+    if fabric is not None:
+        node.cluster = ClusterRole(node, fabric, settings.cluster_resync_interval)
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)
@@ -150,6 +207,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     # Only our accept loops: a plain server's wait_closed also waits for its connections, closed below.
     await asyncio.gather(*(server.wait_closed() for server in servers if isinstance(server, AcceptLoop)))
     await node.stop()
+    if fabric is not None:
+        await fabric.stop()
     await store.close()
     await security.close()
     log.info("stopped")

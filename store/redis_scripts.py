@@ -1,20 +1,35 @@
 """The Lua scripts of the Redis store engine: each store call that touches several keys is one atomic script.
 
-Every key a script touches shares the store's hash tag (`{prefix}`), so a script is valid on Redis Cluster
-too. Keys passed in KEYS are the declared ones; the scripts that walk an index (`MATCH_RETAINED`, `RETENTION`)
-also build bucket/queue key names from a prefix in ARGV. That is legal only because every such key carries
-the same hash tag (one slot); the partitioned layout of a later step must declare them or use one partition
-per call.
+Every script touches the keys of ONE hash tag, so each is valid on Redis Cluster: the partition scripts
+(`APPEND`, `READ`, `SEAL`, `MARK_SPREAD`, `RAISE_VERSION`, `RETENTION`, `PART_STATS`) work inside one partition
+`{prefix:p}`; the others inside the meta tag `{prefix}`. Keys are declared in KEYS except the ones an index
+names (`MATCH_RETAINED` buckets, queues in `RETENTION`), built from a prefix in ARGV under the same tag.
 
-Numbers cross the Lua boundary as doubles: seqs are exact up to 2**53, far beyond any realistic log.
-`unpack` is limited by the Lua C stack (~8000 values), so bulk commands are issued in chunks of CHUNK.
+Numbers: Lua numbers are doubles, exact for integers below 2**53, and seqs stay below that (the append script
+refuses past it). Redis converts a number argument of `redis.call` exactly ('%.17g'), but Lua's own `tostring`
+and `..` use '%.14g' and would round a seq: strings are built with `string.format('%.0f')` only. A reply number
+becomes an integer reply. `unpack` is limited by the Lua C stack (~8000 values), so bulk commands go in chunks.
+
+Sequence of a partition (`{prefix:p}:seq`, the counter `c`): the last seq assigned or sealed there; every seq
+of partition p is congruent to p modulo P, so seqs are unique across partitions, and the next append gets at
+least c + P: the partition is sealed up to c + P - 1 (everything at or below is final). A counter that does not
+exist yet counts as p - P.
 """
 
 from __future__ import annotations
 
-# Shared helpers, prepended to the scripts that need them.
+# 2025-01-01T00:00:00Z: the hybrid clock counts milliseconds from here, TICKS values per millisecond, so it
+# stays below 2**53 until 2094 (2**53 / 4096 ms ~ 69.7 years).
+EPOCH_MS = 1_735_689_600_000
+TICKS = 4096
+MAX_SEQ = 1 << 53
+# A node whose clock runs further ahead of Redis than this is held back (its clock must not use up the
+# 2**53 range); behind is harmless: the counters and what the node has seen carry its seqs forward.
+MAX_AHEAD_MS = 60_000
+
 _LIB = """
 local CHUNK = 1000
+local function fmt(x) return string.format('%.0f', x) end
 local function split(s, sep)
   local t, start = {}, 1
   while true do
@@ -32,61 +47,254 @@ local function hmget_into(out, key, fields)
 end
 """
 
-# KEYS: 1 seq counter, 2 message hash (seq -> body), 3 batch-time zset (last seq of a batch scored by append
-# time), 4 byte counter, 5.. queue zsets. ARGV: 1 n, 2 now_ms, then per message: body, k, k indexes into KEYS.
-# Returns the last seq assigned; the batch got last-n+1 .. last, in order.
-APPEND = """
-local n = tonumber(ARGV[1])
-local last = redis.call('INCRBY', KEYS[1], n)
-local seq = last - n
-local adds = {}
-local fields = {}
+# Shared by the partition scripts: `counter(key, P, p)` and `seal(key, target, P, p)`: raise the counter to the
+# largest value <= target congruent to p (then c + P - 1 >= target: no later append gets a seq <= target).
+_PART = _LIB + """
+local function counter(key, P, p)
+  local c = redis.call('GET', key)
+  if c then return tonumber(c) end
+  return p - P
+end
+local function seal(key, target, P, p)
+  local c = counter(key, P, p)
+  if target > 0 then
+    local d = target - ((target - p) % P)
+    if d > c then redis.call('SET', key, fmt(d)); c = d end
+  end
+  return c
+end
+"""
+
+# KEYS: 1 seq counter, 2 message hash (seq -> body), 3 batch zset (score: a batch's first seq, member
+# "first:last:append ms"), 4 byte counter, 5 this partition's copy of the wildcard version, 6.. queue zsets.
+# ARGV: 1 n, 2 wildcard version (-1: unchecked), 3 P, 4 p, 5 the node's clock (ms since EPOCH_MS * TICKS),
+# 6 floor (a multiple of P above every seq the node has seen), then per message: body, its index in the whole
+# batch, k, k indexes into KEYS.
+# Seq of message i: max(previous seq of this partition + P, base + i*P + p), base = max(the node's clock held
+# to at most MAX_AHEAD_MS past Redis TIME, floor): unique, ascending per partition, and, while no partition
+# runs ahead, ascending in batch order across partitions too. Returns the seqs in order, or -1 (nothing
+# written) when the wildcard version differs.
+APPEND = _PART + f"""
+local n, want, P, p = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if want >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') ~= want then return -1 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local base = math.max(math.min(tonumber(ARGV[5]), (now - {EPOCH_MS} + {MAX_AHEAD_MS}) * {TICKS}), tonumber(ARGV[6]))
+base = base + ((P - base % P) % P)
+local seq = counter(KEYS[1], P, p)
+local seqs = {{}}
+local i = 7
+for j = 1, n do
+  seq = math.max(seq + P, base + tonumber(ARGV[i + 1]) * P + p)
+  seqs[j] = seq
+  i = i + 3 + tonumber(ARGV[i + 2])
+end
+if seq >= {MAX_SEQ} then return redis.error_reply('tidewire: seq past 2^53') end
+local adds = {{}}
+local fields = {{}}
 local bytes = 0
-local i = 3
-for _ = 1, n do
-  seq = seq + 1
+i = 7
+for j = 1, n do
+  local s = seqs[j]
   local body = ARGV[i]
   bytes = bytes + #body
-  fields[#fields + 1] = seq
+  fields[#fields + 1] = s
   fields[#fields + 1] = body
-  local k = tonumber(ARGV[i + 1])
-  for j = 1, k do
-    local idx = tonumber(ARGV[i + 1 + j])
+  local k = tonumber(ARGV[i + 2])
+  for q = 1, k do
+    local idx = tonumber(ARGV[i + 2 + q])
     local a = adds[idx]
-    if not a then a = {}; adds[idx] = a end
-    a[#a + 1] = seq
-    a[#a + 1] = seq
+    if not a then a = {{}}; adds[idx] = a end
+    a[#a + 1] = s
+    a[#a + 1] = s
   end
-  i = i + 2 + k
+  i = i + 3 + k
 end
-for p = 1, #fields, 2 * 500 do
-  redis.call('HSET', KEYS[2], unpack(fields, p, math.min(p + 2 * 500 - 1, #fields)))
+for x = 1, #fields, 2 * 500 do
+  redis.call('HSET', KEYS[2], unpack(fields, x, math.min(x + 2 * 500 - 1, #fields)))
 end
 for idx, a in pairs(adds) do
-  for p = 1, #a, 2 * 500 do
-    redis.call('ZADD', KEYS[idx], unpack(a, p, math.min(p + 2 * 500 - 1, #a)))
+  for x = 1, #a, 2 * 500 do
+    redis.call('ZADD', KEYS[idx], unpack(a, x, math.min(x + 2 * 500 - 1, #a)))
   end
 end
+redis.call('SET', KEYS[1], fmt(seq))
 redis.call('INCRBY', KEYS[4], bytes)
-redis.call('ZADD', KEYS[3], ARGV[2], last)
-return last
+redis.call('ZADD', KEYS[3], seqs[1], string.format('%.0f:%.0f:%.0f', seqs[1], seq, now))
+return seqs
 """
 
-# KEYS: 1 queue zset, 2 message hash. ARGV: 1 after_seq, 2 limit. Returns {seqs, bodies} (a body is nil when
-# retention removed it between the two lookups of an older index entry: the caller skips it).
-READ = _LIB + """
-local seqs = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], '+inf', 'LIMIT', 0, tonumber(ARGV[2]))
-if #seqs == 0 then return {} end
+# KEYS: 1 seq counter, 2 message hash, 3 queue zset, 4 spread set. ARGV: 1 after_seq, 2 limit, 3 seal target
+# (0: none), 4 P, 5 p, 6 queue name, 7 1 if this is the queue's home partition (check the spread set).
+# Returns {counter after the seal, seqs, bodies, spread}: a body is nil when retention removed it after the
+# range was taken; spread = 1 (and nothing read) when a plain queue also holds other topics' messages.
+READ = _PART + """
+local P, p = tonumber(ARGV[4]), tonumber(ARGV[5])
+local c = seal(KEYS[1], tonumber(ARGV[3]), P, p)
+if ARGV[7] == '1' and redis.call('SISMEMBER', KEYS[4], ARGV[6]) == 1 then return {c, {}, {}, 1} end
+local seqs = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ARGV[1], '+inf', 'LIMIT', 0, tonumber(ARGV[2]))
 local bodies = {}
-hmget_into(bodies, KEYS[2], seqs)
-return {seqs, bodies}
+if #seqs > 0 then hmget_into(bodies, KEYS[2], seqs) end
+return {c, seqs, bodies, 0}
 """
 
-# KEYS: 1 session hash, 2 offset hash. ARGV: client id, packed offsets, ... Unknown sessions are skipped.
+# KEYS: 1 seq counter. ARGV: 1 target, 2 P, 3 p. Returns the counter after sealing up to the target.
+SEAL = _PART + """
+return seal(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+"""
+
+# KEYS: 1 seq counter, 2 spread set. ARGV: 1 P, 2 p, 3.. plain queue names that are about to receive messages
+# of other topics (so their reads must cover every partition). Returns the counter.
+MARK_SPREAD = _PART + """
+redis.call('SADD', KEYS[2], unpack(ARGV, 3))
+return counter(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]))
+"""
+
+# KEYS: 1 a partition's copy of the wildcard version. ARGV: 1 version. Only ever raised; returns the copy.
+RAISE_VERSION = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local v = tonumber(ARGV[1])
+if v > cur then redis.call('SET', KEYS[1], ARGV[1]); return v end
+return cur
+"""
+
+# KEYS: 1 message hash, 2 batch zset, 3 byte counter. ARGV: 1 max age ms (0: none), 2 byte budget (0: none),
+# 3 max seqs to visit, 4 queue key prefix, 5 P.
+# Deletes the oldest batches (appended longer than max age ago by Redis TIME, then more while the bytes exceed
+# the budget) and removes their messages from every queue their body names. Returns {visited, deleted}; the
+# caller repeats while visited equals ARGV[3], so one call never blocks Redis for long.
+RETENTION = _LIB + """
+local HEADER = '<i8i8i8BBHHI4I4HI4'
+local max_age, max_bytes, budget, P = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local bytes = tonumber(redis.call('GET', KEYS[3]) or '0')
+local visited, deleted = 0, 0
+while visited < budget do
+  local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if not head then break end
+  local parts = split(head, ':')
+  local first, last, at = tonumber(parts[1]), tonumber(parts[2]), tonumber(parts[3])
+  local aged = max_age > 0 and at <= now - max_age
+  if not (aged or (max_bytes > 0 and bytes > max_bytes)) then break end
+  local s = first
+  while s <= last and visited < budget and (aged or (max_bytes > 0 and bytes > max_bytes)) do
+    local body = redis.call('HGET', KEYS[1], s)
+    if body then
+      bytes = bytes - #body
+      local _, _, _, _, _, lpub, ltopic, lprops, lpay, nq, lq, pos = struct.unpack(HEADER, body)
+      if nq > 0 then
+        local at_q = pos + lpub + ltopic + lprops + lpay
+        for _, q in ipairs(split(string.sub(body, at_q, at_q + lq - 1), '\\0')) do
+          redis.call('ZREM', ARGV[4] .. q, s)
+        end
+      end
+      redis.call('HDEL', KEYS[1], s)
+      deleted = deleted + 1
+    end
+    s = s + P
+    visited = visited + 1
+  end
+  if s ~= first then redis.call('ZREM', KEYS[2], head) end
+  if s <= last then
+    -- stopped inside a batch (budget or bytes): the rest of it stays first in line
+    if s ~= first then redis.call('ZADD', KEYS[2], s, string.format('%.0f:%.0f:%.0f', s, last, at)) end
+    break
+  end
+end
+redis.call('SET', KEYS[3], fmt(bytes))
+return {visited, deleted}
+"""
+
+# KEYS: 1 message hash, 2 byte counter, 3 seq counter. Returns {messages, bytes, counter or -1}.
+PART_STATS = """
+return {redis.call('HLEN', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0'),
+        tonumber(redis.call('GET', KEYS[3]) or '-1')}
+"""
+
+# --- meta scripts (hash tag {prefix}) ----------------------------------------------------------------------
+
+# KEYS: 1 filter -> holder count hash, 2 version. ARGV: 1 +1 or -1, 2.. filters. Returns the version (bumped
+# when a filter entered or left the set).
+WILDCARDS_CHANGE = """
+local changed = false
+local add = ARGV[1] == '1'
+for i = 2, #ARGV do
+  local f = ARGV[i]
+  if add then
+    if redis.call('HINCRBY', KEYS[1], f, 1) == 1 then changed = true end
+  else
+    local n = tonumber(redis.call('HGET', KEYS[1], f) or '0')
+    if n > 1 then redis.call('HINCRBY', KEYS[1], f, -1)
+    elseif n == 1 then redis.call('HDEL', KEYS[1], f); changed = true end
+  end
+end
+if changed then return redis.call('INCR', KEYS[2]) end
+return tonumber(redis.call('GET', KEYS[2]) or '0')
+"""
+
+# KEYS: 1 count hash, 2 version. Returns {version, filters}.
+WILDCARDS_GET = """
+return {tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('HKEYS', KEYS[1])}
+"""
+
+# Sessions: KEYS 1 session hash (client id -> JSON), 2 offsets hash (packed offset, sent_upto set by
+# set_offsets after the last put), 3 epoch hash (kept after a delete: fencing outlives the record), 4 owner hash.
+
+# ARGV: 1 client id. Returns {body or nil, offsets or nil, epoch, owner or nil}.
+GET_SESSION = """
+local id = ARGV[1]
+return {redis.call('HGET', KEYS[1], id), redis.call('HGET', KEYS[2], id),
+        tonumber(redis.call('HGET', KEYS[3], id) or '0'), redis.call('HGET', KEYS[4], id)}
+"""
+
+# ARGV: 1 client id, 2 owner. Bumps the epoch (even without a record). Returns {body or nil, offsets, epoch}.
+CLAIM_SESSION = """
+local id = ARGV[1]
+local epoch = redis.call('HINCRBY', KEYS[3], id, 1)
+local body = redis.call('HGET', KEYS[1], id)
+if body then redis.call('HSET', KEYS[4], id, ARGV[2]) end
+return {body, redis.call('HGET', KEYS[2], id), epoch}
+"""
+
+# ARGV: 1 client id, 2 body, 3 epoch, 4 owner. Returns 1, or 0 (nothing written) when the stored epoch is higher.
+PUT_SESSION = """
+local id, epoch = ARGV[1], tonumber(ARGV[3])
+local cur = tonumber(redis.call('HGET', KEYS[3], id) or '0')
+if epoch < cur then return 0 end
+redis.call('HSET', KEYS[1], id, ARGV[2])
+redis.call('HDEL', KEYS[2], id)
+if epoch > cur then redis.call('HSET', KEYS[3], id, ARGV[3]) end
+redis.call('HSET', KEYS[4], id, ARGV[4])
+return 1
+"""
+
+# ARGV: 1 client id, 2 epoch (-1: unconditional). Keeps the epoch. Returns 1 if a record was deleted.
+DELETE_SESSION = """
+local id, epoch = ARGV[1], tonumber(ARGV[2])
+if epoch >= 0 and epoch < tonumber(redis.call('HGET', KEYS[3], id) or '0') then return 0 end
+redis.call('HDEL', KEYS[2], id)
+redis.call('HDEL', KEYS[4], id)
+return redis.call('HDEL', KEYS[1], id)
+"""
+
+# Returns {ids, bodies, offsets, epochs, owners} of every stored session (one reply: no paging yet).
+LIST_SESSIONS = _LIB + """
+local ids = redis.call('HKEYS', KEYS[1])
+local out = {ids, {}, {}, {}, {}}
+if #ids == 0 then return out end
+for k = 1, 4 do hmget_into(out[k + 1], KEYS[k], ids) end
+for i = 1, #ids do out[4][i] = tonumber(out[4][i] or '0') end
+return out
+"""
+
+# ARGV: client id, packed offsets, epoch, ... Unknown sessions and epochs below the stored one are skipped.
 SET_OFFSETS = """
-for i = 1, #ARGV, 2 do
-  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
-    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+for i = 1, #ARGV, 3 do
+  local id = ARGV[i]
+  if redis.call('HEXISTS', KEYS[1], id) == 1
+      and tonumber(ARGV[i + 2]) >= tonumber(redis.call('HGET', KEYS[3], id) or '0') then
+    redis.call('HSET', KEYS[2], id, ARGV[i + 1])
   end
 end
 return 0
@@ -137,50 +345,7 @@ end
 return out
 """
 
-# KEYS: 1 message hash, 2 first-live-seq counter, 3 batch-time zset, 4 byte counter, 5 seq counter.
-# ARGV: 1 time cutoff ms (0: none), 2 byte budget (0: none), 3 max messages to delete, 4 queue key prefix.
-# Deletes the oldest messages (those appended at or before the cutoff, then more while over the byte budget)
-# and removes them from every queue their body names. Returns how many seqs it passed; the caller repeats
-# while that equals ARGV[3], so one call never blocks Redis for long.
-RETENTION = _LIB + """
-local HEADER = '<i8i8i8BBHHI4I4HI4'
-local cutoff, max_bytes, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local first = tonumber(redis.call('GET', KEYS[2]) or '1')
-local last = tonumber(redis.call('GET', KEYS[5]) or '0')
-local upto = first - 1
-if cutoff > 0 then
-  local r = redis.call('ZREVRANGEBYSCORE', KEYS[3], cutoff, '-inf', 'LIMIT', 0, 1)
-  if r[1] then upto = math.max(upto, tonumber(r[1])) end
-end
-local bytes = tonumber(redis.call('GET', KEYS[4]) or '0')
-local s, done = first, 0
-while s <= last and done < budget do
-  if not (s <= upto or (max_bytes > 0 and bytes > max_bytes)) then break end
-  local body = redis.call('HGET', KEYS[1], s)
-  if body then
-    bytes = bytes - #body
-    local _, _, _, _, _, lpub, ltopic, lprops, lpay, nq, lq, pos = struct.unpack(HEADER, body)
-    if nq > 0 then
-      local at = pos + lpub + ltopic + lprops + lpay
-      for _, q in ipairs(split(string.sub(body, at, at + lq - 1), '\\0')) do
-        redis.call('ZREM', ARGV[4] .. q, s)
-      end
-    end
-    redis.call('HDEL', KEYS[1], s)
-  end
-  s = s + 1
-  done = done + 1
-end
-if done > 0 then
-  redis.call('SET', KEYS[2], s)
-  redis.call('SET', KEYS[4], bytes)
-  -- drop batch-time entries of fully deleted batches (member = a batch's last seq); not by time, as a call
-  -- that ran out of budget must leave the next one its cutoff
-  while true do
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)
-    if not head[1] or tonumber(head[1]) >= s then break end
-    redis.call('ZREMRANGEBYRANK', KEYS[3], 0, 0)
-  end
-end
-return done
+# KEYS: 1 sessions, 2 retained, 3 wills. Returns their sizes.
+META_STATS = """
+return {redis.call('HLEN', KEYS[1]), redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])}
 """

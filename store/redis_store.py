@@ -1,109 +1,126 @@
-"""The Redis store engine: the `store.base.Store` protocol on one Redis (redis-py asyncio + hiredis).
+"""The Redis store engine: the `store.base.Store` protocol on one Redis or on a Redis Cluster.
 
-First cut of issue 7 step 2. Layout (every key under one hash tag, `{tw}` by default, so the multi-key Lua
-scripts of `store.redis_scripts` are valid on Redis Cluster too):
+**Partitions.** The log is split into P partitions (`partitions`: 1 to 64; default 1 for
+`redis://`, 16 for `redis-cluster://`), each under its own hash tag `{prefix:p}` (so the cluster spreads them
+over its masters) with its own sequence, message hash and queue indexes:
 
-    {tw}:seq          string   the global sequence (INCRBY by the batch size in the append script)
-    {tw}:msg          hash     seq -> message body (`store.records` encoding; the header's seq is 0 and the
-                               field name is the seq)
-    {tw}:q:<queue>    zset     seqs indexed into a queue (score = member = seq), read by ZRANGEBYSCORE
-    {tw}:bt, :bytes, :first    retention bookkeeping: batch append times, live body bytes, first live seq
-    {tw}:sess, :off   hash     client id -> session JSON / packed (offset, sent_upto) set by set_offsets
-    {tw}:ret          hash     topic -> retained body;  {tw}:rl  set of first levels;  {tw}:rb:<level>  set
-                               of the retained topics under a first level (match walks only those buckets)
-    {tw}:will         hash     client id -> encoded will
+    {tw:p}:seq     string  the partition's counter: last seq assigned or sealed there (see redis_scripts)
+    {tw:p}:msg     hash    seq -> message body (`store.records` encoding; header seq 0, the field is the seq)
+    {tw:p}:q:<queue>  zset seqs indexed into a queue (score = member = seq), read by ZRANGEBYSCORE
+    {tw:p}:bt, :bytes      retention bookkeeping: one entry per append batch, live body bytes
+    {tw:p}:wv      string  this partition's copy of the wildcard set version (checked by every append)
+    {tw:p}:spread  set     plain queue names that hold messages of other topics (read across all partitions)
 
-**This cut pins everything to one shard.** A later step partitions the log by topic hash across P hash tags,
-each with its own sequence, message hash and queue indexes; a session's offset then becomes one per partition.
+Sessions, offsets, retained, wills and the wildcard set live under the meta tag `{prefix}` (`store.redis_meta`).
+A message goes to the partition of its topic (crc32 of the topic), so per-topic order holds. A queue whose name
+has a '+' or '#' (first-level `a/#`, wildcard and `p2p#` queues) is read from every partition, pipelined (one
+round trip per Redis node, in parallel); a plain queue (a topic's own queue) from its topic's partition only. A
+plain queue that is given messages of another topic is marked "spread" in its home partition before such an
+append (one extra round trip, never taken by the gateway's layout), and from then on is read everywhere.
 
-Round trips: `append` is one EVALSHA per batch (seqs assigned, each body stored once, its seq ZADDed into every
-queue it names, atomically); `read` is one EVALSHA (range + bodies); `set_offsets`, `set_retained`,
-`match_retained` one script each; session calls one MULTI/EXEC pipeline. `register_script` reloads a script
-after NOSCRIPT (e.g. after a Redis restart), which costs one extra round trip once.
+**Seqs** are hybrid-clock values, comparable across partitions, so one cursor walks the merge of a session's
+queues: seq = max(partition counter + P, base + i*P + p) for message i of a batch in partition p, where base is
+the node's clock (ms since 2025 * 4096, held to at most a minute past Redis TIME) raised above every seq this
+store has seen. Seqs are unique (seq ≡ p mod P), ascending per partition (so per topic), below 2**53 until 2094,
+and, while no partition runs ahead, ascending in batch order across partitions too.
 
-Semantics match the embedded engine so the same gateway code runs on both: `append` assigns `seq` (and a
-missing `timestamp_ms`) onto the caller's messages. `read` returns fresh objects decoded from Redis, and so do
-`match_retained` and `list_wills` (stored copies are isolated from the caller, which the embedded engine does
-not do yet). `last_seq()` is synchronous in the protocol, so it is a local high-water mark: the last seq this
-process appended, or saw on `open()`. Appends by other nodes do not move it: that is exactly the protocol
-weakness issue 7 calls out; a cluster needs an async, store-wide high-water mark.
+**Completeness.** A partition is sealed up to counter + P - 1: no later append there gets a lower seq. A read
+answers `upto` = the lowest sealed value over the partitions it read (or the last message when cut at the
+limit), after raising each partition read to at least max(`seal`, the highest seq this store has seen), in
+the same script. So `upto` covers this store's own appends, `seal`, and every append another node made that
+some node has sealed since: each open store seals every partition to the highest counter it saw every
+`seal_interval` (0.1 s). `last_seq()` is the lowest sealed value seen across all partitions (that background
+task, and reads of every partition): sealed, no I/O, and with P > 1 up to two intervals behind the newest seq
+(with P = 1 it also follows this store's own appends at once).
 
-Durability: with `appendonly yes` + `appendfsync always`, Redis fsyncs every write before replying, so
-whatever returned is durable and `sync()` issues nothing. Redis writes the AOF before replying under any
-policy, so a Redis *process* crash loses nothing acknowledged; a host crash or power loss loses up to ~1-2 s
-with `everysec`, whatever the kernel had not flushed (~30 s) with `no`, and everything since the last snapshot
-without AOF. `sync()` cannot close that gap on Redis 7.0 (`WAITAOF` needs 7.2), so `open()` reads the policy
-(`durable`: True, False, or None where CONFIG is disabled) and logs a warning unless it is `always`.
+**Wildcards.** The set and its holder counts live under the meta tag; each partition keeps a copy of the
+version, which add/remove raise on every partition before returning, and which the append script compares with
+the caller's version. A batch refused by all its partitions raises `StaleWildcards` (nothing stored); one
+refused by only some overlapped a change of the set (it started before that change returned), so the refused
+partitions take their part unchecked. `wildcards()` also repairs copies left behind by a failed add/remove.
 
-Retention: `enforce_retention()` deletes the oldest messages appended before `retention_seconds` ago (by append
-batch time) and while the body bytes exceed `retention_bytes`, and removes them from their queues, in bounded
-script calls. Sessions, retained and wills are never trimmed.
+**Round trips.** P = 1: `append` one EVALSHA per batch, `read` one EVALSHA. P > 1: `append` one EVALSHA per
+partition the batch touches, pipelined; a plain-queue read one EVALSHA; a `+`/`#` queue read P EVALSHAs,
+pipelined (one round trip per node). Session, offsets, retained and wildcard calls: one script each (plus
+P pipelined version copies after a wildcard change). After NOSCRIPT a call is resent once as EVAL.
 
-Errors: while Redis is unreachable (refused, reset, timeout, LOADING, READONLY replica, OOM) every call raises
-`RedisUnavailable`, a builtin `ConnectionError` and so an `OSError`, for the caller's retry with backoff.
-redis-py's own retries are off; instead every idempotent call (all but `append`) is tried once more on a
-connection error, because after a Redis restart each pooled connection fails its next command. `append` is
-never retried here: a lost reply does not mean the script did not run, so a failed `append` is ambiguous and
-the caller's retry may store the batch twice (at-least-once; a batch id to dedupe is future work).
-Calls on a store that is not open raise `StoreClosed` (a `RuntimeError`: retrying will not help).
+**Durability.** With `appendonly yes` + `appendfsync always` Redis fsyncs each write before replying, so what
+returned is durable and `sync()` issues nothing. Redis writes the AOF before replying under any policy, so a
+Redis *process* crash loses nothing acknowledged; a host crash or power loss loses up to ~1-2 s of writes with
+`everysec`, whatever the kernel had not flushed (~30 s) with `no`, and everything since the last snapshot
+without AOF. A lost seal can then let a later append take a seq a reader already passed. On a cluster with
+replicas, a failover loses what the replica had not received yet (replication is asynchronous; no WAIT).
+`open()` reads the policy of every primary (`durable`: True, False, or None where CONFIG is denied) and warns
+unless `always`.
 
-Limits: `max_connections` pooled connections (a caller waits up to `pool_timeout` for one), `connect_timeout`
-and `socket_timeout` per command; `RETENTION_STEP` messages per retention script call; `list_sessions` and
-`list_wills` fetch one whole hash (HSCAN paging is future work). Only `redis.asyncio.Redis` is used: the Lua
-keys are Cluster-safe, but connecting through a `RedisCluster` client (`redis-cluster://`) is a later step.
+**Retention** (`enforce_retention`) deletes, per partition, the oldest batches appended more than
+`retention_seconds` ago (Redis TIME) and more while the partition's bytes exceed `retention_bytes / P`, and
+removes them from their queues, `RETENTION_STEP` seqs per script call (a batch entry spans its seqs in steps
+of P: up to the whole batch's length per partition). Sessions, retained and wills are kept.
+
+Errors: `RedisUnavailable` (an `OSError`) while Redis cannot serve, `StoreClosed` on a closed store, see
+`store.redis_conn`; an append that failed may or may not have been stored (at-least-once on the caller's retry).
+Limits: `max_connections` (per node on a cluster), `connect_timeout`, `socket_timeout`, `pool_timeout`;
+`list_sessions` and `list_wills` read one whole hash; the spread-queue caches keep `SPREAD_CACHE` names.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar, cast
+import zlib
+from collections.abc import Sequence
+from typing import Any
 
-import redis.asyncio as aioredis
-import redis.exceptions as rexc
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-
-from store.base import Message, SessionRecord, WillRecord
-from store.records import (
-    OFFSETS,
-    decode_message_body,
-    decode_session,
-    decode_will,
-    encode_message_body,
-    encode_session,
-    encode_will,
+from store.base import Message, SessionRecord, Slice, StaleWildcards, WillRecord
+from store.records import decode_message_body, encode_message_body
+from store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script, StoreClosed
+from store.redis_meta import RedisMeta
+from store.redis_scripts import (
+    APPEND,
+    EPOCH_MS,
+    MARK_SPREAD,
+    PART_STATS,
+    RAISE_VERSION,
+    READ,
+    RETENTION,
+    SEAL,
+    TICKS,
 )
-from store.redis_scripts import APPEND, MATCH_RETAINED, READ, RETENTION, SET_OFFSETS, SET_RETAINED
+
+__all__ = ["RedisStore", "RedisUnavailable", "StoreClosed"]
 
 log = logging.getLogger("tidewire.store")
-T = TypeVar("T")
 
-# Messages one retention script call may delete: keeps each call well under a millisecond-scale block.
-RETENTION_STEP = 1000
+DEFAULT_CLUSTER_PARTITIONS = 16
+MAX_PARTITIONS = 64
+SEAL_INTERVAL = 0.1  # seconds between background seals of every partition
+RETENTION_STEP = 1000  # seqs one retention script call may visit: keeps each call short
+SPREAD_CACHE = 10_000  # plain queue names remembered as spread / already marked
 
-_UNAVAILABLE = (
-    rexc.ConnectionError,  # includes BusyLoadingError (LOADING), MaxConnectionsError, AuthenticationError
-    rexc.TimeoutError,
-    rexc.ReadOnlyError,  # failover: we talk to a replica
-    rexc.OutOfMemoryError,
-    rexc.ClusterDownError,
-    rexc.TryAgainError,
-)
-
-
-class RedisUnavailable(ConnectionError):
-    """Redis cannot be reached or cannot take writes now; retry later (an `OSError`)."""
+_APPEND = Script("append", APPEND)
+_READ = Script("read", READ)
+_SEAL = Script("seal", SEAL)
+_MARK = Script("mark_spread", MARK_SPREAD)
+_RAISE = Script("raise_version", RAISE_VERSION)
+_RETENTION = Script("retention", RETENTION)
+_PART_STATS = Script("part_stats", PART_STATS)
 
 
-class StoreClosed(RuntimeError):
-    """A call on a store that is not open."""
+def _wild(queue: str) -> bool:
+    return "+" in queue or "#" in queue
 
 
-def _unavailable(exc: Exception) -> RedisUnavailable:
-    # redis-py messages carry host:port and errno text, never credentials.
-    return RedisUnavailable(f"redis unavailable: {type(exc).__name__}: {exc}")
+class _Partition:
+    __slots__ = ("bt", "bytes", "msg", "n", "q", "seq", "spread", "wv")
+
+    def __init__(self, prefix: str, n: int) -> None:
+        t = f"{{{prefix}:{n}}}:"
+        self.n = n
+        self.seq, self.msg, self.bt, self.bytes = t + "seq", t + "msg", t + "bt", t + "bytes"
+        self.wv, self.spread, self.q = t + "wv", t + "spread", t + "q:"
 
 
 class RedisStore:
@@ -112,163 +129,208 @@ class RedisStore:
         url: str = "redis://127.0.0.1:6379/0",
         *,
         prefix: str = "tw",
+        partitions: int = 0,
         retention_bytes: int = 0,
         retention_seconds: int = 0,
         connect_timeout: float = 2.0,
         socket_timeout: float = 5.0,
         max_connections: int = 64,
         pool_timeout: float = 5.0,
+        seal_interval: float = SEAL_INTERVAL,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': it becomes the hash tag")
-        if max_connections < 1:
-            raise ValueError("max_connections must be >= 1")
+        if not partitions:
+            partitions = DEFAULT_CLUSTER_PARTITIONS if url.startswith(CLUSTER_SCHEMES) else 1
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ValueError(f"partitions must be from 1 to {MAX_PARTITIONS}")
+        if seal_interval <= 0:
+            raise ValueError("seal_interval must be > 0")
         self.url = url
+        self.partitions = partitions
         self.retention_bytes = retention_bytes
         self.retention_seconds = retention_seconds
-        self._connect_timeout = connect_timeout
-        self._socket_timeout = socket_timeout
-        self._max_connections = max_connections
-        self._pool_timeout = pool_timeout
-        k = f"{{{prefix}}}:"
-        self._k_seq, self._k_msg, self._k_bt = k + "seq", k + "msg", k + "bt"
-        self._k_bytes, self._k_first = k + "bytes", k + "first"
-        self._k_sess, self._k_off, self._k_will = k + "sess", k + "off", k + "will"
-        self._k_ret, self._k_levels, self._p_bucket = k + "ret", k + "rl", k + "rb:"
-        self._p_queue = k + "q:"
-        self._r: aioredis.Redis | None = None
-        self._pool: aioredis.BlockingConnectionPool | None = None
-        self._scripts: dict[str, Any] = {}
-        self._high = 0
+        self.seal_interval = seal_interval
+        self._conn = RedisConn(url, connect_timeout=connect_timeout, socket_timeout=socket_timeout,
+                               max_connections=max_connections, pool_timeout=pool_timeout)
+        self._meta = RedisMeta(self._conn, prefix)
+        self._parts = [_Partition(prefix, n) for n in range(partitions)]
+        self._hint = 0  # the highest seq or counter this store has seen: floor of its clock, seal of its reads
+        self._sealed = 0  # last_seq(): sealed on every partition
+        self._version_raised = 0  # every partition's version copy is known to be at least this
+        self._spread: set[str] = set()  # plain queues known to be spread over partitions
+        self._marked: set[str] = set()  # plain queues this store marked spread
+        self._sealer: asyncio.Task[None] | None = None
+        self._closing = False
         self.durable: bool | None = None  # set by open(): Redis fsyncs each write before replying
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def open(self) -> None:
-        if self._r is not None:
+        if self._conn.is_open:
             return
-        pool = aioredis.BlockingConnectionPool.from_url(
-            self.url, max_connections=self._max_connections, timeout=self._pool_timeout,
-            socket_connect_timeout=self._connect_timeout, socket_timeout=self._socket_timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
-        r = aioredis.Redis(connection_pool=pool)
+        await self._conn.open()
+        self._closing = False
         try:
-            high = await r.get(self._k_seq)
-            durable = await self._check_durability(r)
-        except _UNAVAILABLE as exc:
-            await r.aclose()
-            await pool.aclose()
-            raise _unavailable(exc) from exc
+            await self._conn.command("SET", self._meta.k_parts, self.partitions, "NX")
+            stored = int(await self._conn.command("GET", self._meta.k_parts))
+            if stored != self.partitions:
+                raise ValueError(f"the store under this prefix has {stored} partitions, not {self.partitions}")
+            self.durable = await self._conn.durability()
+            await self.seal_now()  # learn every counter,
+            await self.seal_now()  # then seal them all to the highest: last_seq() starts at the store's end
         except BaseException:
-            await r.aclose()
-            await pool.aclose()
+            await self._conn.close()
             raise
-        self._high = max(self._high, int(high or 0))
-        self.durable = durable
-        self._r = r
-        self._pool = pool
-        self._scripts = {name: r.register_script(src) for name, src in (
-            ("append", APPEND), ("read", READ), ("offsets", SET_OFFSETS), ("retained", SET_RETAINED),
-            ("match", MATCH_RETAINED), ("retention", RETENTION))}
-
-    async def _check_durability(self, r: aioredis.Redis) -> bool | None:
-        try:
-            conf = await r.config_get("append*")
-        except rexc.ResponseError:  # CONFIG renamed or denied (managed Redis): unknown
-            log.warning("store: cannot read the Redis AOF policy; acked writes are durable only with "
-                        "appendonly yes + appendfsync always")
-            return None
-        get = {k.decode() if isinstance(k, bytes) else k: v for k, v in conf.items()}
-        durable = get.get("appendonly") in (b"yes", "yes") and get.get("appendfsync") in (b"always", "always")
-        if not durable:
-            log.warning("store: Redis runs without appendonly yes + appendfsync always: a host crash can lose "
-                        "acknowledged messages")
-        return durable
+        self._sealer = asyncio.create_task(self._seal_loop(), name="redis-store-sealer")
 
     async def close(self) -> None:
-        r, self._r = self._r, None
-        pool, self._pool = self._pool, None
-        if r is not None:
-            await r.aclose()
-        if pool is not None:
-            await pool.aclose()
+        self._closing = True  # the loop also stops by itself if a library call swallows the cancel
+        task, self._sealer = self._sealer, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=2.0)
+        await self._conn.close()
 
-    def _client(self) -> aioredis.Redis:
-        if self._r is None:
-            raise StoreClosed("redis store is not open")
-        return self._r
-
-    async def _call(self, fn: Callable[[aioredis.Redis], Awaitable[T]], *, idempotent: bool = True) -> T:
-        """Run `fn` on the client, translating unavailability into `RedisUnavailable`.
-
-        An idempotent call is tried once more on a connection error: after a Redis restart each pooled
-        connection is dead and fails its next command, and the retry gets a fresh one. `append` is not
-        idempotent (a lost reply does not mean the script did not run), so it never retries here."""
-        r = self._client()
-        try:
+    async def _seal_loop(self) -> None:
+        failing = False
+        while not self._closing:
+            await asyncio.sleep(self.seal_interval)
+            if self._closing:
+                return
             try:
-                return await fn(r)
-            except rexc.ConnectionError:
-                if not idempotent:
-                    raise
-            return await fn(self._client())
-        except _UNAVAILABLE as exc:
-            raise _unavailable(exc) from exc
+                await self.seal_now()
+            except StoreClosed:
+                return
+            except Exception as exc:  # keep sealing: the next tick is the retry
+                if not failing:
+                    log.warning("store: sealing the partitions failed (retrying every %.1fs): %s",
+                                self.seal_interval, exc)
+                failing = True
+            else:
+                if failing:
+                    log.info("store: sealing the partitions works again")
+                failing = False
 
-    async def _run(self, script: str, keys: list[Any], args: list[Any], *, idempotent: bool = True) -> Any:
-        self._client()
-        s = self._scripts[script]
-        return await self._call(lambda r: s(keys=keys, args=args, client=r), idempotent=idempotent)
+    async def seal_now(self) -> int:
+        """Seal every partition up to the highest seq this store has seen; returns the new `last_seq()`."""
+        P = self.partitions
+        target = self._hint
+        counters = [int(c) for c in await self._conn.run_many(
+            [(_SEAL, [part.seq], [target, P, part.n]) for part in self._parts])]
+        self._saw(max(counters))
+        self._sealed = max(self._sealed, min(counters) + P - 1)
+        return self.last_seq()
 
-    async def _multi(self, *commands: tuple[Any, ...]) -> list[Any]:
-        """One MULTI/EXEC round trip of `(method name, *args)` commands."""
+    def last_seq(self) -> int:
+        return self._sealed
 
-        async def run(r: aioredis.Redis) -> list[Any]:
-            pipe = r.pipeline(transaction=True)
-            for name, *args in commands:
-                getattr(pipe, name)(*args)
-            return cast(list[Any], await pipe.execute())
+    def _saw(self, seq: int) -> None:
+        if seq > self._hint:
+            self._hint = seq
 
-        return await self._call(run)
+    def _part_of(self, name: str) -> _Partition:
+        return self._parts[zlib.crc32(name.encode()) % self.partitions]
 
     # --- messages -----------------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message]) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
         if not messages:
+            self._conn.check()
             return
         batch = list(messages)  # keep nothing of the caller's list
         now_ms = int(time.time() * 1000)
-        keys: list[str | bytes] = [self._k_seq, self._k_msg, self._k_bt, self._k_bytes]
-        index: dict[str, int] = {}
-        args: list[int | bytes] = [len(batch), now_ms]
-        p_queue = self._p_queue
-        for m in batch:
+        P = self.partitions
+        groups: dict[int, list[int]] = {}
+        spread: dict[int, set[str]] = {}
+        for i, m in enumerate(batch):
             if not m.timestamp_ms:
                 m.timestamp_ms = now_ms  # as the embedded engine: retention by age needs a time
-            args.append(encode_message_body(m, 0))
-            args.append(len(m.queues))
+            if P == 1:
+                groups.setdefault(0, []).append(i)
+                continue
+            groups.setdefault(self._part_of(m.topic).n, []).append(i)
             for q in m.queues:
-                i = index.get(q)
-                if i is None:
-                    keys.append(p_queue + q)
-                    i = index[q] = len(keys)  # Lua KEYS are 1-based
-                args.append(i)
-        last = int(await self._run("append", keys, args, idempotent=False))
-        seq = last - len(batch)
-        for m in batch:
-            seq += 1
-            m.seq = seq
-        if last > self._high:
-            self._high = last
+                if q != m.topic and q not in self._marked and not _wild(q):
+                    spread.setdefault(self._part_of(q).n, set()).add(q)
+        if spread:
+            await self._mark_spread(spread)
+        clock = (now_ms - EPOCH_MS) * TICKS
+        floor = self._hint + 1
+        calls: list[Call] = []
+        for n, idxs in groups.items():
+            part = self._parts[n]
+            keys: list[str | bytes] = [part.seq, part.msg, part.bt, part.bytes, part.wv]
+            index: dict[str, int] = {}
+            args: list[str | bytes | int] = [len(idxs), wildcard_version, P, n, clock, floor]
+            for i in idxs:
+                m = batch[i]
+                args += (encode_message_body(m, 0), i, len(m.queues))
+                for q in m.queues:
+                    k = index.get(q)
+                    if k is None:
+                        keys.append(part.q + q)
+                        k = index[q] = len(keys)  # Lua KEYS are 1-based
+                    args.append(k)
+            calls.append((_APPEND, keys, args))
+        results = await self._conn.run_many(calls, idempotent=False)
+        refused = [j for j, r in enumerate(results) if isinstance(r, int)]
+        if refused:
+            if len(refused) == len(results):
+                raise StaleWildcards(wildcard_version)
+            # Some partitions took the batch with this version: it started before the change of the set
+            # returned, so its indexing is allowed to miss that change (see the module docstring).
+            again = await self._conn.run_many(
+                [(s, k, [a[0], -1, *a[2:]]) for s, k, a in (calls[j] for j in refused)], idempotent=False)
+            for j, r in zip(refused, again, strict=True):
+                results[j] = r
+        high = 0
+        for idxs, seqs in zip(groups.values(), results, strict=True):
+            for i, s in zip(idxs, seqs, strict=True):
+                batch[i].seq = int(s)
+            high = max(high, int(seqs[-1]))
+        self._saw(high)
+        if P == 1:
+            self._sealed = max(self._sealed, high)  # one counter: whatever it reached is sealed
 
-    async def read(self, queue: str, after_seq: int, limit: int) -> list[Message]:
+    async def _mark_spread(self, spread: dict[int, set[str]]) -> None:
+        P = self.partitions
+        calls: list[Call] = [(_MARK, [self._parts[n].seq, self._parts[n].spread], [P, n, *sorted(names)])
+                             for n, names in spread.items()]
+        counters = await self._conn.run_many(calls)
+        # This append's seqs must pass whatever a reader of those queues already got as `upto` from their home
+        # partition (read before the mark): the clock floor goes above those partitions' sealed values.
+        self._saw(max(int(c) for c in counters) + P - 1)
+        if len(self._marked) > SPREAD_CACHE:
+            self._marked.clear()
+        for names in spread.values():
+            self._marked.update(names)
+            self._remember_spread(names)
+
+    def _remember_spread(self, names: set[str]) -> None:
+        if len(self._spread) > SPREAD_CACHE:
+            self._spread.clear()  # forgotten names are found again through the home partition's mark
+        self._spread.update(names)
+
+    async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
+        self._conn.check()
         if limit <= 0:
-            self._client()
-            return []
-        res = await self._run("read", [self._p_queue + queue, self._k_msg], [after_seq, limit])
-        if not res:
-            return []
+            return Slice([], after_seq)
+        target = max(seal, self._hint)
+        if self.partitions == 1:
+            return await self._read_home(self._parts[0], queue, after_seq, limit, target, check=False)
+        if _wild(queue) or queue in self._spread:
+            return await self._read_all(queue, after_seq, limit, target)
+        return await self._read_home(self._part_of(queue), queue, after_seq, limit, target, check=True)
+
+    @staticmethod
+    def _read_args(part: _Partition, queue: str, after: int, limit: int, target: int, P: int,
+                   check: bool) -> Call:
+        return (_READ, [part.seq, part.msg, part.q + queue, part.spread],
+                [after, limit, target, P, part.n, queue, 1 if check else 0])
+
+    @staticmethod
+    def _decode(seqs: list[bytes], bodies: list[bytes | None]) -> list[Message]:
         out: list[Message] = []
-        for s, body in zip(res[0], res[1], strict=True):
+        for s, body in zip(seqs, bodies, strict=True):
             if body is None:
                 continue  # trimmed by retention after the range was taken
             m = decode_message_body(body)
@@ -276,93 +338,126 @@ class RedisStore:
             out.append(m)
         return out
 
-    def last_seq(self) -> int:
-        return self._high
+    async def _read_home(self, part: _Partition, queue: str, after: int, limit: int, target: int,
+                         check: bool) -> Slice:
+        P = self.partitions
+        c, seqs, bodies, spread = await self._conn.run(self._read_args(part, queue, after, limit, target, P, check))
+        c = int(c)
+        self._saw(c)
+        if spread:
+            self._remember_spread({queue})
+            return await self._read_all(queue, after, limit, target)
+        if P == 1:
+            self._sealed = max(self._sealed, c)
+        upto = int(seqs[-1]) if len(seqs) >= limit else c + P - 1
+        return Slice(self._decode(seqs, bodies), max(upto, after))
+
+    async def _read_all(self, queue: str, after: int, limit: int, target: int) -> Slice:
+        P = self.partitions
+        results = await self._conn.run_many(
+            [self._read_args(part, queue, after, limit, target, P, False) for part in self._parts])
+        counters = [int(r[0]) for r in results]
+        self._saw(max(counters))
+        self._sealed = max(self._sealed, min(counters) + P - 1)
+        upto = min(int(seqs[-1]) if len(seqs) >= limit else c + P - 1
+                   for c, (_, seqs, _, _) in zip(counters, results, strict=True))
+        merged = [m for _, seqs, bodies, _ in results for m in self._decode(seqs, bodies) if m.seq <= upto]
+        merged.sort(key=lambda m: m.seq)
+        if len(merged) > limit:
+            del merged[limit:]
+            upto = merged[-1].seq
+        return Slice(merged, max(upto, after))
 
     async def sync(self) -> None:
         # appendfsync always: every reply already followed its fsync (see the module docstring).
-        self._client()
+        self._conn.check()
 
-    # --- sessions and offsets -------------------------------------------------------------------------------
-    @staticmethod
-    def _with_offsets(body: bytes, offsets: bytes | None) -> SessionRecord:
-        rec = decode_session(body)
-        if offsets is not None:
-            rec.offset, rec.sent_upto = OFFSETS.unpack(offsets)
-        return rec
+    # --- the wildcard set -----------------------------------------------------------------------------------
+    async def add_wildcards(self, filters: Sequence[str]) -> int:
+        version = await self._meta.change_wildcards(filters, add=True)
+        await self._raise_versions(version)
+        return version
 
+    async def remove_wildcards(self, filters: Sequence[str]) -> int:
+        version = await self._meta.change_wildcards(filters, add=False)
+        await self._raise_versions(version)
+        return version
+
+    async def wildcards(self) -> tuple[int, frozenset[str]]:
+        version, filters = await self._meta.wildcards()
+        await self._raise_versions(version)
+        return version, filters
+
+    async def _raise_versions(self, version: int) -> None:
+        """Every partition's copy up to `version` before the caller learns it (copies only ever rise)."""
+        if version <= self._version_raised:
+            return
+        await self._conn.run_many([(_RAISE, [part.wv], [version]) for part in self._parts])
+        self._version_raised = max(self._version_raised, version)
+
+    # --- sessions, retained, wills (store.redis_meta) -------------------------------------------------------
     async def get_session(self, client_id: str) -> SessionRecord | None:
-        body, offsets = await self._multi(("hget", self._k_sess, client_id), ("hget", self._k_off, client_id))
-        return None if body is None else self._with_offsets(body, offsets)
+        return await self._meta.get_session(client_id)
 
-    async def put_session(self, record: SessionRecord) -> None:
-        # The record carries its offsets: drop any set_offsets value stored after the previous put.
-        await self._multi(("hset", self._k_sess, record.client_id, encode_session(record)),
-                          ("hdel", self._k_off, record.client_id))
+    async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
+        return await self._meta.claim_session(client_id, owner)
 
-    async def delete_session(self, client_id: str) -> None:
-        await self._multi(("hdel", self._k_sess, client_id), ("hdel", self._k_off, client_id))
+    async def put_session(self, record: SessionRecord) -> bool:
+        return await self._meta.put_session(record)
+
+    async def delete_session(self, client_id: str, epoch: int = -1) -> None:
+        await self._meta.delete_session(client_id, epoch)
 
     async def list_sessions(self) -> list[SessionRecord]:
-        # One reply with every session: fine for this cut; a large deployment needs HSCAN paging.
-        bodies, offsets = await self._multi(("hgetall", self._k_sess), ("hgetall", self._k_off))
-        return [self._with_offsets(body, offsets.get(cid)) for cid, body in bodies.items()]
+        return await self._meta.list_sessions()
 
-    async def set_offsets(self, offsets: dict[str, tuple[int, int]]) -> None:
-        if not offsets:
-            self._client()
-            return
-        args: list[str | bytes] = []
-        pack = OFFSETS.pack
-        for client_id, (offset, sent_upto) in offsets.items():
-            args += (client_id, pack(offset, sent_upto))
-        await self._run("offsets", [self._k_sess, self._k_off], args)
+    async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
+        await self._meta.set_offsets(offsets)
 
-    # --- retained -------------------------------------------------------------------------------------------
     async def set_retained(self, topic: str, message: Message | None) -> None:
-        level = topic.split("/", 1)[0]
-        args: list[str | bytes] = [topic, level]
-        if message is not None:
-            args.append(encode_message_body(message, message.seq))
-        await self._run("retained", [self._k_ret, self._k_levels, self._p_bucket + level], args)
+        await self._meta.set_retained(topic, message)
 
     async def match_retained(self, topic_filter: str) -> list[Message]:
-        if "+" not in topic_filter and "#" not in topic_filter:
-            body = await self._call(lambda r: r.hget(self._k_ret, topic_filter))
-            return [] if body is None else [decode_message_body(cast(bytes, body))]
-        bodies = await self._run("match", [self._k_ret, self._k_levels], [topic_filter, self._p_bucket])
-        return [decode_message_body(b) for b in bodies if b is not None]
+        return await self._meta.match_retained(topic_filter)
 
-    # --- wills ----------------------------------------------------------------------------------------------
     async def put_will(self, will: WillRecord) -> None:
-        value = encode_will(will)
-        await self._call(lambda r: r.hset(self._k_will, will.client_id, value))
+        await self._meta.put_will(will)
 
     async def delete_will(self, client_id: str) -> None:
-        await self._call(lambda r: r.hdel(self._k_will, client_id))
+        await self._meta.delete_will(client_id)
 
     async def list_wills(self) -> list[WillRecord]:
-        wills = await self._call(lambda r: r.hgetall(self._k_will))
-        return [decode_will(cast(bytes, v)) for v in wills.values()]
+        return await self._meta.list_wills()
 
     # --- retention and stats ------------------------------------------------------------------------------
     async def enforce_retention(self) -> int:
-        """Delete the oldest messages past `retention_seconds` / `retention_bytes`; return how many seqs."""
+        """Delete the oldest batches past `retention_seconds` / `retention_bytes`; return how many messages."""
         if not (self.retention_bytes or self.retention_seconds):
+            self._conn.check()
             return 0
-        cutoff = int(time.time() * 1000) - self.retention_seconds * 1000 if self.retention_seconds else 0
-        keys = [self._k_msg, self._k_first, self._k_bt, self._k_bytes, self._k_seq]
+        P = self.partitions
+        budget = -(-self.retention_bytes // P) if self.retention_bytes else 0
+        todo = list(self._parts)
         total = 0
-        while True:
-            done = int(await self._run("retention", keys, [cutoff, self.retention_bytes, RETENTION_STEP,
-                                                           self._p_queue]))
-            total += done
-            if done < RETENTION_STEP:
-                return total
+        while todo:
+            results = await self._conn.run_many(
+                [(_RETENTION, [part.msg, part.bt, part.bytes],
+                  [self.retention_seconds * 1000, budget, RETENTION_STEP, part.q, P]) for part in todo])
+            total += sum(int(deleted) for _, deleted in results)
+            todo = [part for part, (visited, _) in zip(todo, results, strict=True) if int(visited) >= RETENTION_STEP]
+        return total
 
-    async def stats(self) -> dict[str, int]:
-        msgs, nbytes, sessions, retained, wills, seq = await self._multi(
-            ("hlen", self._k_msg), ("get", self._k_bytes), ("hlen", self._k_sess), ("hlen", self._k_ret),
-            ("hlen", self._k_will), ("get", self._k_seq))
-        return {"messages": msgs, "bytes": int(nbytes or 0), "sessions": sessions, "retained": retained,
-                "wills": wills, "last_seq": int(seq or 0)}
+    async def stats(self) -> dict[str, Any]:
+        parts = await self._conn.run_many([(_PART_STATS, [p.msg, p.bytes, p.seq], []) for p in self._parts])
+        meta = await self._meta.stats()
+        return {"messages": sum(int(r[0]) for r in parts), "bytes": sum(int(r[1]) for r in parts),
+                "partitions": self.partitions, "last_seq": self._sealed,
+                "max_seq": max(int(r[2]) for r in parts), **meta}
+
+    async def __aenter__(self) -> RedisStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            await self.close()

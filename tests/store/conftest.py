@@ -12,6 +12,7 @@ from store.base import Store
 from store.delaying import DelayingStore
 from store.embedded import EmbeddedStore
 from tests.store import redis_server
+from tests.store.redis_cluster_store_test_support import redis_cluster_for_module  # noqa: F401 - a fixture
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ async def flush_redis(url: str) -> None:
         await r.aclose()
 
 
-@pytest.fixture(params=["embedded", "delaying", "redis"])
+@pytest.fixture(params=["embedded", "delaying", "redis", "redis_cluster"])
 async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Engine]:
     data = tmp_path / "contract"
 
@@ -95,6 +96,14 @@ async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         await flush_redis(server.url)
         # A reopen is a crash of Redis itself (kill -9, restart from the AOF) and a new client.
         eng = Engine("redis", lambda: RedisStore(server.url), persistent=True, restart=server.restart)
+    elif request.param == "redis_cluster":
+        from store.redis_store import RedisStore
+
+        cluster: redis_server.RedisClusterServers = request.getfixturevalue("redis_cluster_for_module")
+        cluster.flushall()
+        # A reopen is a crash of every master (kill -9, restart from its AOF) and a new client.
+        eng = Engine("redis_cluster", lambda: RedisStore(cluster.url, partitions=16), persistent=True,
+                     restart=cluster.restart)
     else:
         # A seed per test: a failure reproduces, while each test sees a different interleaving.
         seed = zlib.crc32(request.node.nodeid.encode())

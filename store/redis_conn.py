@@ -1,0 +1,289 @@
+"""The Redis store engine's connection: one Redis or a Redis Cluster, scripts by SHA, errors made uniform.
+
+`redis://` / `rediss://` / `unix://` URLs use `redis.asyncio.Redis` over a blocking pool; `redis-cluster://`
+(`rediss-cluster://` for TLS) `[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]` uses `redis.asyncio.cluster.
+RedisCluster`, which follows MOVED/ASK redirections and reloads the slot table after a failover by itself.
+
+Scripts run as EVALSHA; after NOSCRIPT (a restarted or new node) the same call is sent once as EVAL, which
+also caches the script on that node. `run_many` pipelines calls (on a cluster: one pipeline per node, the nodes
+in parallel), so calls over P partitions cost one round trip per node, not per partition.
+
+Errors: while Redis cannot serve (refused, reset, timeout, LOADING, READONLY replica, OOM, CLUSTERDOWN, slots not
+covered) every call raises `RedisUnavailable`, a builtin `ConnectionError` and so an `OSError`; a call on a
+connection that is not open raises `StoreClosed`. On one Redis, redis-py's own retries are off and an idempotent
+call is tried once more after a connection error (after a Redis restart each pooled connection fails its next
+command). The cluster client retries connection errors itself (`CLUSTER_RETRIES`, reloading the slot table in
+between), for every command: a non-idempotent append may then run twice (at-least-once, as when the caller
+retries an append whose reply was lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import unquote
+
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+
+log = logging.getLogger("tidewire.store")
+T = TypeVar("T")
+
+CLUSTER_SCHEMES = ("redis-cluster://", "rediss-cluster://")
+# Attempts of the cluster client after a connection error (each reloads the slot table), and their backoff.
+CLUSTER_RETRIES = 3
+CLUSTER_BACKOFF = (0.05, 0.5)  # base, cap (seconds)
+
+_UNAVAILABLE = (
+    rexc.ConnectionError,  # includes BusyLoadingError (LOADING), MaxConnectionsError, AuthenticationError
+    rexc.TimeoutError,
+    rexc.ReadOnlyError,  # failover: we talk to a replica
+    rexc.OutOfMemoryError,
+    rexc.ClusterDownError,  # and MasterDownError
+    rexc.TryAgainError,
+    rexc.SlotNotCoveredError,
+)
+
+
+class RedisUnavailable(ConnectionError):
+    """Redis cannot be reached or cannot take writes now; retry later (an `OSError`)."""
+
+
+class StoreClosed(RuntimeError):
+    """A call on a store that is not open."""
+
+
+def _unavailable(exc: BaseException) -> RedisUnavailable:
+    # redis-py messages carry host:port and errno text, never credentials.
+    return RedisUnavailable(f"redis unavailable: {type(exc).__name__}: {exc}")
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, _UNAVAILABLE):
+        return True
+    # Raised by the cluster client when no startup node answers or the slots are not all covered.
+    return isinstance(exc, rexc.RedisClusterException) and (
+        "cannot be connected" in str(exc) or "not covered" in str(exc))
+
+
+class Script:
+    """A Lua script known by its SHA1 (EVALSHA), its source kept for the NOSCRIPT fallback."""
+
+    __slots__ = ("name", "sha", "src")
+
+    def __init__(self, name: str, src: str) -> None:
+        self.name = name
+        self.src = src
+        self.sha = hashlib.sha1(src.encode()).hexdigest()
+
+
+Call = tuple[Script, Sequence[str | bytes], Sequence[str | bytes | int]]
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str | None, str | None, bool]:
+    """`redis-cluster://[user:password@]host:port[,host:port...]` -> (nodes, username, password, tls)."""
+    scheme, rest = url.split("://", 1)
+    rest = rest.split("/", 1)[0].split("?", 1)[0]
+    username = password = None
+    if "@" in rest:
+        creds, rest = rest.rsplit("@", 1)
+        user, _, pw = creds.partition(":")
+        username, password = unquote(user) or None, unquote(pw) or None
+    nodes: list[tuple[str, int]] = []
+    for part in rest.split(","):
+        host, _, port = part.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError("redis-cluster URL: expected HOST:PORT[,HOST:PORT...]")
+        nodes.append((host.strip("[]"), int(port)))
+    return nodes, username, password, scheme == "rediss-cluster"
+
+
+class RedisConn:
+    def __init__(self, url: str, *, connect_timeout: float, socket_timeout: float, max_connections: int,
+                 pool_timeout: float) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        self.url = url
+        self.cluster = url.startswith(CLUSTER_SCHEMES)
+        if self.cluster:
+            parse_cluster_url(url)  # a malformed URL fails at construction, not at open
+        self._connect_timeout = connect_timeout
+        self._socket_timeout = socket_timeout
+        self._max_connections = max_connections
+        self._pool_timeout = pool_timeout
+        self._client: Any = None  # aioredis.Redis or RedisCluster (their command APIs differ in typing only)
+        self._pool: aioredis.BlockingConnectionPool | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    async def open(self) -> None:
+        if self._client is not None:
+            return
+        if self.cluster:
+            nodes, username, password, tls = parse_cluster_url(self.url)
+            client: Any = RedisCluster(
+                startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=username, password=password,
+                ssl=tls, socket_connect_timeout=self._connect_timeout, socket_timeout=self._socket_timeout,
+                max_connections=self._max_connections,
+                retry=Retry(ExponentialWithJitterBackoff(*CLUSTER_BACKOFF), CLUSTER_RETRIES))
+            pool = None
+        else:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url, max_connections=self._max_connections, timeout=self._pool_timeout,
+                socket_connect_timeout=self._connect_timeout, socket_timeout=self._socket_timeout,
+                retry=Retry(NoBackoff(), 0))
+            client = aioredis.Redis(connection_pool=pool)
+        try:
+            if self.cluster:
+                await client.initialize()
+            else:
+                await client.ping()
+        except BaseException as exc:
+            await client.aclose()
+            if pool is not None:
+                await pool.aclose()
+            if isinstance(exc, Exception) and _is_unavailable(exc):
+                raise _unavailable(exc) from exc
+            raise
+        self._client, self._pool = client, pool
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        pool, self._pool = self._pool, None
+        if client is not None:
+            await client.aclose()
+        if pool is not None:
+            await pool.aclose()
+
+    @property
+    def is_open(self) -> bool:
+        return self._client is not None
+
+    def check(self) -> Any:
+        if self._client is None:
+            raise StoreClosed("redis store is not open")
+        return self._client
+
+    # --- calls --------------------------------------------------------------------------------------------
+    async def _recover(self, client: Any, attempt: int) -> None:
+        """Before retrying after connection errors: after a Redis restart every idle pooled connection is dead
+        too, so drop them (the retry connects afresh); on a cluster also back off and reload the slot table."""
+        if self._pool is not None:
+            await self._pool.disconnect(inuse_connections=False)
+        if self.cluster:
+            await asyncio.sleep(min(CLUSTER_BACKOFF[1], CLUSTER_BACKOFF[0] * 2**attempt))
+            for node in client.get_nodes():
+                await node.disconnect_free_connections()
+            with contextlib.suppress(Exception):  # no node answers: the retry reports it
+                await client.nodes_manager.initialize()
+
+    async def _call(self, fn: Callable[[Any], Awaitable[T]], idempotent: bool) -> T:
+        client = self.check()
+        try:
+            try:
+                return await fn(client)
+            except rexc.ConnectionError:
+                if not idempotent or self.cluster:  # the cluster client has retried already
+                    raise
+                await self._recover(client, 1)
+            return await fn(self.check())
+        except Exception as exc:
+            if _is_unavailable(exc):
+                raise _unavailable(exc) from exc
+            raise
+
+    async def command(self, *args: str | bytes | int, idempotent: bool = True) -> Any:
+        """One keyed command (routed by its key on a cluster)."""
+        return await self._call(lambda c: c.execute_command(*args), idempotent)
+
+    async def run(self, call: Call, *, idempotent: bool = True) -> Any:
+        script, keys, args = call
+
+        async def go(c: Any) -> Any:
+            try:
+                return await c.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            except rexc.NoScriptError:
+                return await c.execute_command("EVAL", script.src, len(keys), *keys, *args)
+
+        return await self._call(go, idempotent)
+
+    async def run_many(self, calls: Sequence[Call], *, idempotent: bool = True) -> list[Any]:
+        """Run the calls pipelined; results in order. Raises the first error once every call has run (a caller
+        of non-idempotent calls learns that some may have run).
+
+        A cluster pipeline reports a node's connection error per call instead of retrying: idempotent calls
+        that got one are sent again (`CLUSTER_RETRIES` times, after `_recover`)."""
+        if len(calls) == 1:
+            return [await self.run(calls[0], idempotent=idempotent)]
+
+        async def go(c: Any) -> list[Any]:
+            results: list[Any] = [None] * len(calls)
+            todo = list(range(len(calls)))
+            for attempt in itertools.count(1):
+                got = await self._pipeline(c, [("EVALSHA", calls[i][0].sha, len(calls[i][1]), *calls[i][1],
+                                                *calls[i][2]) for i in todo])
+                missing = [j for j, r in enumerate(got) if isinstance(r, rexc.NoScriptError)]
+                if missing:
+                    again = await self._pipeline(c, [("EVAL", calls[todo[j]][0].src, len(calls[todo[j]][1]),
+                                                      *calls[todo[j]][1], *calls[todo[j]][2]) for j in missing])
+                    for j, r in zip(missing, again, strict=True):
+                        got[j] = r
+                for i, r in zip(todo, got, strict=True):
+                    results[i] = r
+                todo = [i for i, r in zip(todo, got, strict=True)
+                        if isinstance(r, (rexc.ConnectionError, rexc.TimeoutError))]
+                if not todo or not idempotent or not self.cluster or attempt > CLUSTER_RETRIES:
+                    break
+                await self._recover(c, attempt)
+            for r in results:
+                if isinstance(r, Exception):
+                    raise r
+            return results
+
+        return await self._call(go, idempotent)
+
+    @staticmethod
+    async def _pipeline(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for args in commands:
+            pipe.execute_command(*args)
+        return list(await pipe.execute(raise_on_error=False))
+
+    # --- durability ---------------------------------------------------------------------------------------
+    async def durability(self) -> bool | None:
+        """True when every primary runs `appendonly yes` + `appendfsync always`; None when CONFIG is denied."""
+        client = self.check()
+        try:
+            if self.cluster:
+                confs = [await client.execute_command("CONFIG", "GET", "append*", target_nodes=node)
+                         for node in client.get_primaries()]
+            else:
+                confs = [await client.config_get("append*")]
+        except rexc.ResponseError:
+            log.warning("store: cannot read the Redis AOF policy; acked writes are durable only with "
+                        "appendonly yes + appendfsync always")
+            return None
+        except Exception as exc:
+            if _is_unavailable(exc):
+                raise _unavailable(exc) from exc
+            raise
+        durable = all(_fsyncs_always(conf) for conf in confs)
+        if not durable:
+            log.warning("store: Redis runs without appendonly yes + appendfsync always: a host crash can lose "
+                        "acknowledged messages")
+        return durable
+
+
+def _fsyncs_always(conf: Any) -> bool:
+    if isinstance(conf, list):  # a raw CONFIG GET reply: name, value, ...
+        conf = dict(zip(conf[::2], conf[1::2], strict=True))
+    get = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+           for k, v in conf.items()}
+    return get.get("appendonly") == "yes" and get.get("appendfsync") == "always"

@@ -1,0 +1,158 @@
+"""The Redis store engine's records under the meta hash tag `{prefix}`: sessions (fenced by epochs), offsets,
+retained messages (indexed by first level), wills, and the cluster-wide wildcard set.
+
+Layout (every key under `{prefix}`, so each multi-key script is valid on Redis Cluster):
+
+    :sess   hash  client id -> session JSON          :off   hash  client id -> packed (offset, sent_upto)
+    :ep     hash  client id -> epoch (kept after a delete: a stale node stays fenced off)
+    :own    hash  client id -> owner node id         :will  hash  client id -> encoded will
+    :ret    hash  topic -> retained body;  :rl  set of first levels;  :rb:<level>  set of retained topics
+    :wc     hash  wildcard filter -> holders;  :wv  the wildcard set version (copied into each partition)
+
+A session record's `epoch` and `owner` come from `:ep` / `:own` (the JSON keeps what the last put carried), so
+a claim changes them without rewriting the record. Offsets set after the last put live in `:off` and win over
+the record's own. Every call here is one script or one command: one round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from store.base import Message, SessionRecord, WillRecord
+from store.records import (
+    OFFSETS,
+    decode_message_body,
+    decode_session,
+    decode_will,
+    encode_message_body,
+    encode_session,
+    encode_will,
+)
+from store.redis_conn import RedisConn, Script
+from store.redis_scripts import (
+    CLAIM_SESSION,
+    DELETE_SESSION,
+    GET_SESSION,
+    LIST_SESSIONS,
+    MATCH_RETAINED,
+    META_STATS,
+    PUT_SESSION,
+    SET_OFFSETS,
+    SET_RETAINED,
+    WILDCARDS_CHANGE,
+    WILDCARDS_GET,
+)
+
+_GET = Script("get_session", GET_SESSION)
+_CLAIM = Script("claim_session", CLAIM_SESSION)
+_PUT = Script("put_session", PUT_SESSION)
+_DELETE = Script("delete_session", DELETE_SESSION)
+_LIST = Script("list_sessions", LIST_SESSIONS)
+_OFFSETS = Script("set_offsets", SET_OFFSETS)
+_SET_RETAINED = Script("set_retained", SET_RETAINED)
+_MATCH = Script("match_retained", MATCH_RETAINED)
+_WILDCARDS_CHANGE = Script("wildcards_change", WILDCARDS_CHANGE)
+_WILDCARDS_GET = Script("wildcards_get", WILDCARDS_GET)
+_STATS = Script("meta_stats", META_STATS)
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _session(body: bytes, offsets: bytes | None, epoch: int, owner: bytes | None) -> SessionRecord:
+    rec = decode_session(body)
+    if offsets is not None:
+        rec.offset, rec.sent_upto = OFFSETS.unpack(offsets)
+    rec.epoch = max(rec.epoch, int(epoch))
+    if owner is not None:
+        rec.owner = _text(owner)
+    return rec
+
+
+class RedisMeta:
+    def __init__(self, conn: RedisConn, prefix: str) -> None:
+        k = f"{{{prefix}}}:"
+        self._conn = conn
+        self.k_parts = k + "parts"  # the partition count the data was written with
+        self._sess_keys = [k + "sess", k + "off", k + "ep", k + "own"]
+        self._k_will = k + "will"
+        self._k_ret, self._k_levels, self._p_bucket = k + "ret", k + "rl", k + "rb:"
+        self._wc_keys = [k + "wc", k + "wv"]
+
+    # --- sessions -----------------------------------------------------------------------------------------
+    async def get_session(self, client_id: str) -> SessionRecord | None:
+        body, offsets, epoch, owner = await self._conn.run((_GET, self._sess_keys, [client_id]))
+        return None if body is None else _session(body, offsets, epoch, owner)
+
+    async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
+        body, offsets, epoch = await self._conn.run((_CLAIM, self._sess_keys, [client_id, owner]),
+                                                    idempotent=False)
+        if body is None:
+            return None, int(epoch)
+        return _session(body, offsets, epoch, owner.encode()), int(epoch)
+
+    async def put_session(self, record: SessionRecord) -> bool:
+        args: list[str | bytes | int] = [record.client_id, encode_session(record), record.epoch, record.owner]
+        return bool(await self._conn.run((_PUT, self._sess_keys, args)))
+
+    async def delete_session(self, client_id: str, epoch: int = -1) -> None:
+        await self._conn.run((_DELETE, self._sess_keys, [client_id, epoch]))
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        # One reply with every session: fine for now; a large deployment needs HSCAN paging.
+        _ids, bodies, offsets, epochs, owners = await self._conn.run((_LIST, self._sess_keys, []))
+        return [_session(b, o, e, w) for b, o, e, w in zip(bodies, offsets, epochs, owners, strict=True)]
+
+    async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
+        if not offsets:
+            self._conn.check()
+            return
+        args: list[str | bytes | int] = []
+        pack = OFFSETS.pack
+        for client_id, (offset, sent_upto, epoch) in offsets.items():
+            args += (client_id, pack(offset, sent_upto), epoch)
+        await self._conn.run((_OFFSETS, self._sess_keys, args))
+
+    # --- retained -------------------------------------------------------------------------------------------
+    async def set_retained(self, topic: str, message: Message | None) -> None:
+        level = topic.split("/", 1)[0]
+        args: list[str | bytes | int] = [topic, level]
+        if message is not None:
+            args.append(encode_message_body(message, message.seq))
+        await self._conn.run((_SET_RETAINED, [self._k_ret, self._k_levels, self._p_bucket + level], args))
+
+    async def match_retained(self, topic_filter: str) -> list[Message]:
+        if "+" not in topic_filter and "#" not in topic_filter:
+            body = await self._conn.command("HGET", self._k_ret, topic_filter)
+            return [] if body is None else [decode_message_body(cast(bytes, body))]
+        bodies = await self._conn.run((_MATCH, [self._k_ret, self._k_levels], [topic_filter, self._p_bucket]))
+        return [decode_message_body(b) for b in bodies if b is not None]
+
+    # --- wills ----------------------------------------------------------------------------------------------
+    async def put_will(self, will: WillRecord) -> None:
+        await self._conn.command("HSET", self._k_will, will.client_id, encode_will(will))
+
+    async def delete_will(self, client_id: str) -> None:
+        await self._conn.command("HDEL", self._k_will, client_id)
+
+    async def list_wills(self) -> list[WillRecord]:
+        flat = await self._conn.command("HGETALL", self._k_will)
+        values = flat.values() if isinstance(flat, dict) else flat[1::2]
+        return [decode_will(cast(bytes, v)) for v in values]
+
+    # --- wildcard set ---------------------------------------------------------------------------------------
+    async def change_wildcards(self, filters: Sequence[str], add: bool) -> int:
+        return int(await self._conn.run((_WILDCARDS_CHANGE, self._wc_keys, [1 if add else -1, *filters]),
+                                        idempotent=False))
+
+    async def wildcards(self) -> tuple[int, frozenset[str]]:
+        version, filters = await self._conn.run((_WILDCARDS_GET, self._wc_keys, []))
+        return int(version), frozenset(_text(f) for f in filters)
+
+    # --- stats ----------------------------------------------------------------------------------------------
+    async def stats(self) -> dict[str, int]:
+        sessions, retained, wills = cast(list[Any], await self._conn.run(
+            (_STATS, [self._sess_keys[0], self._k_ret, self._k_will], [])))
+        return {"sessions": int(sessions), "retained": int(retained), "wills": int(wills)}
