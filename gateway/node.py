@@ -326,7 +326,6 @@ class Node:
                     self._dropping = True
                     log.warning("publish.dropping_qos0", extra={"pending": self.max_pending})
                 return
-        message.queues = self.subscriptions.queues_for(message.topic)
         self._batch.append(message)
         if ack and conn is not None:
             self._acks.append((conn, ack))
@@ -366,13 +365,15 @@ class Node:
         if batch:
             subscriptions = self.subscriptions
             while True:
+                # Indexed here, not when published: the queues and the version they go with are read together.
+                queues_for = subscriptions.queues_for
+                for message in batch:
+                    message.queues = queues_for(message.topic)
                 try:
                     await self.store.append(batch, subscriptions.wildcard_version)
                     break
                 except StaleWildcards:  # another node changed the set: index the batch with the current one
                     await subscriptions.refresh_wildcards()
-                    for message in batch:
-                        message.queues = subscriptions.queues_for(message.topic)
             acks = self._appending_acks
             self._appending, self._appending_acks = [], []
             if self._held and len(self._batch) <= self.max_pending // 2:

@@ -8,13 +8,16 @@ from store.base import P2P_PREFIX
 
 
 class Lookup(Protocol):
+    """Writers are sync and fire-and-forget (a cluster lookup batches them); a node reports only itself."""
+
     def set_client_location(self, client_id: str, node_id: str) -> None:
         """Record that the client is connected to `node_id` (for session takeover across nodes)."""
 
     def remove_client_location(self, client_id: str, node_id: str) -> None:
         """Forget the location if it still points at `node_id` (a takeover may have moved it)."""
 
-    def client_location(self, client_id: str) -> str | None: ...
+    async def client_location(self, client_id: str) -> str | None:
+        """The node the client is connected to; None when nowhere or unknown (the caller then broadcasts)."""
 
     def add_queue_subscriber(self, queue: str, node_id: str) -> None:
         """Count one local subscriber of `queue` on `node_id`."""
@@ -22,7 +25,8 @@ class Lookup(Protocol):
     def remove_queue_subscriber(self, queue: str, node_id: str) -> None: ...
 
     def nodes_for_queue(self, queue: str) -> frozenset[str] | None:
-        """Nodes with subscribers of `queue`; None when unknown (caller broadcasts)."""
+        """Nodes with subscribers of `queue`; None when unknown (caller broadcasts). A cluster lookup answers
+        only for the slots it owns; cluster notify routes through the owners instead."""
 
 
 class InProcessLookup:
@@ -39,7 +43,7 @@ class InProcessLookup:
         if self._locations.get(client_id) == node_id:
             del self._locations[client_id]
 
-    def client_location(self, client_id: str) -> str | None:
+    async def client_location(self, client_id: str) -> str | None:
         return self._locations.get(client_id)
 
     def add_queue_subscriber(self, queue: str, node_id: str) -> None:

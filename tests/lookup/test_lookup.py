@@ -19,11 +19,11 @@ def test_queue_subscribers_are_counted_per_node() -> None:
     lookup.remove_queue_subscriber("q", "n9")  # unknown: harmless
 
 
-def test_client_location_follows_takeover() -> None:
+async def test_client_location_follows_takeover() -> None:
     lookup = InProcessLookup()
     lookup.set_client_location("c", "n1")
     lookup.set_client_location("c", "n2")  # taken over on another node
     lookup.remove_client_location("c", "n1")  # the old node's late cleanup must not erase it
-    assert lookup.client_location("c") == "n2"
+    assert await lookup.client_location("c") == "n2"
     lookup.remove_client_location("c", "n2")
-    assert lookup.client_location("c") is None
+    assert await lookup.client_location("c") is None

@@ -1,0 +1,150 @@
+"""The cluster fabric of one node: RPC, membership, slot table, sharded lookup and cluster notify, wired.
+
+Start order: bind the cluster port, join the membership (its address is the bound port), then every new epoch
+goes to the RPC (peer addresses) and to the lookup (new slot table, full resync). Stop leaves the membership
+first, so the others re-balance at once instead of waiting for the TTL.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from lookup.membership import Membership
+from lookup.rpc import DEFAULT_MAX_FRAME, RpcError, RpcNode
+from lookup.sharded import ShardedLookup
+from notify.cluster import DEFAULT_MERGE_DELAY, ClusterNotifier
+
+log = logging.getLogger("tidewire.cluster")
+
+KickHandler = Callable[[str, int], Any]  # (client_id, epoch) -> None or an awaitable
+
+
+class ClusterFabric:
+    """What a gateway node needs from the cluster: `.lookup`, `.notifier`, dead-node and kick callbacks."""
+
+    def __init__(self, node_id: str, redis_client: Any, *, host: str = "127.0.0.1", cluster_port: int = 0,
+                 secret: bytes | str, heartbeat_interval: float = 0.5, member_ttl: float = 3.0, prefix: str = "tw",
+                 advertise_host: str | None = None, call_timeout: float = 2.0, max_frame: int = DEFAULT_MAX_FRAME,
+                 merge_delay: float = DEFAULT_MERGE_DELAY) -> None:
+        self.node_id = node_id
+        self.rpc = RpcNode(node_id, host, cluster_port, secret, call_timeout=call_timeout, max_frame=max_frame)
+        self.lookup = ShardedLookup(node_id, self.rpc)
+        self.notifier = ClusterNotifier(node_id, self.rpc, self.lookup, merge_delay=merge_delay)
+        self.membership: Membership | None = None
+        self._redis = redis_client
+        self._host = advertise_host or host
+        self._interval = heartbeat_interval
+        self._ttl = member_ttl
+        self._prefix = prefix
+        self._dead: list[Callable[[list[str]], None]] = []
+        self._expelled: list[Callable[[], None]] = []
+        self._kick: KickHandler | None = None
+        self.counters = {"kicks_targeted": 0, "kicks_broadcast": 0, "kicks_received": 0}
+        self.lookup.on_future_epoch = self._catch_up
+        self.rpc.handle("fx.kick", self._on_kick)
+
+    @property
+    def epoch(self) -> int:
+        return self.membership.epoch if self.membership is not None else 0
+
+    @property
+    def members(self) -> dict[str, str]:
+        """Node id -> cluster address, as of the current epoch."""
+        return dict(self.membership.members) if self.membership is not None else {}
+
+    def on_dead(self, callback: Callable[[list[str]], None]) -> None:
+        """`callback(node_ids)` in the one survivor that declared them dead: it handles their wills/sessions."""
+        self._dead.append(callback)
+
+    def on_expelled(self, callback: Callable[[], None]) -> None:
+        """`callback()` if the others declared this node dead (a long stall): it must drop its clients."""
+        self._expelled.append(callback)
+
+    def on_kick(self, callback: KickHandler) -> None:
+        """`callback(client_id, epoch)` when another node took the client over."""
+        self._kick = callback
+
+    async def start(self) -> None:
+        await self.rpc.start()
+        host = self._host
+        if host in ("", "0.0.0.0", "::"):
+            host = socket.gethostname()  # a wildcard bind cannot be dialled: advertise our name
+            log.info("cluster node %s advertises %s (set an advertise host to change it)", self.node_id, host)
+        self.membership = Membership(self._redis, self.node_id, f"{host}:{self.rpc.port}", interval=self._interval,
+                                     ttl=self._ttl, prefix=self._prefix, on_change=self._on_change,
+                                     on_dead=self._on_dead, on_expelled=self._on_expelled)
+        try:
+            await self.membership.start()
+        except BaseException:
+            await self.rpc.close()
+            raise
+
+    async def stop(self) -> None:
+        """Leave gracefully, then close the cluster port."""
+        if self.membership is not None:
+            await self.membership.leave()
+        await self._close()
+
+    async def abandon(self) -> None:
+        """Stop as a crash would: no leave, the others declare us dead after the TTL (tests)."""
+        if self.membership is not None:
+            await self.membership.abandon()
+        await self._close()
+
+    async def _close(self) -> None:
+        self.lookup.close()
+        self.notifier.close()
+        await self.rpc.close()
+
+    async def kick(self, client_id: str, epoch: int) -> None:
+        """Tell the node holding `client_id` (by the lookup, or every other member if unknown) to close it."""
+        target = await self.lookup.client_location(client_id)
+        members = self.members
+        if target is not None and target != self.node_id and target in members:
+            try:
+                await self.rpc.call(target, "fx.kick", [client_id, epoch])
+                self.counters["kicks_targeted"] += 1
+                return
+            except (RpcError, ConnectionError, TimeoutError):
+                pass
+        self.counters["kicks_broadcast"] += 1
+        for member in members:
+            if member != self.node_id:
+                self.rpc.cast(member, "fx.kick", [client_id, epoch])
+
+    def stats(self) -> dict[str, int]:
+        membership = self.membership.stats() if self.membership is not None else {}
+        return {**self.rpc.stats(), **membership, **self.lookup.stats(), **self.notifier.stats(), **self.counters}
+
+    def _on_change(self, epoch: int, members: dict[str, str]) -> None:
+        self.rpc.set_peers(members)
+        self.lookup.set_membership(epoch, members)
+
+    def _on_dead(self, node_ids: list[str]) -> None:
+        for callback in self._dead:
+            try:
+                callback(node_ids)
+            except Exception:
+                log.exception("cluster dead-node callback failed")
+
+    def _on_expelled(self) -> None:
+        for callback in self._expelled:
+            try:
+                callback()
+            except Exception:
+                log.exception("cluster expelled callback failed")
+
+    def _catch_up(self) -> None:
+        if self.membership is not None:
+            self.membership.refresh()
+
+    def _on_kick(self, sender: str, payload: Any) -> Any:
+        try:
+            client_id, epoch = str(payload[0]), int(payload[1])
+        except (TypeError, ValueError, IndexError, KeyError):
+            return None
+        self.counters["kicks_received"] += 1
+        return self._kick(client_id, epoch) if self._kick is not None else None

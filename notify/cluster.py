@@ -1,0 +1,177 @@
+"""Notify across nodes: merged queue names go to their slot owners, which forward them to the interested nodes.
+
+A publishing node merges the names notified within `merge_delay` (≤ 1 ms, or one tick), groups them by the
+owner of each name's slot and casts one message per owner; the owner looks up the nodes with readers of each
+queue (a `p2p#<client>` queue: where the client is connected) and casts one merged message per interested
+node. The local node's handler is called directly, never over TCP. Whenever an answer is missing (no table
+yet, the slot unknown or resyncing, an epoch mismatch, the owner unreachable or a cast lost) that batch is
+broadcast to every member instead. Names routed to an owner within the last `RESEND_WINDOW` are broadcast
+again when the connection to it breaks (a killed owner drops what it had not read yet). Any other lost event
+only delays a message: sessions re-read their queue heads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from lookup.rpc import RpcNode
+from lookup.sharded import ShardedLookup
+from lookup.slots import route_key
+from notify.base import NotifyHandler
+
+DEFAULT_MERGE_DELAY = 0.001  # seconds names are merged before routing; 0 = until the end of this tick
+RESEND_WINDOW = 1.0  # seconds: names routed to an owner this recently are broadcast if its connection breaks
+RESEND_MAX = 1000  # batches remembered per owner for that
+
+
+class ClusterNotifier:
+    """The `Notifier` of a cluster node."""
+
+    def __init__(self, node_id: str, rpc: RpcNode, lookup: ShardedLookup, *,
+                 merge_delay: float = DEFAULT_MERGE_DELAY) -> None:
+        self.node_id = node_id
+        self.rpc = rpc
+        self.lookup = lookup
+        self.merge_delay = merge_delay
+        self._handler: NotifyHandler | None = None
+        self._pending: set[str] = set()
+        self._flush_handle: asyncio.Handle | None = None
+        self._incoming: set[str] = set()
+        self._deliver_scheduled = False
+        self.counters = {"notify_names": 0, "notify_merged": 0, "notify_route_msgs": 0, "notify_event_msgs": 0,
+                         "notify_broadcasts": 0, "notify_broadcast_msgs": 0, "notify_local_events": 0}
+        self._recent: dict[str, deque[tuple[float, list[str]]]] = {}
+        rpc.handle("nt.route", self._on_route)
+        rpc.handle("nt.ev", self._on_event)
+        rpc.on_peer_down(self._on_peer_down)
+
+    def register(self, node_id: str, handler: NotifyHandler) -> None:
+        """Only this node's handler can be registered here; other nodes register in their own process."""
+        if node_id == self.node_id:
+            self._handler = handler
+
+    def notify(self, queues: Iterable[str]) -> None:
+        pending = self._pending
+        for queue in queues:
+            self.counters["notify_names"] += 1
+            if queue in pending:
+                self.counters["notify_merged"] += 1
+            else:
+                pending.add(queue)
+        if pending and self._flush_handle is None:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = (loop.call_later(self.merge_delay, self._flush) if self.merge_delay > 0
+                                  else loop.call_soon(self._flush))
+
+    def close(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+
+    def stats(self) -> dict[str, int]:
+        return dict(self.counters)
+
+    # --- publisher side ------------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        self._flush_handle = None
+        pending, self._pending = self._pending, set()
+        table = self.lookup.table
+        if table is None:
+            self._broadcast(pending)
+            return
+        per_owner: dict[str, set[str]] = {}
+        for queue in pending:
+            owner = table.owner_of(route_key(queue))
+            if owner is None:
+                self._broadcast({queue})
+            else:
+                per_owner.setdefault(owner, set()).add(queue)
+        for owner, queues in per_owner.items():
+            if owner == self.node_id:
+                self._route(queues, table.epoch)
+                continue
+            self.counters["notify_route_msgs"] += 1
+            names = sorted(queues)
+            if not self.rpc.cast(owner, "nt.route", [table.epoch, names],
+                                 on_lost=functools.partial(self._broadcast, queues)):
+                self._broadcast(queues)
+                continue
+            now = time.monotonic()
+            recent = self._recent.get(owner)
+            if recent is None:
+                recent = self._recent[owner] = deque(maxlen=RESEND_MAX)
+            while recent and recent[0][0] < now - RESEND_WINDOW:
+                recent.popleft()
+            recent.append((now, names))
+
+    def _on_peer_down(self, node_id: str) -> None:
+        recent = self._recent.pop(node_id, None)
+        if recent:
+            horizon = time.monotonic() - RESEND_WINDOW
+            self._broadcast({name for t, names in recent if t >= horizon for name in names})
+
+    # --- owner side ----------------------------------------------------------------------------------------
+    def _on_route(self, sender: str, payload: Any) -> None:
+        try:
+            epoch, names = int(payload[0]), {str(q) for q in payload[1]}
+        except (TypeError, ValueError, IndexError, KeyError):
+            return
+        self._route(names, epoch)
+
+    def _route(self, queues: set[str], epoch: int) -> None:
+        per_node: dict[str, set[str]] = {}
+        unknown: set[str] = set()
+        for queue in queues:
+            nodes = self.lookup.local_nodes_for_queue(queue, epoch)
+            if nodes is None:
+                unknown.add(queue)
+                continue
+            for node in nodes:
+                per_node.setdefault(node, set()).add(queue)
+        for node, names in per_node.items():
+            if node == self.node_id:
+                self._local(names)
+            else:
+                self.counters["notify_event_msgs"] += 1
+                self.rpc.cast(node, "nt.ev", sorted(names))  # lost: that node's periodic re-read covers it
+        if unknown:
+            self._broadcast(unknown)
+
+    def _broadcast(self, queues: set[str]) -> None:
+        if not queues:
+            return
+        self.counters["notify_broadcasts"] += 1
+        table = self.lookup.table
+        names = sorted(queues)
+        for member in table.members if table is not None else ():
+            if member != self.node_id:
+                self.counters["notify_broadcast_msgs"] += 1
+                self.rpc.cast(member, "nt.ev", names)
+        self._local(queues)
+
+    # --- receiving -----------------------------------------------------------------------------------------
+    def _on_event(self, sender: str, payload: Any) -> None:
+        try:
+            names = {str(q) for q in payload}
+        except TypeError:
+            return
+        self._local(names)
+
+    def _local(self, queues: set[str]) -> None:
+        """Merge everything arriving within this tick into one call of the node's handler."""
+        self._incoming.update(queues)
+        if not self._deliver_scheduled and self._incoming:
+            self._deliver_scheduled = True
+            asyncio.get_running_loop().call_soon(self._deliver)
+
+    def _deliver(self) -> None:
+        self._deliver_scheduled = False
+        incoming, self._incoming = self._incoming, set()
+        if incoming and self._handler is not None:
+            self.counters["notify_local_events"] += 1
+            self._handler(incoming)

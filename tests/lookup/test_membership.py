@@ -1,0 +1,183 @@
+"""Membership on a real redis-server: join/leave epochs, expiry with exactly one reaper, id clashes, stalls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from lookup.membership import Membership, NodeIdTaken
+from tests.store import redis_server
+
+INTERVAL, TTL = 0.05, 0.3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisServer]:
+    if not redis_server.available():
+        pytest.skip("redis-server is not installed")
+    s = redis_server.RedisServer(tmp_path_factory.mktemp("redis"), appendfsync="no")
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+async def redis(server: redis_server.RedisServer) -> AsyncIterator[Any]:
+    r = aioredis.Redis.from_url(server.url)
+    await r.flushall()
+    yield r
+    await r.aclose()
+
+
+class Node:
+    """A membership with its callbacks recorded."""
+
+    def __init__(self, redis: Any, node_id: str, **kw: Any) -> None:
+        self.changes: list[tuple[int, dict[str, str]]] = []
+        self.dead: list[list[str]] = []
+        self.expelled = 0
+        self.m = Membership(redis, node_id, f"10.0.0.1:{len(node_id)}", interval=kw.pop("interval", INTERVAL),
+                            ttl=kw.pop("ttl", TTL), on_change=lambda e, m: self.changes.append((e, m)),
+                            on_dead=self.dead.append, on_expelled=self._expel, **kw)
+
+    def _expel(self) -> None:
+        self.expelled += 1
+
+
+async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+async def test_join_and_leave_bump_the_epoch(redis: Any) -> None:
+    a, b = Node(redis, "a"), Node(redis, "b")
+    await a.m.start()
+    assert a.changes == [(1, {"a": "10.0.0.1:1"})]
+    await b.m.start()
+    assert (b.m.epoch, set(b.m.members)) == (2, {"a", "b"})
+    await until(lambda: a.m.epoch == 2)
+    assert a.changes[-1] == (2, {"a": "10.0.0.1:1", "b": "10.0.0.1:1"})
+    before = len(a.changes)
+    await asyncio.sleep(INTERVAL * 4)
+    assert len(a.changes) == before  # heartbeats alone change nothing
+    await b.m.leave()
+    await until(lambda: a.m.epoch == 3)
+    assert a.m.members == {"a": "10.0.0.1:1"}
+    assert a.dead == [] and b.dead == []  # a graceful leave is no death
+    await a.m.leave()
+    assert await redis.hlen("{tw}:members") == 0
+
+
+async def test_a_dead_node_is_reaped_by_exactly_one_survivor(redis: Any) -> None:
+    nodes = [Node(redis, f"n{i}") for i in range(4)]
+    for n in nodes:
+        await n.m.start()
+    await asyncio.sleep(TTL)  # every reaper must itself have been live for a TTL
+    epoch = nodes[0].m.epoch
+    await nodes[3].m.abandon()  # crash: no leave
+    survivors = nodes[:3]
+    await until(lambda: all(set(n.m.members) == {"n0", "n1", "n2"} for n in survivors))
+    await asyncio.sleep(INTERVAL * 4)
+    reports = [d for n in survivors for d in n.dead]
+    assert reports == [["n3"]]
+    assert all(n.m.epoch == epoch + 1 for n in survivors)
+    for n in survivors:
+        await n.m.leave()
+
+
+async def test_a_node_id_held_by_a_live_process_is_refused(redis: Any) -> None:
+    a = Node(redis, "same")
+    await a.m.start()
+    clash = Node(redis, "same")
+    with pytest.raises(NodeIdTaken, match="in use"):
+        await clash.m.start()
+    assert a.m.members == {"same": "10.0.0.1:4"} and a.expelled == 0
+    await a.m.leave()
+
+
+async def test_a_restart_under_the_same_id_reports_its_crashed_predecessor_once(redis: Any) -> None:
+    old = Node(redis, "solo")
+    await old.m.start()
+    await old.m.abandon()
+    new = Node(redis, "solo")
+    await new.m.start()  # waits for the old entry to expire instead of failing
+    assert new.dead == [["solo"]]
+    assert new.m.epoch == 2  # the removal and the new join are one change of the member set
+    await new.m.leave()
+
+
+async def beat_for(seconds: float, *nodes: Node) -> None:
+    """Heartbeats by hand, as the background loop would."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while asyncio.get_running_loop().time() < deadline:
+        for n in nodes:
+            await n.m.beat()
+        await asyncio.sleep(INTERVAL)
+
+
+async def test_a_stall_of_everyone_declares_no_one_dead(redis: Any) -> None:
+    """As after a Redis outage: all entries expired at once; the first to beat must not reap the others."""
+    a, b = Node(redis, "a", autobeat=False), Node(redis, "b", autobeat=False)
+    await a.m.start()
+    await b.m.start()
+    await beat_for(TTL * 1.2, a, b)
+    await asyncio.sleep(TTL * 1.5)  # everyone stalls: both entries expire
+    await a.m.beat()
+    assert a.dead == []  # a was expired itself: it may not judge b
+    await beat_for(TTL / 2, a)
+    assert a.dead == []  # live again, but not yet for a whole TTL
+    await beat_for(TTL * 1.5, a, b)  # b is back in time
+    assert a.dead == [] and b.dead == [] and set(a.m.members) == {"a", "b"}
+    await beat_for(TTL * 1.5, a)  # now b really stops
+    assert a.dead == [["b"]]
+
+
+async def test_a_node_declared_dead_learns_it_was_expelled(redis: Any) -> None:
+    a, b = Node(redis, "a"), Node(redis, "b", autobeat=False)
+    await a.m.start()
+    await b.m.start()
+    await beat_for(TTL, b)
+    await until(lambda: a.dead == [["b"]])  # b stalls for longer than the TTL
+    await b.m.beat()  # b wakes up
+    assert b.expelled == 1 and b.m.expelled
+    await b.m.beat()
+    assert b.expelled == 1  # once
+    assert set(a.m.members) == {"a"}
+    await a.m.leave()
+
+
+async def test_membership_runs_on_redis_cluster(tmp_path: Path) -> None:
+    """Every key under one hash tag: the scripts run unchanged on a real 3-master Redis Cluster."""
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    if not redis_server.available():
+        pytest.skip("redis-server is not installed")
+    servers = redis_server.RedisClusterServers(tmp_path / "cluster")
+    servers.start()
+    client = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", p) for p in servers.ports])
+    try:
+        nodes = [Node(client, f"n{i}") for i in range(3)]
+        for n in nodes:
+            await n.m.start()
+        await asyncio.sleep(TTL)
+        await nodes[2].m.abandon()
+        await until(lambda: all(set(n.m.members) == {"n0", "n1"} for n in nodes[:2]))
+        assert [d for n in nodes[:2] for d in n.dead] == [["n2"]]
+        for n in nodes[:2]:
+            await n.m.leave()
+    finally:
+        await client.aclose()
+        servers.stop()
+
+
+def test_ttl_must_cover_two_heartbeats() -> None:
+    with pytest.raises(ValueError):
+        Membership(None, "a", "h:1", interval=1.0, ttl=1.5)

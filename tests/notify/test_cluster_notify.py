@@ -1,0 +1,198 @@
+"""Cluster notify over real fabrics (RPC sockets, redis-server membership): targeted, merged, broadcast fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from lookup.fabric import ClusterFabric
+from lookup.slots import SlotTable
+from tests.store import redis_server
+
+SECRET = "notify-test-secret"
+INTERVAL, TTL = 0.05, 0.3
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisServer]:
+    if not redis_server.available():
+        pytest.skip("redis-server is not installed")
+    s = redis_server.RedisServer(tmp_path_factory.mktemp("redis"), appendfsync="no")
+    s.start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+async def redis(server: redis_server.RedisServer) -> AsyncIterator[Any]:
+    r = aioredis.Redis.from_url(server.url)
+    await r.flushall()
+    yield r
+    await r.aclose()
+
+
+async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not pred():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+class Cluster:
+    def __init__(self, fabrics: dict[str, ClusterFabric]) -> None:
+        self.f = fabrics
+        self.events: dict[str, list[set[str]]] = {name: [] for name in fabrics}
+        for name, fab in fabrics.items():
+            fab.notifier.register(name, self.events[name].append)
+
+    @property
+    def table(self) -> SlotTable:
+        table = next(iter(self.f.values())).lookup.table
+        assert table is not None
+        return table
+
+    def queue_owned_by(self, node: str, prefix: str = "t/") -> str:
+        return next(f"{prefix}{i}" for i in range(10_000) if self.table.owner_of(f"{prefix}{i}") == node)
+
+    def received(self, node: str) -> set[str]:
+        return {q for event in self.events[node] for q in event}
+
+    def frames_in(self) -> dict[str, int]:
+        return {name: fab.rpc.frames_received for name, fab in self.f.items()}
+
+    async def subscribed(self, queue: str, *nodes: str) -> None:
+        for node in nodes:
+            self.f[node].lookup.add_queue_subscriber(queue, node)
+        owner = self.table.owner_of(queue)
+        assert owner is not None
+        await until(lambda: self.f[owner].lookup.local_nodes_for_queue(queue, self.table.epoch) == set(nodes))
+
+    async def quiet(self) -> None:
+        """Let stray lookup traffic (resyncs, heartbeat-driven work) finish before counting frames."""
+        await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def cluster(redis: Any, *ids: str) -> AsyncIterator[Cluster]:
+    made: dict[str, ClusterFabric] = {}
+    try:
+        for i in ids:
+            made[i] = ClusterFabric(i, redis, secret=SECRET, heartbeat_interval=INTERVAL, member_ttl=TTL)
+            await made[i].start()
+        await until(lambda: len({f.epoch for f in made.values()}) == 1
+                    and all(len(f.members) == len(ids) and f.stats()["lookup_complete"] for f in made.values()))
+        yield Cluster(made)
+    finally:
+        for f in made.values():
+            await f.stop()
+
+
+async def test_events_go_only_to_interested_nodes(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c", "d") as c:
+        q_a, q_d = c.queue_owned_by("a"), c.queue_owned_by("d")
+        await c.subscribed(q_a, "b")
+        await c.subscribed(q_d, "b")
+        await c.quiet()
+
+        before = c.frames_in()
+        c.f["a"].notifier.notify([q_a])  # a owns it: straight to b
+        await until(lambda: c.events["b"] == [{q_a}])
+        after = c.frames_in()
+        assert after["b"] - before["b"] == 1
+        assert after["c"] == before["c"] and after["d"] == before["d"]
+
+        c.f["a"].notifier.notify([q_d])  # d owns it: a -> d -> b
+        await until(lambda: c.events["b"] == [{q_a}, {q_d}])
+        await c.quiet()
+        final = c.frames_in()
+        assert final["d"] - after["d"] == 1 and final["c"] == before["c"]
+        assert c.events["a"] == c.events["c"] == c.events["d"] == []
+        assert c.f["a"].stats()["notify_broadcasts"] == 0 and c.f["d"].stats()["notify_broadcasts"] == 0
+
+        # more interested nodes: more event messages; the others still see nothing
+        q_b = c.queue_owned_by("b")
+        await c.subscribed(q_b, "a", "b", "c")
+        await c.quiet()
+        before = c.frames_in()
+        c.f["a"].notifier.notify([q_b])
+        await until(lambda: all(q_b in c.received(n) for n in "abc"))
+        await c.quiet()
+        assert c.frames_in()["d"] == before["d"]
+
+
+async def test_a_local_subscriber_is_called_directly(redis: Any) -> None:
+    async with cluster(redis, "a", "b") as c:
+        q = c.queue_owned_by("a")
+        await c.subscribed(q, "a")
+        await c.quiet()
+        sent = c.f["a"].rpc.frames_sent
+        c.f["a"].notifier.notify([q])
+        await until(lambda: c.events["a"] == [{q}])
+        assert c.f["a"].rpc.frames_sent == sent
+
+
+async def test_many_notifies_in_a_tick_are_one_event(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c") as c:
+        q1, q2 = c.queue_owned_by("c", "x/"), c.queue_owned_by("c", "y/")
+        await c.subscribed(q1, "b")
+        await c.subscribed(q2, "b")
+        for _ in range(1000):
+            c.f["a"].notifier.notify([q1])
+        c.f["a"].notifier.notify([q2, q1])
+        await until(lambda: c.received("b") == {q1, q2})
+        await c.quiet()
+        assert c.events["b"] == [{q1, q2}]
+        stats = c.f["a"].stats()
+        assert stats["notify_names"] == 1002 and stats["notify_merged"] == 1000
+        assert stats["notify_route_msgs"] == 1 and c.f["c"].stats()["notify_event_msgs"] == 1
+
+
+async def test_p2p_events_follow_the_client(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c") as c:
+        client = c.queue_owned_by("b", "client-")
+        c.f["c"].lookup.set_client_location(client, "c")
+        await until(lambda: c.f["b"].lookup.local_nodes_for_queue("p2p#" + client, c.table.epoch) == {"c"})
+        c.f["a"].notifier.notify(["p2p#" + client])
+        await until(lambda: c.events["c"] == [{"p2p#" + client}])
+        await c.quiet()
+        assert c.events["a"] == c.events["b"] == []
+
+
+async def test_a_dead_owner_falls_back_to_broadcast_and_loses_nothing(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c", "d") as c:
+        on_d = [c.queue_owned_by("d", f"d{i}/") for i in range(5)]
+        elsewhere = [c.queue_owned_by(n, f"{n}{i}/") for n in "abc" for i in range(3)]
+        for q in on_d + elsewhere:
+            await c.subscribed(q, "b")
+        await c.f["d"].abandon()  # killed: its owner role is gone before anyone knows
+
+        c.f["a"].notifier.notify([on_d[0]])
+        await until(lambda: on_d[0] in c.received("b"))
+        assert on_d[0] in c.received("c")  # it was broadcast
+        assert c.f["a"].stats()["notify_broadcasts"] >= 1
+
+        # through the removal of d, the new epoch and the resync: every event arrives
+        sent: list[str] = []
+        for i in range(40):
+            names = [on_d[i % 5], elsewhere[i % 9]]
+            sent += names
+            c.f["a" if i % 2 else "c"].notifier.notify(names)
+            await asyncio.sleep(0.02)
+        await until(lambda: set(sent) <= c.received("b"))
+        assert all(len(f.members) == 3 for n, f in c.f.items() if n != "d")
+
+
+async def test_without_a_table_everything_is_broadcast_locally(redis: Any) -> None:
+    fabric = ClusterFabric("lonely", redis, secret=SECRET)
+    got: list[set[str]] = []
+    fabric.notifier.register("lonely", got.append)
+    fabric.notifier.register("other", lambda qs: None)  # another node's handler is not ours to call
+    fabric.notifier.notify(["q"])
+    await until(lambda: got == [{"q"}])
+    assert fabric.stats()["notify_broadcasts"] == 1
