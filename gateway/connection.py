@@ -262,6 +262,14 @@ class MqttConnection(ConnectionBase):
         self.listener.connections += 1
         if self.will is not None:
             self.node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, self.node.node_id))
+            if self.node.cluster is not None:
+                # Stored before CONNACK: if this node dies from here on, a survivor publishes it.
+                await self.node.writes.will_settled(client_id)
+                if self._state == CLOSED:
+                    self.session = None
+                    self.listener.connections -= 1
+                    self.node.close_session(self, session)
+                    return None
         self._send(Connack(present, 0, ack_props))
         self._state = CONNECTED
         log.info("client.connected", extra={"client_id": client_id, "peer": self.peer, "level": self.level,
@@ -409,21 +417,25 @@ class MqttConnection(ConnectionBase):
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
         if session.persistent:
             self.node.writes.save_session(session.snapshot())
-        if registering or self._subacks is not None:
-            # A new wildcard must be in the store's set before SUBACK: what is published after it, on any node,
-            # is then indexed into the subscription's queue. SUBACKs keep their order.
-            self._subacks = asyncio.get_running_loop().create_task(
-                self._suback_later(self._subacks, registering, Suback(packet.packet_id, codes), session, retained))
+        # In a cluster, SUBACK waits for what it acknowledges to be in the store: a new wildcard in the store's
+        # set (what is published after it, on any node, is then indexed into the subscription's queue), and a
+        # persistent session's record (a takeover by another node reads it from there). SUBACKs keep their order.
+        saved = session.persistent and self.node.cluster is not None
+        if registering or saved or self._subacks is not None:
+            self._subacks = asyncio.get_running_loop().create_task(self._suback_later(
+                self._subacks, registering, saved, Suback(packet.packet_id, codes), session, retained))
             return
         self._send(Suback(packet.packet_id, codes))
         if retained:
             self.node.spawn(self.node.send_retained(session, retained))
 
-    async def _suback_later(self, previous: asyncio.Task[None] | None, registering: list[str], suback: Suback,
-                            session: Session, retained: list[tuple[str, int, int]]) -> None:
+    async def _suback_later(self, previous: asyncio.Task[None] | None, registering: list[str], saved: bool,
+                            suback: Suback, session: Session, retained: list[tuple[str, int, int]]) -> None:
         if previous is not None:
             await asyncio.wait([previous])
         await self.node.subscriptions.wildcards_registered(registering)
+        if saved:
+            await self.node.writes.session_settled(session.client_id)
         if self._subacks is asyncio.current_task():
             self._subacks = None
         if self.session is not session:
