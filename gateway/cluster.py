@@ -4,12 +4,14 @@ The store is the authority: a session claimed by a node carries that node as own
 fences off every earlier owner's writes. The fabric (membership, lookup, notify; `lookup.fabric`) only makes
 things fast: it tells the previous owner to close its connection, and it names the one survivor that cleans up
 after a node declared dead (marks its clients' sessions offline, publishes their wills). A notify lost with a
-node is made up for by re-reading every locally read queue every `resync_interval` seconds.
+node is made up for by re-reading every locally read queue every `resync_interval` seconds. A shared group is
+served by one node at a time: the holder of its lease, renewed while the node has online members of it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -17,8 +19,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from gateway.retry import Backoff, stop_if_cancelled
 
+from store.base import SessionRecord
+
 if TYPE_CHECKING:
     from gateway.node import Node
+    from gateway.shared import SharedGroup
 
 log = logging.getLogger("tidewire.cluster")
 
@@ -39,10 +44,12 @@ class Fabric(Protocol):
 
 
 class ClusterRole:
-    def __init__(self, node: Node, fabric: Fabric, resync_interval: float) -> None:
+    def __init__(self, node: Node, fabric: Fabric, resync_interval: float, lease_ttl: float) -> None:
         self.node = node
         self.fabric = fabric
         self.resync_interval = resync_interval
+        self.lease_ttl = lease_ttl
+        self._leases_wanted = asyncio.Event()
         self._retry = Backoff("dead-node cleanup")
         fabric.on_kick(self._on_kick)
         fabric.on_dead(self._on_dead)
@@ -99,6 +106,46 @@ class ClusterRole:
             if will.owner in gone:
                 await store.delete_will(will.client_id)
                 node.publish(will.message)
+
+    async def lease_loop(self) -> None:
+        """Serve the shared groups this node has online members of, one node per group at a time."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._leases_wanted.wait(), self.lease_ttl / 3)
+            self._leases_wanted.clear()
+            try:
+                for key, group in list(self.node.subscriptions.groups.items()):
+                    await self._lease_group(key, group)
+            except OSError as exc:  # the store is failing: a lease not renewed lapses, another node serves
+                log.warning("cluster.lease_failed", extra={"error": str(exc)})
+
+    def member_joined(self) -> None:
+        """A group got an online member here: try for its lease now rather than at the next renewal."""
+        self._leases_wanted.set()
+
+    async def _lease_group(self, key: str, group: SharedGroup) -> None:
+        node = self.node
+        store = node.store
+        if not group.members:
+            if group.serving:
+                group.stop_serving()
+                await store.release(key, node.node_id)
+            return
+        held = await store.lease(key, node.node_id, int(self.lease_ttl * 1000))
+        if not held:
+            if group.serving:
+                group.stop_serving()
+            return
+        if group.serving:
+            return
+        record, epoch = await store.claim_session(key, node.node_id)
+        if record is None:
+            last = store.last_seq()
+            record = SessionRecord(key, offset=last, sent_upto=last)
+        record.owner, record.epoch = node.node_id, epoch
+        if node.subscriptions.groups.get(key) is group:
+            group.serve(record)
+            log.info("cluster.group_served", extra={"group": key})
 
     async def resync_loop(self) -> None:
         """Lost notifies delay but never lose: every locally read queue is refreshed now and then."""

@@ -126,7 +126,7 @@ class Node:
         self._tasks = [loop.create_task(self._flush_loop()), loop.create_task(self._ack_loop()),
                        loop.create_task(self._dispatch_loop()), loop.create_task(housekeeping_loop(self))]
         if cluster is not None:
-            self._tasks.append(loop.create_task(cluster.resync_loop()))
+            self._tasks += [loop.create_task(cluster.resync_loop()), loop.create_task(cluster.lease_loop())]
 
     @property
     def store_down(self) -> bool:

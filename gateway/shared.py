@@ -3,6 +3,11 @@ hands each message to exactly one online member, chosen by the group's strategy 
 
 A member's unacknowledged messages return to the group when it disconnects and go to the others first; with
 every member offline the group keeps its offset (persisted like a session) and resumes when one returns.
+
+In a cluster one node at a time serves a group (`serving`): the holder of the group's lease in the store,
+taken by a node with online members (`gateway.cluster`). It claims the group's record, so a former server's
+late offset writes are fenced off, and resumes from the committed offset: what was in flight on a node that
+died is delivered again, to the members of the new one.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class GroupOwner(Protocol):
 
 class SharedGroup:
     __slots__ = ("_pull_handle", "_reading", "_rr", "_sticky", "client_id", "cursor", "members", "name", "owner",
-                 "persistent", "pull_batch", "queue", "record", "redeliver", "refs", "strategy", "unacked")
+                 "persistent", "pull_batch", "queue", "record", "redeliver", "refs", "serving", "strategy", "unacked")
 
     def __init__(self, owner: GroupOwner, name: str, topic_filter: str, strategy: str, record: SessionRecord,
                  pull_batch: int) -> None:
@@ -68,6 +73,7 @@ class SharedGroup:
         self.refs: set[str] = set()  # client ids with this subscription, online or in a stored session
         self.redeliver: deque[Message] = deque()  # back from a member that left: delivered before new ones
         self.unacked: set[int] = set()
+        self.serving = True  # False on a node of a cluster until it holds the group's lease
         self._rr = 0
         self._sticky = ""
         self._reading = False
@@ -114,8 +120,23 @@ class SharedGroup:
         self._pull_handle = None
         self.pull()
 
+    def serve(self, record: SessionRecord) -> None:
+        """This node serves the group from now on, from the record it claimed."""
+        self.record = record
+        self.cursor = record.offset
+        self.redeliver.clear()
+        self.unacked.clear()
+        self.serving = True
+        self.schedule_pull()
+
+    def stop_serving(self) -> None:
+        """Another node serves the group: hand out nothing more (what is in flight is acked or redelivered there)."""
+        self.serving = False
+        self.redeliver.clear()
+        self.unacked.clear()
+
     def pull(self) -> None:
-        if not self.members or self._reading:
+        if not self.members or self._reading or not self.serving:
             return
         redeliver = self.redeliver
         while redeliver:

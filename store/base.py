@@ -159,6 +159,14 @@ class Store(Protocol):
         """Batched update of `(offset, sent_upto, epoch)` per client id (a no-op for unknown sessions and for
         an epoch below the stored one)."""
 
+    # --- leases: one holder at a time (the node that serves a shared group) ------------------------------
+    async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
+        """Take or renew lease `key` for `owner` for `ttl_ms`. Returns its epoch (> 0; a new epoch whenever the
+        lease is taken anew, so a former holder's fenced writes are ignored), or 0 if someone else holds it."""
+
+    async def release(self, key: str, owner: str) -> None:
+        """Give the lease up now if `owner` holds it."""
+
     # --- retained -----------------------------------------------------------------------------------------
     async def set_retained(self, topic: str, message: Message | None) -> None:
         """Set or replace the retained message of `topic`; None deletes it."""

@@ -81,6 +81,12 @@ class DelayingStore:
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         return await self._call(self.inner.wildcards)
 
+    async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
+        return await self._call(lambda: self.inner.lease(key, owner, ttl_ms))
+
+    async def release(self, key: str, owner: str) -> None:
+        await self._call(lambda: self.inner.release(key, owner))
+
     # --- sessions and offsets -----------------------------------------------------------------------------
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return await self._call(lambda: self.inner.get_session(client_id))

@@ -98,6 +98,7 @@ class EmbeddedStore:
         self._wills: dict[str, WillRecord] = {}
         self._epochs: dict[str, int] = {}  # claims of clients without a stored record (in memory: one node)
         self._wildcard_counts: dict[str, int] = {}
+        self._leases: dict[str, tuple[str, float, int]] = {}  # key -> (holder, until (monotonic), epoch)
         self._wildcard_version = 0
         # Group commit: every write bumps _write_gen; a sync round makes everything up to the gen it
         # captured durable.
@@ -264,6 +265,22 @@ class EmbeddedStore:
 
     def last_seq(self) -> int:
         return self._next_seq - 1
+
+    # --- leases (one node: in memory) -----------------------------------------------------------------------
+    async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
+        now = time.monotonic()
+        holder, until, epoch = self._leases.get(key, ("", 0.0, 0))
+        if holder and holder != owner and until > now:
+            return 0
+        if holder != owner or until <= now:
+            epoch += 1
+        self._leases[key] = (owner, now + ttl_ms / 1000, epoch)
+        return epoch
+
+    async def release(self, key: str, owner: str) -> None:
+        holder, _, epoch = self._leases.get(key, ("", 0.0, 0))
+        if holder == owner:
+            self._leases[key] = ("", 0.0, epoch)
 
     # --- wildcard set (one node: in memory, rebuilt by the node from its sessions at start) ---------------
     async def add_wildcards(self, filters: Sequence[str]) -> int:

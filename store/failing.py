@@ -13,7 +13,7 @@ from store.base import Message, SessionRecord, Slice, Store, WillRecord
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "set_offsets", "set_retained", "match_retained", "put_will", "delete_will",
-                   "list_wills", "add_wildcards", "remove_wildcards", "wildcards"})
+                   "list_wills", "add_wildcards", "remove_wildcards", "wildcards", "lease", "release"})
 
 
 class FailingStore:
@@ -76,6 +76,14 @@ class FailingStore:
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         self._check("wildcards")
         return await self.inner.wildcards()
+
+    async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
+        self._check("lease")
+        return await self.inner.lease(key, owner, ttl_ms)
+
+    async def release(self, key: str, owner: str) -> None:
+        self._check("release")
+        await self.inner.release(key, owner)
 
     async def get_session(self, client_id: str) -> SessionRecord | None:
         self._check("get_session")

@@ -8,6 +8,7 @@ Layout (every key under `{prefix}`, so each multi-key script is valid on Redis C
     :own    hash  client id -> owner node id         :will  hash  client id -> encoded will
     :ret    hash  topic -> retained body;  :rl  set of first levels;  :rb:<level>  set of retained topics
     :wc     hash  wildcard filter -> holders;  :wv  the wildcard set version (copied into each partition)
+    :lease:<key>  hash  {owner, until (server ms), epoch}: one holder at a time (a shared group's serving node)
 
 A session record's `epoch` and `owner` come from `:ep` / `:own` (the JSON keeps what the last put carried), so
 a claim changes them without rewriting the record. Offsets set after the last put live in `:off` and win over
@@ -34,10 +35,12 @@ from store.redis_scripts import (
     CLAIM_SESSION,
     DELETE_SESSION,
     GET_SESSION,
+    LEASE,
     LIST_SESSIONS,
     MATCH_RETAINED,
     META_STATS,
     PUT_SESSION,
+    RELEASE,
     SET_OFFSETS,
     SET_RETAINED,
     WILDCARDS_CHANGE,
@@ -55,6 +58,8 @@ _MATCH = Script("match_retained", MATCH_RETAINED)
 _WILDCARDS_CHANGE = Script("wildcards_change", WILDCARDS_CHANGE)
 _WILDCARDS_GET = Script("wildcards_get", WILDCARDS_GET)
 _STATS = Script("meta_stats", META_STATS)
+_LEASE = Script("lease", LEASE)
+_RELEASE = Script("release", RELEASE)
 
 
 def _text(v: bytes | str) -> str:
@@ -80,6 +85,7 @@ class RedisMeta:
         self._k_will = k + "will"
         self._k_ret, self._k_levels, self._p_bucket = k + "ret", k + "rl", k + "rb:"
         self._wc_keys = [k + "wc", k + "wv"]
+        self._p_lease = k + "lease:"
 
     # --- sessions -----------------------------------------------------------------------------------------
     async def get_session(self, client_id: str) -> SessionRecord | None:
@@ -150,6 +156,13 @@ class RedisMeta:
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         version, filters = await self._conn.run((_WILDCARDS_GET, self._wc_keys, []))
         return int(version), frozenset(_text(f) for f in filters)
+
+    # --- leases -------------------------------------------------------------------------------------------
+    async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
+        return int(await self._conn.run((_LEASE, [self._p_lease + key], [owner, ttl_ms]), idempotent=False))
+
+    async def release(self, key: str, owner: str) -> None:
+        await self._conn.run((_RELEASE, [self._p_lease + key], [owner]))
 
     # --- stats ----------------------------------------------------------------------------------------------
     async def stats(self) -> dict[str, int]:

@@ -349,3 +349,30 @@ return out
 META_STATS = """
 return {redis.call('HLEN', KEYS[1]), redis.call('HLEN', KEYS[2]), redis.call('HLEN', KEYS[3])}
 """
+
+
+# KEYS: 1 lease hash {owner, until, epoch}. ARGV: 1 owner, 2 ttl ms. Returns the epoch if ARGV[1] holds the lease
+# now (taken or renewed), 0 if another owner holds it. Server time: every node's lease ends on one clock.
+LEASE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local holder = redis.call('HGET', KEYS[1], 'owner')
+local untl = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
+local epoch = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if holder and holder ~= '' and holder ~= ARGV[1] and untl > now then
+  return 0
+end
+if holder ~= ARGV[1] or untl <= now then
+  epoch = epoch + 1
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'until', now + tonumber(ARGV[2]), 'epoch', epoch)
+return epoch
+"""
+
+# KEYS: 1 lease hash. ARGV: 1 owner. Ends the lease now if ARGV[1] holds it (the epoch is kept).
+RELEASE = """
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'owner', '', 'until', 0)
+end
+return 0
+"""

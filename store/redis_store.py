@@ -396,6 +396,12 @@ class RedisStore:
         self._version_raised = max(self._version_raised, version)
 
     # --- sessions, retained, wills (store.redis_meta) -------------------------------------------------------
+    async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
+        return await self._meta.lease(key, owner, ttl_ms)
+
+    async def release(self, key: str, owner: str) -> None:
+        await self._meta.release(key, owner)
+
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return await self._meta.get_session(client_id)
 

@@ -254,6 +254,23 @@ async def test_wildcard_set_versions_and_stale_appends(engine: Engine) -> None:
     assert await s.remove_wildcards(["never/+"]) == v2
 
 
+async def test_lease_has_one_holder_at_a_time(engine: Engine) -> None:
+    s = engine.store
+    first = await s.lease("g", "n1", 300)
+    assert first > 0
+    assert await s.lease("g", "n2", 300) == 0  # held by n1
+    assert await s.lease("g", "n1", 300) == first  # a renewal keeps the epoch
+    await s.release("g", "n2")  # not the holder: nothing happens
+    assert await s.lease("g", "n2", 300) == 0
+    await s.release("g", "n1")
+    second = await s.lease("g", "n2", 300)
+    assert second > first  # taken anew: a new epoch fences the former holder
+    await asyncio.sleep(0.4)  # expired without a renewal
+    third = await s.lease("g", "n1", 300)
+    assert third > second
+    assert await s.lease("other", "n2", 300) > 0  # leases are independent
+
+
 async def test_sessions_round_trip(engine: Engine) -> None:
     s = engine.store
     assert await s.get_session("c1") is None
