@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.retry import Backoff, stop_if_cancelled
-
 from store.base import SessionRecord
 
 if TYPE_CHECKING:

@@ -5,6 +5,9 @@ The server runs pinned to core 0 (taskset), this load generator pins itself to c
 --auth and --tls start every target with the same files (one mosquitto_passwd password file with anonymous
 access off; one CA-signed certificate on an extra TLS listener) and make every client use them, e.g.
 `connect --auth --tls` measures full TLS handshakes plus password checks.
+--store redis runs Tidewire on the Redis store: a private redis-server (AOF appendfsync always) pinned to core 1;
+the load generator moves to core 2 when there is one, else shares core 1 with Redis.
+`python -m loadtest.cluster_bench` compares the stores (medians, Redis commands per message) and runs a cluster.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ def raise_nofile() -> int:
     if soft != hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     return hard
+
+
+def load_core(store: str = "embedded") -> int:
+    """Core 1, unless Redis has it and there is a third core."""
+    return LOAD_CORE + 1 if store == "redis" and (os.cpu_count() or 1) > LOAD_CORE + 1 else LOAD_CORE
 
 
 def pin_self(core: int = LOAD_CORE) -> bool:
@@ -127,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="targets add a TLS listener (one generated CA + certificate, TLS 1.2+); clients connect "
                          "over TLS, verifying it (connect: full handshake per connection)")
     ap.add_argument("--fsync", choices=["batch", "interval", "never"], help="TIDEWIRE_FSYNC for tidewire")
+    ap.add_argument("--store", choices=["embedded", "redis"], default="embedded",
+                    help="tidewire's store; redis: a private redis-server (AOF always) pinned to core 1")
     ap.add_argument("--no-pin", action="store_true", help="do not pin server/load to cores 0/1")
     ap.add_argument("--json", action="store_true", help="one JSON object per result instead of text")
     return ap
@@ -147,7 +157,8 @@ def run_event_loop(scenario: str, server: servers.Server, p: Params) -> Result:
 def run_target(target: str, scenario: str, p: Params, args: argparse.Namespace,
                security: Security | None = None) -> Result:
     core = None if args.no_pin else servers.SERVER_CORE
-    with servers.start(target, core=core, fsync=args.fsync, security=security) as server:
+    with servers.start(target, core=core, fsync=args.fsync, security=security,
+                       store=getattr(args, "store", "embedded")) as server:
         return run_event_loop(scenario, server, p)
 
 
@@ -163,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     raise_nofile()
     if not args.no_pin:
-        pin_self()
+        pin_self(load_core(args.store))
     targets = ["tidewire", "mosquitto"] if args.target == "both" else [args.target]
     suite = args.scenario == "all"
     scenarios = list(SCENARIOS) if suite else [args.scenario]

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.client import DISCONNECT, Endpoint, connect_packet
+from loadtest.redis_proc import RedisProc
 from loadtest.security import Security
 
 SERVER_CORE = 0
+REDIS_CORE = 1  # a Redis store's redis-server; on a 2-core machine it shares this core with the load generator
 MOSQUITTO_FALLBACK = "/usr/sbin/mosquitto"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 TLS_READY_TIMEOUT = 5.0  # s for the TLS listener once the plain one answers (both open at start-up)
@@ -85,6 +87,7 @@ class Server:
     label: str = ""
     tls_port: int | None = None
     security: Security = field(default_factory=Security)
+    redis: RedisProc | None = None  # the private redis-server of a Redis store, stopped with the server
 
     @property
     def pid(self) -> int:
@@ -125,6 +128,8 @@ class Server:
                 self.proc.kill()
                 self.proc.wait(timeout)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.redis is not None:
+            self.redis.stop()
 
     def __enter__(self) -> Server:
         return self
@@ -244,9 +249,11 @@ def start_mosquitto(host: str = "127.0.0.1", port: int | None = None, *, core: i
 
 
 def tidewire_command(host: str, port: int, data_dir: Path, security: Security | None = None,
-                     tls_port: int | None = None) -> list[str]:
+                     tls_port: int | None = None, store: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port),
            "--data-dir", str(data_dir)]
+    if store:
+        cmd += ["--store", store]
     sec = security or Security()
     if sec.auth:
         cmd += ["--password-file", str(sec.password_file), "--no-allow-anonymous"]
@@ -257,8 +264,9 @@ def tidewire_command(host: str, port: int, data_dir: Path, security: Security | 
 
 def start_tidewire(host: str = "127.0.0.1", port: int | None = None, *, core: int | None = SERVER_CORE,
                    fsync: str | None = None, extra_env: dict[str, str] | None = None,
-                   security: Security | None = None) -> Server:
-    """`python -m gateway serve` on a fresh data dir; fsync None keeps the gateway's own default."""
+                   security: Security | None = None, store: str | None = None) -> Server:
+    """`python -m gateway serve` on a fresh data dir; fsync None keeps the gateway's own default; `store` is
+    passed as `--store` (None: the embedded default)."""
     sec = security or Security()
     port = port or free_port(host)
     tls_port = free_port(host) if sec.tls else None
@@ -268,16 +276,36 @@ def start_tidewire(host: str = "127.0.0.1", port: int | None = None, *, core: in
     if fsync:
         env["TIDEWIRE_FSYNC"] = fsync
     env.update(extra_env or {})
-    cmd = [*_pin_prefix(core), *tidewire_command(host, port, workdir / "data", sec, tls_port)]
+    cmd = [*_pin_prefix(core), *tidewire_command(host, port, workdir / "data", sec, tls_port, store)]
     label = (f"tidewire(fsync={fsync})" if fsync else "tidewire") + sec.tags()
     return _spawn("tidewire", cmd, host, port, workdir, label, env=env, timeout=30.0, tls_port=tls_port,
                   security=sec)
 
 
+def start_tidewire_redis(host: str = "127.0.0.1", *, core: int | None = SERVER_CORE,
+                         redis_core: int | None = REDIS_CORE, security: Security | None = None) -> Server:
+    """Tidewire on the Redis store: a private redis-server (AOF appendfsync always) pinned to `redis_core`,
+    stopped together with the node."""
+    redis = RedisProc(prefix=_pin_prefix(redis_core), host=host).start()
+    try:
+        server = start_tidewire(host, core=core, security=security, store=redis.url)
+    except BaseException:
+        redis.stop()
+        raise
+    server.redis = redis
+    server.label += "(store=redis)"
+    return server
+
+
 def start(name: str, *, host: str = "127.0.0.1", core: int | None = SERVER_CORE,
-          fsync: str | None = None, security: Security | None = None) -> Server:
+          fsync: str | None = None, security: Security | None = None, store: str = "embedded") -> Server:
+    """`store` applies to Tidewire only: `embedded` (default) or `redis` (a private redis-server on REDIS_CORE,
+    or unpinned when `core` is None)."""
     if name == "mosquitto":
         return start_mosquitto(host, core=core, security=security)
+    if name == "tidewire" and store == "redis":
+        return start_tidewire_redis(host, core=core, redis_core=None if core is None else REDIS_CORE,
+                                    security=security)
     if name == "tidewire":
         return start_tidewire(host, core=core, fsync=fsync, security=security)
     raise ValueError(f"unknown target {name!r}")
