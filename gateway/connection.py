@@ -422,6 +422,8 @@ class MqttConnection(ConnectionBase):
         # persistent session's record (a takeover by another node reads it from there). SUBACKs keep their order.
         saved = session.persistent and self.node.cluster is not None
         if registering or saved or self._subacks is not None:
+            # Deliveries wait too: a client sees the SUBACK before anything of the new subscription.
+            self.paused = True
             self._subacks = asyncio.get_running_loop().create_task(self._suback_later(
                 self._subacks, registering, saved, Suback(packet.packet_id, codes), session, retained))
             return
@@ -441,6 +443,8 @@ class MqttConnection(ConnectionBase):
         if self.session is not session:
             return
         self._send(suback)
+        if self._subacks is None and not self._socket_full:
+            self.resume_writing()
         if retained:
             self.node.spawn(self.node.send_retained(session, retained))
 

@@ -33,7 +33,7 @@ HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
 
 class ConnectionBase(asyncio.Protocol):
     __slots__ = (
-        "_backlog", "_deadline_handle", "_expiry_handle", "_holds", "_state", "_subacks", "alias_max", "aliases_in",
+        "_backlog", "_deadline_handle", "_expiry_handle", "_holds", "_socket_full", "_state", "_subacks", "alias_max", "aliases_in",
         "auth",
         "client_id", "expiry", "inbound_qos2", "info", "keepalive", "last_rx", "level", "limiter", "listener",
         "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session", "transport", "unacked_in",
@@ -54,6 +54,7 @@ class ConnectionBase(asyncio.Protocol):
         self.paused = False
         self._holds = 0
         self._subacks: asyncio.Task[None] | None = None  # SUBACKs waiting for the store, sent in order
+        self._socket_full = False  # the transport asked us to stop writing
         self.limiter: InboundLimiter | None = None
         self.unacked_in = 0  # inbound QoS 1/2 publishes waiting for the store
         self.pending_qos1 = 0  # inbound QoS 1 publishes not yet acknowledged (counts against Receive Maximum)
@@ -113,11 +114,14 @@ class ConnectionBase(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.paused = True
+        self._socket_full = True
 
     def resume_writing(self) -> None:
-        self.paused = False
-        if self.session is not None:
-            self.session.resume_writing()
+        self._socket_full = False
+        if self._subacks is None:  # deliveries also wait for a SUBACK still owed (see `_suback_later`)
+            self.paused = False
+            if self.session is not None:
+                self.session.resume_writing()
 
     # --- writing ------------------------------------------------------------------------------------------
     def write_chunks(self, chunks: list[bytes]) -> None:
