@@ -6,7 +6,8 @@ ARGS ?=
 
 # Debian packages the tests drive as real peers (mosquitto_passwd, mosquitto_pub/sub, the reference broker,
 # redis-server for the Redis store; tests start their own servers).
-SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub /usr/bin/redis-server
+SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub /usr/bin/redis-server \
+	/usr/bin/redis-cli
 
 .PHONY: run test install dev system-deps lint typecheck bench clean
 

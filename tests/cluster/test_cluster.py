@@ -237,6 +237,31 @@ def test_shared_group_over_two_nodes_delivers_each_message_to_exactly_one_member
     assert sum(got.values()) == stream.n
 
 
+def test_shared_group_continues_on_another_node_when_its_serving_node_dies(
+        cluster: ClusterFactory, paho_factory: PahoFactory) -> None:
+    """One node serves a group at a time; kill it and the members on another node get every acked message."""
+    c = cluster()
+    n1, n2, n3 = c.nodes
+    share = "$share/fo/jobs/#"
+    first = Inbox(connect(n1, paho_factory, "fo-1", subscribe=[share]), "jobs/#")
+    time.sleep(0.3)  # n1 takes the group's lease first
+    second = Inbox(connect(n2, paho_factory, "fo-2", subscribe=[share]), "jobs/#")
+    pub = connect(n3, paho_factory, "fo-pub")
+    stream = Stream(pub, ["jobs/a", "jobs/b"], 400, interval=0.003)
+    stream.start()
+    time.sleep(0.4)
+    served_by_n1 = len(first.received()) > 0
+    c.kill9(n1 if served_by_n1 else n2)
+    survivor = second if served_by_n1 else first
+    stream.wait_all_acked(10.0)
+    acked = stream.acked()
+    dead = first if served_by_n1 else second
+    before = set(dead.received())
+    # Everything acked reaches the survivor unless the dead member had it (a message in flight on the dead node
+    # may reach both: at-least-once across a failure).
+    survivor.wait_for(sorted(set(acked) - before, key=lambda k: k[1]), MEMBER_TTL + 10.0, c)
+
+
 # --- 3. kill -9 of a node with persistent clients ---------------------------------------------------------------
 
 
