@@ -34,8 +34,8 @@ HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
 class ConnectionBase(asyncio.Protocol):
     __slots__ = (
         "_backlog", "_deadline_handle", "_expiry_handle", "_holds", "_socket_full", "_state", "_subacks", "alias_max",
-        "aliases_in", "auth", "client_id", "expiry", "inbound_qos2", "info", "keepalive", "last_rx", "level", "limiter", "listener",
-        "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session", "transport", "unacked_in",
+        "aliases_in", "auth", "client_id", "expiry", "inbound_qos2", "info", "keepalive", "last_rx", "level",
+        "limiter", "listener", "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session", "transport", "unacked_in",
         "will", "will_delay",
     )
 
