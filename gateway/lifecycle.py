@@ -35,8 +35,8 @@ class ConnectionBase(asyncio.Protocol):
     __slots__ = (
         "_backlog", "_deadline_handle", "_expiry_handle", "_holds", "_socket_full", "_state", "_subacks", "alias_max",
         "aliases_in", "auth", "client_id", "expiry", "inbound_qos2", "info", "keepalive", "last_rx", "level",
-        "limiter", "listener", "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session", "transport", "unacked_in",
-        "will", "will_delay",
+        "limiter", "listener", "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session",
+        "transport", "unacked_in", "will", "will_delay",
     )
 
     def __init__(self, node: Node, listener: Listener, peer: tuple[str, int] | None = None) -> None:
