@@ -56,29 +56,36 @@ class QueueCache:
     def tracked_queues(self) -> list[str]:
         return list(self._queues)
 
-    async def refresh(self, queue: str, seal: int = 0) -> None:
-        """Pull everything new for `queue` (complete at least up to `seal`); concurrent callers share the pull
-        in progress and return when it has covered their call too."""
+    async def refresh(self, queue: str, seal: int = 0, max_reads: int = 0) -> bool:
+        """Pull what is new for `queue` (complete at least up to `seal`); concurrent callers share the pull
+        in progress and return when it has covered their call too. At most `max_reads` store reads (0: until
+        caught up), so readers are served while publishers keep a slow store busy; True if more is waiting."""
         cached = self._queues.get(queue)
         if cached is None:
-            return
+            return False
         if seal > cached.seal:
             cached.seal = seal
         if cached.pull is not None:
             cached.stale = True  # the running pull loops once more instead of a second concurrent read
             await asyncio.shield(cached.pull)
-            return
+            return cached.stale
         done = cached.pull = asyncio.get_running_loop().create_future()
+        reads = 0
+        more = False
         try:
             while True:
                 cached.stale = False
                 seal = cached.seal if cached.seal > cached.tail else 0
                 messages, upto = await self._store.read(queue, cached.tail, self._pull_batch, seal)
+                reads += 1
                 if messages:
                     self._append(cached, messages)
                 if upto > cached.tail:
                     cached.tail = upto
                 if len(messages) < self._pull_batch and not cached.stale:
+                    break
+                if reads == max_reads:
+                    more = True
                     break
         except Exception as exc:
             done.set_exception(exc)
@@ -90,6 +97,7 @@ class QueueCache:
         finally:
             cached.pull = None
         done.set_result(None)
+        return more
 
     def known_upto(self, queue: str) -> int:
         """The seq up to which the cached queue is complete (-1: not cached)."""

@@ -41,6 +41,8 @@ class Fabric(Protocol):
 
     def on_dead(self, callback: Callable[[list[str]], None]) -> None: ...
 
+    def stats(self) -> dict[str, int]: ...
+
 
 class ClusterRole:
     def __init__(self, node: Node, fabric: Fabric, resync_interval: float, lease_ttl: float) -> None:
@@ -117,6 +119,17 @@ class ClusterRole:
                     await self._lease_group(key, group)
             except OSError as exc:  # the store is failing: a lease not renewed lapses, another node serves
                 log.warning("cluster.lease_failed", extra={"error": str(exc)})
+
+    def gauges(self) -> dict[str, int]:
+        """The fabric's counters for `$SYS/brokers/<node>/stats/...`."""
+        stats = self.fabric.stats()
+        names = {"frames_sent": "notify/frames_sent", "notify_broadcasts": "notify/broadcasts",
+                 "notify_broadcast_msgs": "notify/broadcast_msgs", "frames_received": "cluster/frames_received",
+                 "notify_route_msgs": "notify/route_msgs", "notify_event_msgs": "notify/event_msgs",
+                 "notify_merged": "notify/merged", "casts_dropped": "cluster/casts_dropped"}
+        out = {name: stats[key] for key, name in names.items() if key in stats}
+        out["cluster/members"] = len(self.fabric.members)
+        return out
 
     def member_joined(self) -> None:
         """A group got an online member here: try for its lease now rather than at the next renewal."""
