@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidewire.node")
 
-MAX_PENDING_PUBLISHES = 50_000
-REFRESH_READS = 4  # store reads per queue per dispatch round before its readers pull  # messages waiting for append before publishers are held back
+MAX_PENDING_PUBLISHES = 50_000  # messages waiting for append before publishers are held back
+REFRESH_READS = 4  # store reads per queue per dispatch round before its readers pull
 
 
 def _now_ms() -> int:
