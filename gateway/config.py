@@ -107,6 +107,8 @@ class Settings(BaseSettings):
     cluster_member_ttl: float = Field(3.0, gt=0, description="s without a heartbeat before a node is dead")
     cluster_resync_interval: float = Field(1.0, gt=0, description="s between re-reads of every local queue (a "
                                            "notify lost with a node delays, never loses)")
+    cluster_notify_broadcast: bool = Field(False, description="benchmarks only: send every notify to every node "
+                                           "instead of the nodes the lookup names")
     # MQTT 5 and shared subscriptions
     topic_alias_maximum: int = Field(64, ge=0, le=65535, description="inbound topic aliases per client")
     response_information: str = Field("reply/", description="CONNACK Response Information prefix (+client id)")

@@ -167,6 +167,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await store.close()
             raise StartupError(f"cluster: {exc}") from exc
         lookup, notifier = fabric.lookup, fabric.notifier
+        fabric.notifier.always_broadcast = settings.cluster_notify_broadcast
     else:
         lookup = InProcessLookup()
         notifier = LocalNotifier(lookup)

@@ -38,6 +38,7 @@ class ClusterNotifier:
         self.rpc = rpc
         self.lookup = lookup
         self.merge_delay = merge_delay
+        self.always_broadcast = False  # benchmarks: what targeting saves
         self._handler: NotifyHandler | None = None
         self._pending: set[str] = set()
         self._flush_handle: asyncio.Handle | None = None
@@ -81,7 +82,7 @@ class ClusterNotifier:
         self._flush_handle = None
         pending, self._pending = self._pending, set()
         table = self.lookup.table
-        if table is None:
+        if table is None or self.always_broadcast:
             self._broadcast(pending)
             return
         per_owner: dict[str, set[str]] = {}
