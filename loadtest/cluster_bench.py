@@ -11,21 +11,23 @@ default); cross-node delivery latency (publisher on n1, subscriber on n2, QoS 1)
 with subscribers on k = 1, 2, N nodes, read from the nodes' `$SYS/brokers/<node>/stats/...` counters (idle
 traffic subtracted); and `kill -9` of n2 → time until its persistent subscribers receive again on other nodes.
 
-Measured on the 2-core dev container at commit 3d32971 + work in progress (load shares core 1 with Redis;
-other test runs shared the machine: the lines print how busy core 0 was with them), medians of 3:
-  `python -m loadtest.cluster_bench store` (embedded → redis, ratio):
-    fanin (10 pubs, window 100)  delivered within the run 55,865 → 0 msgs/s (Redis: 31,392 publishes/s acked, but
-                                 deliveries start only when publishing stops, p50 5.3 s): 0.00
-    fanin-max (p99 ≤ 50 ms)      29,666 → 6,082 msgs/s: 0.21
-    fanout-max 1→200, QoS 0      459,754 → 274,126 deliveries/s: 0.60 (runs 354k/161k/274k: noisy)
-    Redis per message: fan-in at 3k msgs/s 1.6-3.2 commands, 0.15-0.33 EVALSHA, 0.15-0.33 round trips; fan-out
-    1→200 at 100 msgs/s 25.4 commands (0.127 per delivery), 4.2 EVALSHA, 5.5 round trips.
-  `python -m loadtest.cluster_bench cluster` (N = 3 / 5, nodes all on core 0):
-    n1 → n2 latency at 1k msgs/s QoS 1: p50 7.9 / 4.9 ms, p99 37.7 / 23.5 ms, no loss.
-    notify frames/publish: n/a (not in $SYS yet); cluster TCP data segments per publish, k = 1, 2, N: N=3
-    0.27-0.59, 0.59-0.99, 0.69-1.18; N=5 1.0-1.1, 1.37-1.67, 1.98-2.38 (a broadcast: N-1 frames per flush).
-    kill -9 n2, 20 persistent subscribers: receiving again on n1/n3 after p50 174 / 134 ms (max 254 / 194 ms);
-    lost 0; every subscriber gets ~0.5-1 s of messages again (dup 2,440-9,200 per run).
+Measured on the 2-core dev container (load shares core 1 with Redis, which handicaps Redis), medians of 3,
+after the fix that bounds a queue refresh per dispatch round (before it, fan-in on Redis delivered nothing
+until publishers stopped):
+  `python -m loadtest.cluster_bench --runs 3 store` (embedded → redis, ratio):
+    fanin (10 pubs, window 100)  59,407 → 27,619 msgs/s delivered, p50 10 → 45 ms: 0.46
+    fanin-max (p99 ≤ 50 ms)      38,563 → 13,478 msgs/s: 0.35
+    fanout-max 1→200, QoS 0      1,014,081 → 777,183 deliveries/s: 0.77
+    Redis per message: fan-in at 3k msgs/s 3.44 commands, 0.36 EVALSHA, 0.36 round trips (zadd 1.54); fan-out
+    1→200 at 100 msgs/s 25.6 commands (0.128 per delivery), 4.2 EVALSHA, 5.6 round trips.
+  `python -m loadtest.cluster_bench --runs 3 cluster` (N = 3 / 5, nodes all on core 0):
+    n1 → n2 latency at 1k msgs/s QoS 1: p50 1.56 / 2.07 ms, p99 7.97 / 11.14 ms, no loss.
+    notify frames per publish at 1k msgs/s, subscribers on k = 1, 2, N nodes: N=3 0.81, 0.90, 1.29;
+    N=5 1.27, 1.79, 2.07. Forced broadcast (`--broadcast-env TIDEWIRE_CLUSTER_NOTIFY_BROADCAST=true`, one run):
+    N=3 0.55 whatever k; N=5 1.14, 1.10, 0.71 (fewer frames at this rate: one hop merging ~4 publishes per
+    flush, against two hops, publisher → slot owner → interested nodes, for targeted notify).
+    kill -9 n2, 20 persistent subscribers: receiving again on n1/n3 after p50 134 / 112 ms (max 180 / 168 ms);
+    lost 0; ~340 duplicates per subscriber (offsets are written every 100 ms).
 """
 
 from __future__ import annotations
