@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING
 
 from gateway.retry import Backoff, stop_if_cancelled
+from store.base import P2P_PREFIX
 
 if TYPE_CHECKING:
     from gateway.node import Node
+
+log = logging.getLogger("tidewire.node")
 
 RETENTION_INTERVAL = 60.0  # s between retention passes
 
@@ -24,10 +28,10 @@ async def housekeeping_loop(node: Node) -> None:
         interval = node.settings.sys_interval
         if time.monotonic() >= stats_due - 0.005:
             stats_due = max(stats_due + interval, time.monotonic() + interval / 2)
-            node.sys.stats(node.counters, node.gauges())
+            node.sys.stats(node.counters, gauges(node))
         node.offsets_due()
         try:
-            await node.expire_sessions()
+            await expire_sessions(node)
             if time.monotonic() >= retention_due:
                 enforce = getattr(node.store, "enforce_retention", None)
                 if enforce is not None:
@@ -38,3 +42,32 @@ async def housekeeping_loop(node: Node) -> None:
             retry.failed(exc)
             continue
         retry.succeeded()
+
+
+async def expire_sessions(node: Node) -> None:
+    """Drop stored sessions whose client stayed away past their expiry interval."""
+    now = int(time.time() * 1000)
+    for client_id, deadline in [(c, d) for c, d in node.offline_expiry.items() if d <= now]:
+        if client_id in node.connections:
+            continue
+        await node.writes.session_settled(client_id)  # the record saved at its disconnect, not an older one
+        record = await node.store.get_session(client_id)
+        # Forgotten only once read (after a store error it is looked at again on the next tick), and only if
+        # the client did not come and go meanwhile, setting a new deadline.
+        if node.offline_expiry.get(client_id) == deadline:
+            del node.offline_expiry[client_id]
+        if record is not None and node.expired(record, now):
+            await node.drop_stored(record, record.epoch)  # not if a node claimed it since it was read
+            log.info("session.expired", extra={"client_id": client_id})
+
+
+def gauges(node: Node) -> dict[str, int]:
+    """The node's current levels for `$SYS/brokers/<node>/stats/...` (counters are kept by the node)."""
+    subscriptions = node.subscriptions
+    return {"clients/connected": len(node.connections),
+            "subscriptions/count": sum(1 for conn in node.connections.values() if conn.session is not None
+                                       for f in conn.session.subscriptions if not f.startswith(P2P_PREFIX)),
+            "queues/local": len(subscriptions.readers),
+            "queues/wildcard": subscriptions.wildcard_count(),
+            "shared/groups": len(subscriptions.groups),
+            **(node.cluster.gauges() if node.cluster is not None else {})}

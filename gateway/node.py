@@ -71,7 +71,7 @@ class Node:
         self.subscriptions = SubscriptionRegistry(self)
         self.counters = Counters()
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
-        self._offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
+        self.offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
         self._client_locks: dict[str, asyncio.Lock] = {}
         # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
@@ -112,7 +112,7 @@ class Node:
             if record.disconnected_at_ms == 0 and (cluster is None or cluster.stale_owner(record.owner)):
                 record.disconnected_at_ms = now  # online when the process that held it died
                 await self.store.put_session(record)
-            if self._expired(record, now):
+            if self.expired(record, now):
                 await self.store.delete_session(record.client_id)
                 continue
             self.track_offline(record)
@@ -186,7 +186,7 @@ class Node:
             self.wills.cancel(client_id)
             self.writes.drop_will(client_id)
             await self.writes.will_settled(client_id)
-            self._offline_expiry.pop(client_id, None)
+            self.offline_expiry.pop(client_id, None)
             # Claim the session in the store: its epoch fences off any node that held it before (their late
             # writes of its record and offsets are ignored); that node is told to close the connection.
             await self.writes.session_settled(client_id)  # read what this node last wrote, not older
@@ -195,15 +195,15 @@ class Node:
                 await self.cluster.kick_elsewhere(client_id, epoch)
             if session is not None:
                 record = None
-            elif record is not None and self._expired(record, _now_ms()):
-                await self._drop_stored(record, epoch)
+            elif record is not None and self.expired(record, _now_ms()):
+                await self.drop_stored(record, epoch)
                 record = None
             if clean_start:
                 if session is not None:
                     self.subscriptions.forget(session.record)
                     session = None
                 if record is not None:
-                    await self._drop_stored(record, epoch)
+                    await self.drop_stored(record, epoch)
                     record = None
             present = session is not None or record is not None
             if session is None:
@@ -245,7 +245,7 @@ class Node:
         if session.persistent:
             record = session.snapshot()
             record.disconnected_at_ms = _now_ms()
-            self._offline_expiry[session.client_id] = self._expiry_deadline(record)
+            self.offline_expiry[session.client_id] = self._expiry_deadline(record)
             self.writes.save_session(record)
         else:
             self.subscriptions.forget(session.record)
@@ -253,19 +253,19 @@ class Node:
 
     def track_offline(self, record: SessionRecord) -> None:
         """A stored session whose client is away: it expires here unless its client comes back first."""
-        self._offline_expiry[record.client_id] = self._expiry_deadline(record)
+        self.offline_expiry[record.client_id] = self._expiry_deadline(record)
 
     def _expiry_deadline(self, record: SessionRecord) -> int:
         if record.expiry_interval >= NEVER_EXPIRES:
             return 1 << 62
         return (record.disconnected_at_ms or _now_ms()) + record.expiry_interval * 1000
 
-    def _expired(self, record: SessionRecord, now_ms: int) -> bool:
+    def expired(self, record: SessionRecord, now_ms: int) -> bool:
         return record.disconnected_at_ms > 0 and self._expiry_deadline(record) <= now_ms
 
-    async def _drop_stored(self, record: SessionRecord, epoch: int = -1) -> None:
+    async def drop_stored(self, record: SessionRecord, epoch: int = -1) -> None:
         self.subscriptions.forget(record)
-        self._offline_expiry.pop(record.client_id, None)
+        self.offline_expiry.pop(record.client_id, None)
         self.writes.drop_session(record.client_id, epoch)
         await self.writes.session_settled(record.client_id)
 
@@ -486,31 +486,7 @@ class Node:
         for session in p2p:
             session.pull()
 
-    async def expire_sessions(self) -> None:
-        now = _now_ms()
-        for client_id, deadline in [(c, d) for c, d in self._offline_expiry.items() if d <= now]:
-            if client_id in self.connections:
-                continue
-            await self.writes.session_settled(client_id)  # the record saved at its disconnect, not an older one
-            record = await self.store.get_session(client_id)
-            # Forgotten only once read (after a store error it is looked at again on the next tick), and only
-            # if the client did not come and go meanwhile, setting a new deadline.
-            if self._offline_expiry.get(client_id) == deadline:
-                del self._offline_expiry[client_id]
-            if record is not None and self._expired(record, now):
-                await self._drop_stored(record, record.epoch)  # not if a node claimed it since it was read
-                log.info("session.expired", extra={"client_id": client_id})
-
     def offsets_due(self) -> None:
         """Write dirty offsets soon (the flush loop writes them with the next batch, or now if idle)."""
         if self._dirty:
             self._flush_wanted.set()
-
-    def gauges(self) -> dict[str, int]:
-        return {"clients/connected": len(self.connections),
-                "subscriptions/count": sum(1 for conn in self.connections.values() if conn.session is not None
-                                           for f in conn.session.subscriptions if not f.startswith(P2P_PREFIX)),
-                "queues/local": len(self.subscriptions.readers),
-                "queues/wildcard": self.subscriptions.wildcard_count(),
-                "shared/groups": len(self.subscriptions.groups),
-                **(self.cluster.gauges() if self.cluster is not None else {})}

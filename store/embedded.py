@@ -20,6 +20,7 @@ from typing import Literal
 
 from store.base import Message, SessionRecord, Slice, StaleWildcards, WillRecord
 from store.kv import OFFSET, RETAINED, SESSION, WILL, KVFile
+from store.memory_registry import MemoryRegistry
 from store.records import (
     OFFSETS,
     decode_message_body,
@@ -97,9 +98,7 @@ class EmbeddedStore:
         self._retained = RetainedIndex()
         self._wills: dict[str, WillRecord] = {}
         self._epochs: dict[str, int] = {}  # claims of clients without a stored record (in memory: one node)
-        self._wildcard_counts: dict[str, int] = {}
-        self._leases: dict[str, tuple[str, float, int]] = {}  # key -> (holder, until (monotonic), epoch)
-        self._wildcard_version = 0
+        self._registry = MemoryRegistry()
         # Group commit: every write bumps _write_gen; a sync round makes everything up to the gen it
         # captured durable.
         self._write_gen = 0
@@ -184,7 +183,7 @@ class EmbeddedStore:
     async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
         if not messages:
             return
-        if wildcard_version not in (-1, self._wildcard_version):
+        if wildcard_version not in (-1, self._registry.wildcard_version):
             raise StaleWildcards(wildcard_version)
         now_ms = 0
         for m in messages:
@@ -266,45 +265,21 @@ class EmbeddedStore:
     def last_seq(self) -> int:
         return self._next_seq - 1
 
-    # --- leases (one node: in memory) -----------------------------------------------------------------------
+    # --- leases and the wildcard set (one node: in memory) -------------------------------------------------
     async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
-        now = time.monotonic()
-        holder, until, epoch = self._leases.get(key, ("", 0.0, 0))
-        if holder and holder != owner and until > now:
-            return 0
-        if holder != owner or until <= now:
-            epoch += 1
-        self._leases[key] = (owner, now + ttl_ms / 1000, epoch)
-        return epoch
+        return self._registry.lease(key, owner, ttl_ms)
 
     async def release(self, key: str, owner: str) -> None:
-        holder, _, epoch = self._leases.get(key, ("", 0.0, 0))
-        if holder == owner:
-            self._leases[key] = ("", 0.0, epoch)
+        self._registry.release(key, owner)
 
-    # --- wildcard set (one node: in memory, rebuilt by the node from its sessions at start) ---------------
     async def add_wildcards(self, filters: Sequence[str]) -> int:
-        counts = self._wildcard_counts
-        for f in filters:
-            n = counts.get(f, 0)
-            counts[f] = n + 1
-            if not n:
-                self._wildcard_version += 1
-        return self._wildcard_version
+        return self._registry.add_wildcards(filters)
 
     async def remove_wildcards(self, filters: Sequence[str]) -> int:
-        counts = self._wildcard_counts
-        for f in filters:
-            n = counts.get(f, 0)
-            if n <= 1:
-                if counts.pop(f, None) is not None:
-                    self._wildcard_version += 1
-            else:
-                counts[f] = n - 1
-        return self._wildcard_version
+        return self._registry.remove_wildcards(filters)
 
     async def wildcards(self) -> tuple[int, frozenset[str]]:
-        return self._wildcard_version, frozenset(self._wildcard_counts)
+        return self._registry.wildcard_version, frozenset(self._registry.wildcard_counts)
 
     # --- durability -----------------------------------------------------------------------------------------
     async def sync(self) -> None:

@@ -1,0 +1,56 @@
+"""What a session is made of besides itself: the in-flight entry, and the protocols of its connection, its node
+and the shared-subscription group of a message in flight."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from store.base import Message, Store
+
+if TYPE_CHECKING:
+    from cache.queue_cache import QueueCache
+    from gateway.session import Session
+
+
+class Writer(Protocol):
+    """The connection side a session pushes to."""
+
+    paused: bool
+    alias_max: int  # the client's Topic Alias Maximum (0: none)
+    max_packet: int  # the client's Maximum Packet Size (0: no limit)
+
+    def write_chunks(self, chunks: list[bytes]) -> None: ...
+
+
+class GroupHandle(Protocol):
+    """The shared-subscription group a message in flight belongs to."""
+
+    def acked(self, seq: int) -> None: ...
+
+    def returned(self, message: Message) -> None: ...
+
+
+class SessionOwner(Protocol):
+    """What a session needs from its node."""
+
+    cache: QueueCache
+    store: Store
+
+    def session_dirty(self, session: Session) -> None: ...
+
+    def count_out(self, messages: int, nbytes: int, dropped: int) -> None: ...
+
+
+class Inflight:
+    __slots__ = ("group", "message", "qos", "released", "retain", "sent_at", "stream", "sub_ids")
+
+    def __init__(self, message: Message | None, qos: int, stream: bool, sent_at: float, retain: bool = False,
+                 sub_ids: tuple[int, ...] = (), group: GroupHandle | None = None) -> None:
+        self.message = message
+        self.qos = qos
+        self.stream = stream  # False for retained and shared deliveries, which are outside the session's queues
+        self.released = False  # PUBREC received, PUBREL sent: delivered, waiting for PUBCOMP
+        self.sent_at = sent_at
+        self.retain = retain
+        self.sub_ids = sub_ids
+        self.group = group
