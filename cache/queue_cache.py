@@ -68,7 +68,7 @@ class QueueCache:
         if cached.pull is not None:
             cached.stale = True  # the running pull loops once more instead of a second concurrent read
             await asyncio.shield(cached.pull)
-            return cached.stale
+            return False  # the pull joined is its starter's: it reports what is left
         done = cached.pull = asyncio.get_running_loop().create_future()
         reads = 0
         more = False

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import cast
 
 from loadtest.client import DISCONNECT, Endpoint, connect_packet, subscribe_packet
-from loadtest.redis_proc import RedisProc
+from loadtest.redis_proc import RedisProc, terminate
 from loadtest.servers import _pin_prefix, free_port, tidewire_command, wait_ready
 
 NODE_START_TIMEOUT = 30.0  # s for a node to answer CONNECT
@@ -75,13 +75,8 @@ class NodeProc:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout)
+        if proc is not None:
+            terminate(proc, timeout)
 
     def log_tail(self, chars: int = 2000) -> str:
         try:

@@ -104,6 +104,17 @@ class RedisCounters:
     reads: int  # total_reads_processed: one per read event on a client socket, i.e. per round trip
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, and SIGKILL if it is still running after `timeout` seconds (a no-op once it has exited)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+
+
 class RedisProc:
     """`redis-server` on a free port with AOF `appendfsync always`; `prefix` is prepended to the command
     (e.g. `taskset -c 1`). A context manager: leaving it stops the server and removes its dir."""
@@ -160,13 +171,8 @@ class RedisProc:
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout)
+        if proc is not None:
+            terminate(proc, timeout)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisProc:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.client import DISCONNECT, Endpoint, connect_packet
-from loadtest.redis_proc import RedisProc
+from loadtest.redis_proc import RedisProc, terminate
 from loadtest.security import Security
 
 SERVER_CORE = 0
@@ -120,13 +120,7 @@ class Server:
             return ""
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
+        terminate(self.proc, timeout)
         shutil.rmtree(self.workdir, ignore_errors=True)
         if self.redis is not None:
             self.redis.stop()

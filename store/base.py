@@ -143,8 +143,8 @@ class Store(Protocol):
 
     async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
         """Take the client's session for node `owner`: bump its epoch, record the owner, and return the stored
-        record (None if none) and the new epoch. The epoch is kept even without a record, so a node that lost
-        the client can no longer write its session back, nor its offsets."""
+        record (None if none) and the new epoch. An engine shared by several nodes keeps the epoch even
+        without a record, so a node that lost the client can no longer write its session back, nor its offsets."""
 
     async def put_session(self, record: SessionRecord) -> bool:
         """Store the record unless the stored epoch is higher than `record.epoch`; False if fenced off."""

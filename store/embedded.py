@@ -97,7 +97,9 @@ class EmbeddedStore:
         self._sessions: dict[str, SessionRecord] = {}
         self._retained = RetainedIndex()
         self._wills: dict[str, WillRecord] = {}
-        self._epochs: dict[str, int] = {}  # claims of clients without a stored record (in memory: one node)
+        # Claims take the next value of one counter: increasing per client with no state per client (one node
+        # uses this engine, so a client without a record has no other writer to fence off).
+        self._last_claim = 0
         self._registry = MemoryRegistry()
         # Group commit: every write bumps _write_gen; a sync round makes everything up to the gen it
         # captured durable.
@@ -354,11 +356,10 @@ class EmbeddedStore:
 
     def _epoch(self, client_id: str) -> int:
         rec = self._sessions.get(client_id)
-        return max(self._epochs.get(client_id, 0), rec.epoch if rec is not None else 0)
+        return rec.epoch if rec is not None else 0
 
     async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
-        epoch = self._epoch(client_id) + 1
-        self._epochs[client_id] = epoch
+        epoch = self._last_claim = max(self._last_claim, self._epoch(client_id)) + 1
         rec = self._sessions.get(client_id)
         if rec is None:
             return None, epoch
@@ -389,10 +390,9 @@ class EmbeddedStore:
         sessions = self._sessions
         sets: list[tuple[int, str, bytes]] = []
         pack = OFFSETS.pack
-        epochs = self._epochs
         for client_id, (offset, sent_upto, epoch) in offsets.items():
             rec = sessions.get(client_id)
-            if rec is None or epoch < rec.epoch or epoch < epochs.get(client_id, 0):
+            if rec is None or epoch < rec.epoch:
                 continue
             rec.offset = offset
             rec.sent_upto = sent_upto

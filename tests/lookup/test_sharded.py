@@ -6,11 +6,8 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
-
-import pytest
-import redis.asyncio as aioredis
 
 from lookup.base import Lookup
 from lookup.fabric import ClusterFabric
@@ -18,7 +15,6 @@ from lookup.rpc import RpcNode
 from lookup.sharded import ShardedLookup
 from lookup.slots import SLOTS, SlotTable, slot_of
 from notify.base import Notifier
-from tests.store import redis_server
 
 SECRET = "fabric-test-secret"
 INTERVAL, TTL = 0.05, 0.3
@@ -148,24 +144,6 @@ async def test_queue_subscribers_are_counted_and_p2p_follows_the_client() -> Non
 
 
 # --- fabrics on a real redis-server --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisServer]:
-    if not redis_server.available():
-        pytest.skip("redis-server is not installed")
-    s = redis_server.RedisServer(tmp_path_factory.mktemp("redis"), appendfsync="no")
-    s.start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-async def redis(server: redis_server.RedisServer) -> AsyncIterator[Any]:
-    r = aioredis.Redis.from_url(server.url)
-    await r.flushall()
-    yield r
-    await r.aclose()
 
 
 @contextlib.asynccontextmanager

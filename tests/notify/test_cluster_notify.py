@@ -4,36 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
-
-import pytest
-import redis.asyncio as aioredis
 
 from lookup.fabric import ClusterFabric
 from lookup.slots import SlotTable
-from tests.store import redis_server
 
 SECRET = "notify-test-secret"
 INTERVAL, TTL = 0.05, 0.3
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisServer]:
-    if not redis_server.available():
-        pytest.skip("redis-server is not installed")
-    s = redis_server.RedisServer(tmp_path_factory.mktemp("redis"), appendfsync="no")
-    s.start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-async def redis(server: redis_server.RedisServer) -> AsyncIterator[Any]:
-    r = aioredis.Redis.from_url(server.url)
-    await r.flushall()
-    yield r
-    await r.aclose()
 
 
 async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
