@@ -52,6 +52,10 @@ def serve_command(
     = None,
     cluster_secret: Annotated[Optional[str], typer.Option(
         help="shared cluster secret (prefer TIDEWIRE_CLUSTER_SECRET: a flag shows in the process list)")] = None,
+    amqp_port: Annotated[Optional[int], typer.Option(help="AMQP 0.9.1 port (default 5672; 0 disables)")] = None,
+    amqps_port: Annotated[Optional[int], typer.Option(help="AMQP 0.9.1 over TLS port")] = None,
+    rocketmq_port: Annotated[Optional[int], typer.Option(help="RocketMQ 5 gRPC port (default 8081; 0 disables)")]
+    = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="embedded store directory")] = None,
     acl_file: Annotated[Optional[Path], typer.Option(help="Mosquitto-syntax ACL file")] = None,
     max_keepalive: Annotated[Optional[int], typer.Option(help="cap on client keepalive (s)")] = None,
@@ -65,6 +69,7 @@ def serve_command(
                              use_subject_as_username=use_subject_as_username, password_file=password_file,
                              allow_anonymous=allow_anonymous, store=store, node_id=node_id,
                              cluster_port=cluster_port, cluster_secret=cluster_secret, data_dir=data_dir,
+                             amqp_port=amqp_port, amqps_port=amqps_port, rocketmq_port=rocketmq_port,
                              acl_file=acl_file,
                              max_keepalive=max_keepalive, log_level=log_level)
     setup_logging(settings.log_level, settings.log_format)

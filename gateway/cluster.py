@@ -107,6 +107,8 @@ class ClusterRole:
             if will.owner in gone:
                 await store.delete_will(will.client_id)
                 node.publish(will.message)
+        for owner in gone:  # what their AMQP/RocketMQ consumers held unacked goes to the others now
+            await node.groups.owner_gone(owner)
 
     async def lease_loop(self) -> None:
         """Serve the shared groups this node has online members of, one node per group at a time."""

@@ -186,8 +186,10 @@ def _start_nodes(sup: _Supervisor, n: int, store: str, data_dir: Path, base_port
         ndir = data_dir / node_id
         env = {**os.environ, "TIDEWIRE_NODE_ID": node_id, "TIDEWIRE_CLUSTER_PORT": str(cport),
                "TIDEWIRE_CLUSTER_SECRET": secret}
+        # Backend listeners on their default ports plus the node's index: several nodes share one host here.
         cmd = [sys.executable, "-m", "gateway", "serve", "--host", sup.host, "--port", str(port),
-               "--data-dir", str(ndir / "data"), "--store", store]
+               "--data-dir", str(ndir / "data"), "--store", store, "--amqp-port", str(5672 + i),
+               "--rocketmq-port", str(8081 + i)]
         sup.nodes.append(sup.spawn(node_id, cmd, ndir / "gateway.log", env))
     for i, child in enumerate(sup.nodes):
         sup.wait_ready(child, lambda port=base_port + i: _accepts(sup.host, port))

@@ -109,6 +109,26 @@ class Settings(BaseSettings):
                                            "notify lost with a node delays, never loses)")
     cluster_notify_broadcast: bool = Field(False, description="benchmarks only: send every notify to every node "
                                            "instead of the nodes the lookup names")
+    # backend protocols (extensions/amqp, extensions/rocketmq): for these two, a port of 0 disables the listener
+    amqp_port: int | None = Field(5672, ge=0, le=65535, description="AMQP 0.9.1; 0 disables")
+    amqps_port: int | None = Field(None, ge=0, le=65535, description="AMQP 0.9.1 over TLS (certfile/keyfile)")
+    amqp_frame_max: int = Field(131072, ge=4096, description="largest AMQP frame (bytes) offered in Tune")
+    amqp_channel_max: int = Field(2047, ge=1, le=65535, description="channels per AMQP connection")
+    amqp_heartbeat: int = Field(60, ge=0, le=65535, description="s between heartbeats offered in Tune; 0: off")
+    amqp_max_body: int = Field(16 * 1024 * 1024, ge=1, description="largest AMQP message body (bytes)")
+    amqp_max_unacked: int = Field(10_000, ge=1, description="unacked deliveries per consumer when prefetch is "
+                                                            "0 (unlimited in AMQP)")
+    consumer_timeout: int = Field(1800, ge=1, description="s an AMQP delivery may stay unacked before other "
+                                                          "consumers may get it (RabbitMQ's consumer_timeout)")
+    rocketmq_port: int | None = Field(8081, ge=0, le=65535, description="RocketMQ 5 gRPC; 0 disables")
+    rocketmq_endpoint: str | None = Field(None, description="host:port RocketMQ clients reach this node at; "
+                                                            "default: host and rocketmq_port")
+    rocketmq_second_topic_property: str = Field("mqttSecondTopic", description="user property holding the MQTT "
+                                                "topic below the RocketMQ topic (its first level)")
+    rocketmq_max_body: int = Field(4 * 1024 * 1024, ge=1, description="largest RocketMQ message body (bytes)")
+    rocketmq_credentials_file: Path | None = Field(None, description="`access_key:secret_key` lines: the "
+                                                   "secrets MQv2-HMAC-SHA1 signatures are checked with (an HMAC "
+                                                   "needs the secret itself, not a hash)")
     # MQTT 5 and shared subscriptions
     topic_alias_maximum: int = Field(64, ge=0, le=65535, description="inbound topic aliases per client")
     response_information: str = Field("reply/", description="CONNACK Response Information prefix (+client id)")

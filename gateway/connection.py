@@ -39,6 +39,7 @@ from gateway.codec import (
     pubrec,
 )
 from gateway.connect import Refusal, Terms, check_will, expires_at, negotiate, refusal_codes, stored_properties
+from gateway.ingress import INVALID_TOPIC, refuse_publish
 from gateway.lifecycle import (
     AUTHENTICATING,
     CLOSED,
@@ -348,9 +349,8 @@ class MqttConnection(ConnectionBase):
                 if known is None:
                     return self.abort(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} was never set")
                 topic = known
-        settings = self.node.settings
-        if topic.count("/") >= settings.max_topic_levels or len(topic) > settings.max_topic_length or (
-                len(topic) * 4 > settings.max_topic_length and len(topic.encode()) > settings.max_topic_length):
+        refused = refuse_publish(self.node.settings, self.node.authorizer, self.info, topic)
+        if refused == INVALID_TOPIC:
             log.info("client.topic_refused", extra={"client_id": self.client_id, "detail": "topic too long"})
             if qos:
                 self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.TOPIC_NAME_INVALID if v5 else 0))
@@ -361,7 +361,7 @@ class MqttConnection(ConnectionBase):
             except UnicodeDecodeError:
                 self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
                 return None
-        if topic.startswith("$SYS") or not self.node.authorizer.allow_publish(self.info, topic):
+        if refused is not None:
             log.info("acl.denied", extra={"client_id": self.client_id, "topic": topic, "access": "publish"})
             code = ReasonCode.NOT_AUTHORIZED if v5 else 0
             if qos == 1:

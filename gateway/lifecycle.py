@@ -130,15 +130,20 @@ class ConnectionBase(asyncio.Protocol):
             else:
                 self.transport.writelines(chunks)
 
-    def write_acks(self, acks: list[bytes], qos1: int) -> None:
-        """PUBACK/PUBREC packets whose messages are now durable (`qos1` of them are PUBACKs)."""
+    def durable(self, acks: list[bytes]) -> None:
+        """The node's `DurableSink` call: PUBACK/PUBREC packets whose messages are now durable."""
         self.unacked_in -= len(acks)
-        self.pending_qos1 -= qos1
+        self.pending_qos1 -= sum(1 for ack in acks if ack[0] == 0x40)
         if self._state == CLOSED or self.transport is None:
             return
         self.transport.writelines(acks)
         if self._holds & HOLD_STORE and self.unacked_in <= self.node.settings.max_inbound_qos2 // 2:
             self._release(HOLD_STORE)
+
+    def failed(self, acks: list[bytes], reason: str) -> None:
+        """Never stored (the node is stopping): no ack, so the client publishes them again after reconnecting."""
+        self.unacked_in -= len(acks)
+        self.pending_qos1 -= sum(1 for ack in acks if ack[0] == 0x40)
 
     def _send(self, packet: Any) -> None:
         if self.transport is not None and self._state != CLOSED:

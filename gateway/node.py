@@ -25,7 +25,9 @@ from extensions.authn import AuthChain
 from extensions.hooks import Authorizer, PerClient
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
+from gateway.consumers import ConsumerGroups
 from gateway.housekeeping import housekeeping_loop
+from gateway.ingress import DurableSink
 from gateway.listeners import Admission
 from gateway.retry import Backoff, stop_if_cancelled
 from gateway.session import SHARED_PREFIX, Session
@@ -69,6 +71,7 @@ class Node:
         self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch * 4)
         self.connections: dict[str, ConnectionBase] = {}
         self.subscriptions = SubscriptionRegistry(self)
+        self.groups = ConsumerGroups(self)  # competing consumers of other protocols (AMQP queues, RocketMQ)
         self.counters = Counters()
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
         self.offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
@@ -76,15 +79,15 @@ class Node:
         # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
         self._batch: list[Message] = []  # published since the last append started
-        self._acks: list[tuple[ConnectionBase, bytes]] = []  # acks of `_batch`
+        self._acks: list[tuple[DurableSink, Any]] = []  # (sink, token) of `_batch`
         self._appending: list[Message] = []  # taken for append; retried as a whole (plus `_batch`) until it lands
-        self._appending_acks: list[tuple[ConnectionBase, bytes]] = []
+        self._appending_acks: list[tuple[DurableSink, Any]] = []
         self._unretained: deque[Message] = deque()  # appended; retained entry not yet set
         self._to_notify: set[str] = set()  # queues of appended messages, notified once retained entries are set
-        self._appended_acks: list[tuple[ConnectionBase, bytes]] = []  # appended; wait for `_unretained`
-        self._durable_acks: list[tuple[ConnectionBase, bytes]] = []  # wait for one successful sync
+        self._appended_acks: list[tuple[DurableSink, Any]] = []  # appended; wait for `_unretained`
+        self._durable_acks: list[tuple[DurableSink, Any]] = []  # wait for one successful sync
         self._ack_wanted = asyncio.Event()
-        self._held: set[ConnectionBase] = set()  # publishers not read while the batch is over max_pending
+        self._held: set[DurableSink] = set()  # publishers not read while the batch is over max_pending
         self._dropping = False  # a drop streak is logged once
         self._flush_retry = Backoff("flush")
         self._sync_retry = Backoff("sync")
@@ -97,7 +100,7 @@ class Node:
         self._background: set[asyncio.Task[None]] = set()
         self.writes = RecordWrites(store)
         self.cluster: ClusterRole | None = None  # set by the server when the node joins a cluster
-        self.wills = DelayedWills(lambda message: self._enqueue(message, None, b"", droppable=False), self.writes)
+        self.wills = DelayedWills(lambda message: self._enqueue(message, None, None, droppable=False), self.writes)
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -118,11 +121,12 @@ class Node:
             self.track_offline(record)
             live.append(record)
         self.subscriptions.load(live)
+        await self.groups.load()
         await self.subscriptions.refresh_wildcards()
         for will in await self.store.list_wills():
             if cluster is None or cluster.stale_owner(will.owner):
                 # Its connection died with the process that held it, without a DISCONNECT.
-                self._enqueue(will.message, None, b"", droppable=False)
+                self._enqueue(will.message, None, None, droppable=False)
                 await self.store.delete_will(will.client_id)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._flush_loop()), loop.create_task(self._ack_loop()),
@@ -139,6 +143,7 @@ class Node:
         for conn in list(self.connections.values()):
             conn.shutdown(ReasonCode.SERVER_SHUTTING_DOWN)
         self.wills.cancel_all()
+        await self.groups.stop()
         pending = set(self._tasks)
         for _ in range(20):  # a client library may swallow a cancel (redis-py can): ask again until they end
             for task in pending:
@@ -153,8 +158,14 @@ class Node:
         try:
             await self._flush_once()  # one last attempt, no retries: we are going away
             await self.store.sync()
+            self._write_acks(self._durable_acks)
+            self._durable_acks = []
         except Exception:
             log.exception("stop.flush_failed", extra={"unappended": len(self._batch) + len(self._appending)})
+        lost = self._appending_acks + self._acks
+        self._appending_acks, self._acks = [], []
+        if lost:
+            self._write_acks(lost, "the node stopped before storing it")
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -304,21 +315,23 @@ class Node:
         counters.dropped += dropped
 
     # --- publish pipeline ---------------------------------------------------------------------------------
-    def publish(self, message: Message, conn: ConnectionBase | None = None, ack: bytes = b"") -> None:
-        """Queue a message for the next append batch; `ack` goes to `conn` once the batch is durable.
+    def publish(self, message: Message, sink: DurableSink | None = None, token: Any = None) -> None:
+        """Queue a message for the next append batch (the protocol-neutral ingress: `gateway.ingress`). With a
+        sink, `sink.durable([token, ...])` is called once the batch is durable.
 
-        Over `max_pending` the publisher's socket stops being read until the batch drains; a client's QoS 0
-        message is then dropped (and counted) if the store is failing. Nothing else is ever dropped."""
-        self._enqueue(message, conn, ack, droppable=not ack and message.qos == 0 and bool(message.publisher))
+        Over `max_pending` the sink (the publisher's connection) is paused until the batch drains; a message
+        without a sink (MQTT QoS 0) is then dropped (and counted) if the store is failing. Nothing else is ever
+        dropped."""
+        self._enqueue(message, sink, token, droppable=sink is None and message.qos == 0 and bool(message.publisher))
 
-    def _enqueue(self, message: Message, conn: ConnectionBase | None, ack: bytes, *, droppable: bool) -> None:
+    def _enqueue(self, message: Message, sink: DurableSink | None, token: Any, *, droppable: bool) -> None:
         if not message.timestamp_ms:
             message.timestamp_ms = _now_ms()
         counters = self.counters
         counters.messages_in += 1
         counters.bytes_in += len(message.payload)
         if len(self._batch) + len(self._appending) >= self.max_pending:
-            source = conn if conn is not None else self.connections.get(message.publisher)
+            source = sink if sink is not None else self.connections.get(message.publisher)
             if source is not None and source not in self._held:
                 source.pause_publishes()
                 self._held.add(source)
@@ -329,8 +342,8 @@ class Node:
                     log.warning("publish.dropping_qos0", extra={"pending": self.max_pending})
                 return
         self._batch.append(message)
-        if ack and conn is not None:
-            self._acks.append((conn, ack))
+        if sink is not None:
+            self._acks.append((sink, token))
         self._flush_wanted.set()
 
     def _release_publishers(self) -> None:
@@ -413,7 +426,7 @@ class Node:
         while True:
             await self._ack_wanted.wait()
             self._ack_wanted.clear()
-            acks: list[tuple[ConnectionBase, bytes]] = []
+            acks: list[tuple[DurableSink, Any]] = []
             while True:
                 acks.extend(self._durable_acks)
                 self._durable_acks = []
@@ -427,16 +440,23 @@ class Node:
             retry.succeeded()
             self._write_acks(acks)
 
-    def _write_acks(self, acks: list[tuple[ConnectionBase, bytes]]) -> None:
-        per_conn: dict[ConnectionBase, list[bytes]] = {}
-        for conn, ack in acks:
-            chunks = per_conn.get(conn)
-            if chunks is None:
-                per_conn[conn] = [ack]
+    @staticmethod
+    def _write_acks(acks: list[tuple[DurableSink, Any]], reason: str = "") -> None:
+        per_sink: dict[DurableSink, list[Any]] = {}
+        for sink, token in acks:
+            tokens = per_sink.get(sink)
+            if tokens is None:
+                per_sink[sink] = [token]
             else:
-                chunks.append(ack)
-        for conn, chunks in per_conn.items():
-            conn.write_acks(chunks, sum(1 for ack in chunks if ack[0] == 0x40))
+                tokens.append(token)
+        for sink, tokens in per_sink.items():
+            try:
+                if reason:
+                    sink.failed(tokens, reason)
+                else:
+                    sink.durable(tokens)
+            except Exception:  # one handler's bug must not keep the others' acks back
+                log.exception("publish.ack_failed")
 
     def notified(self, queues: set[str]) -> None:
         """Queues with new messages (from the notifier, or a periodic resync): refresh and pull them."""

@@ -39,6 +39,31 @@ class _Closable(Protocol):
     def close(self) -> None: ...
 
 
+class Backend(Protocol):
+    """A protocol handler of its own listener over the same node (AMQP, RocketMQ: `extensions/`)."""
+
+    async def start(self) -> None:
+        """Listen; raise OSError if the port cannot be bound."""
+
+    async def stop(self) -> None:
+        """Stop listening and close every connection (before the node stops)."""
+
+
+def build_backends(node: Node, tls: ssl.SSLContext | None) -> list[Backend]:
+    """The backend protocol handlers the settings enable (imported only then)."""
+    settings = node.settings
+    backends: list[Backend] = []
+    if settings.amqp_port or settings.amqps_port:
+        from extensions.amqp.server import AmqpServer
+
+        backends.append(AmqpServer(node, tls if settings.amqps_port else None))
+    if settings.rocketmq_port:
+        from extensions.rocketmq.server import RocketMQServer
+
+        backends.append(RocketMQServer(node))
+    return backends
+
+
 class StartupError(Exception):
     """A configured file (password file, keys, certificate, ACL) cannot be used: refuse to start rather than
     serve with less protection than the operator asked for."""
@@ -145,7 +170,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     try:
         security = Security.build(settings)
-        tls = tls_context(settings) if settings.tls_port is not None or settings.wss_port is not None else None
+        tls = tls_context(settings) if settings.tls_port is not None or settings.wss_port is not None or (
+            settings.amqps_port) else None
     except (OSError, ValueError, ssl.SSLError) as exc:
         raise StartupError(str(exc)) from exc
     store = build_store(settings)
@@ -178,6 +204,20 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)
+    backends = build_backends(node, tls)
+    for backend in backends:
+        try:
+            await backend.start()
+        except OSError as exc:
+            for server in servers:
+                server.close()
+            for started in backends[:backends.index(backend)]:
+                await started.stop()
+            await node.stop()
+            if fabric is not None:
+                await fabric.stop()
+            await store.close()
+            raise StartupError(f"{type(backend).__name__}: {exc}") from exc
     log.info("started", extra={"node": settings.node_id, "data_dir": str(settings.data_dir), "fsync": settings.fsync,
                                "auth": ",".join(s.name for s in security.chain.sources) or "none",
                                "allow_anonymous": security.chain.allow_anonymous})
@@ -214,6 +254,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     for server in servers:
         server.close()
     lag_watch.cancel()
+    for backend in backends:
+        await backend.stop()
     # Only our accept loops: a plain server's wait_closed also waits for its connections, closed below.
     await asyncio.gather(*(server.wait_closed() for server in servers if isinstance(server, AcceptLoop)))
     await node.stop()

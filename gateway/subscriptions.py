@@ -156,6 +156,25 @@ class SubscriptionRegistry:
             self.node.cache.untrack(queue)
             self.node.lookup.remove_queue_subscriber(queue, self.node.node_id)
 
+    # --- for other readers (consumer groups of other protocols: `gateway.consumers`) --------------------------
+    def add_reader(self, reader: Puller, queue: str) -> None:
+        self._register(reader, queue)
+
+    def remove_reader(self, reader: Puller, queue: str) -> None:
+        self._unregister(reader, queue)
+
+    def hold_wildcard(self, topic_filter: str, owner: str) -> None:
+        """`owner` needs `topic_filter` indexed (a no-op unless it is a wildcard queue)."""
+        self._add_wildcard(topic_filter, owner)
+
+    def release_wildcard(self, topic_filter: str, owner: str) -> None:
+        self._remove_wildcard(topic_filter, owner)
+
+    def routed(self, topic: str) -> bool:
+        """Does a reader on this node, or a wildcard of the cluster-wide set, take messages of `topic`?"""
+        readers = self.readers
+        return any(queue in readers for queue in self.queues_for(topic)) or len(self._wildcards.match(topic)) > 0
+
     # --- shared groups --------------------------------------------------------------------------------------
     def group(self, key: str, record: SessionRecord | None = None) -> SharedGroup:
         group = self.groups.get(key)

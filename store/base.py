@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 NEVER_EXPIRES = 0xFFFFFFFF
 # A client's P2P queue. '#' can't appear in a topic name or inside a filter level: no clash with other queues.
@@ -181,3 +181,69 @@ class Store(Protocol):
 
     async def list_wills(self) -> list[WillRecord]:
         """Wills still stored (at startup: their connections died with the previous process)."""
+
+    # --- consumer groups: competing consumers of light queues (AMQP queues, RocketMQ consumer groups) ---------
+    async def put_group(self, record: GroupRecord) -> None:
+        """Create or replace the group's definition. A new group's cursor starts at `record.start_seq`; an
+        existing group keeps its cursor and claims."""
+
+    async def get_group(self, name: str) -> GroupRecord | None: ...
+
+    async def list_groups(self) -> list[GroupRecord]: ...
+
+    async def delete_group(self, name: str) -> None:
+        """Remove the definition, the cursor and every claim."""
+
+    async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
+                    visible_at_ms: int) -> tuple[list[Claim], int]:
+        """Claim new messages. The caller read the group's queues completely over (after, upto] and passes the
+        seqs found there (ascending). Atomically: if the stored cursor is below `after`, nothing happens
+        (the caller missed nothing but must read from the returned cursor); otherwise every seq in `seqs` above
+        the stored cursor is claimed for `owner` (deliveries 1, hidden from others until `visible_at_ms`) and
+        the cursor becomes max(cursor, upto). Returns the claims made and the cursor after the call: another
+        node's claims already moved it past what this caller read, those seqs are simply not returned."""
+
+    async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
+        """Claim up to `limit` pending messages visible again at `now_ms` (lapsed or released), lowest seq
+        first, for `owner` until `visible_at_ms`; each one's `deliveries` goes up by one and gets a new token."""
+
+    async def settle(self, group: str, handles: Sequence[tuple[int, int]]) -> list[int]:
+        """Acknowledge claims given as (seq, token): each is removed if its token is still current (a stale
+        handle, whose message was claimed again since, is ignored). Returns the seqs removed."""
+
+    async def set_visibility(self, group: str, handles: Sequence[tuple[int, int]],
+                             visible_at_ms: int) -> list[Claim]:
+        """Move current claims' visibility (0: visible now, a requeue). Each gets a new token, so the old
+        handle is dead (RocketMQ's ChangeInvisibleDuration). Stale handles are skipped."""
+
+    async def release_owner(self, group: str, owner: str) -> int:
+        """Every claim held by `owner` becomes visible now (its node restarted or died). Returns how many."""
+
+    async def group_position(self, group: str) -> tuple[int, int]:
+        """(cursor, number of pending claims); (-1, 0) for an unknown group."""
+
+    async def fetch(self, seqs: Sequence[int]) -> list[Message]:
+        """Messages by seq, ascending; seqs no longer stored (retention) are left out."""
+
+
+@dataclass(slots=True)
+class GroupRecord:
+    """A consumer group: one position over the merge of its queues (topic filters, as for a session), shared
+    by competing consumers on any node. An AMQP queue (`amqp/<vhost>/<queue>`: its bindings are its filters) or
+    a RocketMQ consumer group's subscription (`rmq/<group>/<topic>`)."""
+
+    name: str
+    filters: list[str] = field(default_factory=list)
+    durable: bool = True
+    start_seq: int = 0  # where a new group's cursor starts (the log's last seq when declared)
+    created_ms: int = 0
+    attrs: dict[str, Any] = field(default_factory=dict)  # the protocol's own settings, JSON values only
+
+
+class Claim(NamedTuple):
+    """A message handed to one consumer of a group. A handle is (seq, token): it acknowledges or moves this
+    claim only while the token is current."""
+
+    seq: int
+    deliveries: int  # 1 the first time; above 1 means redelivered
+    token: int

@@ -21,7 +21,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from store.base import Message, SessionRecord, Slice, Store, WillRecord
+from store.base import Claim, GroupRecord, Message, SessionRecord, Slice, Store, WillRecord
 
 T = TypeVar("T")
 
@@ -127,6 +127,47 @@ class DelayingStore:
 
     async def list_wills(self) -> list[WillRecord]:
         return await self._call(self.inner.list_wills)
+
+    # --- consumer groups (arguments snapshot when the call starts, as a networked engine serializes them) -------
+    async def put_group(self, record: GroupRecord) -> None:
+        snapshot = copy.deepcopy(record)
+        await self._call(lambda: self.inner.put_group(snapshot))
+
+    async def get_group(self, name: str) -> GroupRecord | None:
+        return await self._call(lambda: self.inner.get_group(name))
+
+    async def list_groups(self) -> list[GroupRecord]:
+        return await self._call(self.inner.list_groups)
+
+    async def delete_group(self, name: str) -> None:
+        await self._call(lambda: self.inner.delete_group(name))
+
+    async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
+                    visible_at_ms: int) -> tuple[list[Claim], int]:
+        batch = list(seqs)
+        return await self._call(lambda: self.inner.claim(group, after, upto, batch, owner, visible_at_ms))
+
+    async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
+        return await self._call(lambda: self.inner.reclaim(group, owner, now_ms, visible_at_ms, limit))
+
+    async def settle(self, group: str, handles: Sequence[tuple[int, int]]) -> list[int]:
+        batch = list(handles)
+        return await self._call(lambda: self.inner.settle(group, batch))
+
+    async def set_visibility(self, group: str, handles: Sequence[tuple[int, int]],
+                             visible_at_ms: int) -> list[Claim]:
+        batch = list(handles)
+        return await self._call(lambda: self.inner.set_visibility(group, batch, visible_at_ms))
+
+    async def release_owner(self, group: str, owner: str) -> int:
+        return await self._call(lambda: self.inner.release_owner(group, owner))
+
+    async def group_position(self, group: str) -> tuple[int, int]:
+        return await self._call(lambda: self.inner.group_position(group))
+
+    async def fetch(self, seqs: Sequence[int]) -> list[Message]:
+        batch = list(seqs)
+        return await self._call(lambda: self.inner.fetch(batch))
 
     # --- engine extras --------------------------------------------------------------------------------------
     async def enforce_retention(self) -> int:

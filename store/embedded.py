@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from store.base import Message, SessionRecord, Slice, StaleWildcards, WillRecord
+from store.groups import GROUP_NAMESPACES, GroupCalls, GroupTable
 from store.kv import OFFSET, RETAINED, SESSION, WILL, KVFile
 from store.memory_registry import MemoryRegistry
 from store.records import (
@@ -67,7 +68,7 @@ def _copy_session(r: SessionRecord) -> SessionRecord:
     )
 
 
-class EmbeddedStore:
+class EmbeddedStore(GroupCalls):
     def __init__(
         self,
         data_dir: str | Path,
@@ -101,6 +102,7 @@ class EmbeddedStore:
         # uses this engine, so a client without a record has no other writer to fence off).
         self._last_claim = 0
         self._registry = MemoryRegistry()
+        self._groups = GroupTable(self._kv.write, self._kv_written)
         # Group commit: every write bumps _write_gen; a sync round makes everything up to the gen it
         # captured durable.
         self._write_gen = 0
@@ -117,9 +119,10 @@ class EmbeddedStore:
             return
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._kv.open(self._replay_kv)
+        self._groups.loaded()
         self._log.recover(self._index_record)
         _fsync_dir(self.data_dir)
-        high = self._log.last_seq
+        high = max(self._log.last_seq, self._groups.max_cursor())
         for s in self._sessions.values():
             high = max(high, s.offset, s.sent_upto)
         # Subscribers may have seen seqs that were written but not synced before a crash: never reuse them.
@@ -162,6 +165,8 @@ class EmbeddedStore:
                 self._wills.pop(key, None)
             else:
                 self._wills[key] = decode_will(value)
+        elif ns in GROUP_NAMESPACES and not self._groups.replay(ns, key, value):
+            self._kv.forget(ns, key)
 
     async def close(self) -> None:
         if not self._open:
@@ -233,7 +238,10 @@ class EmbeddedStore:
         i = bisect_right(arr, after_seq)
         if i >= len(arr):
             return []
-        seqs = arr[i : i + limit]
+        return self._by_seqs(arr[i : i + limit])
+
+    def _by_seqs(self, seqs: Sequence[int]) -> list[Message]:
+        """Messages of ascending seqs still in the log: the ring first, the rest with one log read."""
         size = self._ring_size
         if not size:
             return self._log.read(seqs)
@@ -430,6 +438,11 @@ class EmbeddedStore:
     async def list_wills(self) -> list[WillRecord]:
         return list(self._wills.values())
 
+    # --- consumer groups (GroupCalls: one KV record per change, durable with the next sync round) -----------
+    async def fetch(self, seqs: Sequence[int]) -> list[Message]:
+        first, end = self._log.first_seq, self._next_seq
+        return self._by_seqs(sorted({s for s in seqs if first <= s < end}))
+
     # --- KV compaction --------------------------------------------------------------------------------------
     def _kv_written(self) -> None:
         self._write_gen += 1
@@ -448,6 +461,7 @@ class EmbeddedStore:
             yield RETAINED, topic, encode_message_body(msg, msg.seq)
         for cid, will in self._wills.items():
             yield WILL, cid, encode_will(will)
+        yield from self._groups.live_records()
 
     # --- retention and stats ------------------------------------------------------------------------------
     async def enforce_retention(self) -> int:

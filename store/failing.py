@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from store.base import Message, SessionRecord, Slice, Store, WillRecord
+from store.base import Claim, GroupRecord, Message, SessionRecord, Slice, Store, WillRecord
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "set_offsets", "set_retained", "match_retained", "put_will", "delete_will",
-                   "list_wills", "add_wildcards", "remove_wildcards", "wildcards", "lease", "release"})
+                   "list_wills", "add_wildcards", "remove_wildcards", "wildcards", "lease", "release",
+                   "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
+                   "set_visibility", "release_owner", "group_position", "fetch"})
 
 
 class FailingStore:
@@ -128,3 +130,49 @@ class FailingStore:
     async def list_wills(self) -> list[WillRecord]:
         self._check("list_wills")
         return await self.inner.list_wills()
+
+    async def put_group(self, record: GroupRecord) -> None:
+        self._check("put_group")
+        await self.inner.put_group(record)
+
+    async def get_group(self, name: str) -> GroupRecord | None:
+        self._check("get_group")
+        return await self.inner.get_group(name)
+
+    async def list_groups(self) -> list[GroupRecord]:
+        self._check("list_groups")
+        return await self.inner.list_groups()
+
+    async def delete_group(self, name: str) -> None:
+        self._check("delete_group")
+        await self.inner.delete_group(name)
+
+    async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
+                    visible_at_ms: int) -> tuple[list[Claim], int]:
+        self._check("claim")
+        return await self.inner.claim(group, after, upto, seqs, owner, visible_at_ms)
+
+    async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
+        self._check("reclaim")
+        return await self.inner.reclaim(group, owner, now_ms, visible_at_ms, limit)
+
+    async def settle(self, group: str, handles: Sequence[tuple[int, int]]) -> list[int]:
+        self._check("settle")
+        return await self.inner.settle(group, handles)
+
+    async def set_visibility(self, group: str, handles: Sequence[tuple[int, int]],
+                             visible_at_ms: int) -> list[Claim]:
+        self._check("set_visibility")
+        return await self.inner.set_visibility(group, handles, visible_at_ms)
+
+    async def release_owner(self, group: str, owner: str) -> int:
+        self._check("release_owner")
+        return await self.inner.release_owner(group, owner)
+
+    async def group_position(self, group: str) -> tuple[int, int]:
+        self._check("group_position")
+        return await self.inner.group_position(group)
+
+    async def fetch(self, seqs: Sequence[int]) -> list[Message]:
+        self._check("fetch")
+        return await self.inner.fetch(seqs)

@@ -23,6 +23,9 @@ SESSION = 1
 OFFSET = 2
 RETAINED = 3
 WILL = 4
+GROUP_DEF = 5  # consumer groups (store/groups.py): definition, cursor, one record per claim
+GROUP_CURSOR = 6
+GROUP_CLAIM = 7
 
 _SET = 1
 _DELETE = 2
@@ -51,7 +54,8 @@ class KVFile:
         self.dirty = False
         self.compactions = 0
         # namespace -> key -> size of its live set record; deletes and superseded records are garbage
-        self._live: dict[int, dict[str, int]] = {SESSION: {}, OFFSET: {}, RETAINED: {}, WILL: {}}
+        self._live: dict[int, dict[str, int]] = {ns: {} for ns in (SESSION, OFFSET, RETAINED, WILL, GROUP_DEF,
+                                                                   GROUP_CURSOR, GROUP_CLAIM)}
         self.live_bytes = 0
 
     def open(self, on_record: Callable[[int, str, bytes | None], None]) -> None:

@@ -11,7 +11,8 @@ over its masters) with its own sequence, message hash and queue indexes:
     {tw:p}:wv      string  this partition's copy of the wildcard set version (checked by every append)
     {tw:p}:spread  set     plain queue names that hold messages of other topics (read across all partitions)
 
-Sessions, offsets, retained, wills and the wildcard set live under the meta tag `{prefix}` (`store.redis_meta`).
+Sessions, offsets, retained, wills and the wildcard set live under the meta tag `{prefix}` (`store.redis_meta`),
+and so do consumer groups (`store.redis_groups`: one script per call; `fetch` reads each seq's partition).
 A message goes to the partition of its topic (crc32 of the topic), so per-topic order holds. A queue whose name
 has a '+' or '#' (first-level `a/#`, wildcard and `p2p#` queues) is read from every partition, pipelined (one
 round trip per Redis node, in parallel); a plain queue (a topic's own queue) from its topic's partition only. A
@@ -77,6 +78,7 @@ from typing import Any
 from store.base import Message, SessionRecord, Slice, StaleWildcards, WillRecord
 from store.records import decode_message_body, encode_message_body
 from store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script, StoreClosed
+from store.redis_groups import RedisGroups
 from store.redis_meta import RedisMeta
 from store.redis_scripts import (
     APPEND,
@@ -123,7 +125,7 @@ class _Partition:
         self.wv, self.spread, self.q = t + "wv", t + "spread", t + "q:"
 
 
-class RedisStore:
+class RedisStore(RedisGroups):
     def __init__(
         self,
         url: str = "redis://127.0.0.1:6379/0",
@@ -155,6 +157,7 @@ class RedisStore:
                                max_connections=max_connections, pool_timeout=pool_timeout)
         self._meta = RedisMeta(self._conn, prefix)
         self._parts = [_Partition(prefix, n) for n in range(partitions)]
+        self._init_groups(prefix, [part.msg for part in self._parts])
         self._hint = 0  # the highest seq or counter this store has seen: floor of its clock, seal of its reads
         self._sealed = 0  # last_seq(): sealed on every partition
         self._version_raised = 0  # every partition's version copy is known to be at least this

@@ -56,7 +56,7 @@ class ClusterNode(Gateway):
             "TIDEWIRE_CLUSTER_RESYNC_INTERVAL": str(RESYNC_INTERVAL),
             **env,
         }
-        super().__init__(workdir, env=node_env, extra_args=["--store", store_url])
+        super().__init__(workdir, env=node_env, amqp=True, rocketmq=True, extra_args=["--store", store_url])
         self.redis = None  # the shared store server belongs to the Cluster, not to one node
 
     def __repr__(self) -> str:

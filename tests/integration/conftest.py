@@ -102,8 +102,8 @@ class TlsOptions:
 class Gateway:
     """One broker process on a fixed port and data dir; restartable, always killed at teardown.
 
-    Optional listeners get their own free ports: `tls_port` (when `tls` is given), `ws_port` (`ws=True`) and
-    `wss_port` (`wss=True`, needs `tls`). Authentication: `password_file`, `allow_anonymous` (None: the
+    Optional listeners get their own free ports: `tls_port` (when `tls` is given), `ws_port` (`ws=True`),
+    `wss_port` (`wss=True`, needs `tls`), `amqp_port` (`amqp=True`) and `rocketmq_port` (`rocketmq=True`). Authentication: `password_file`, `allow_anonymous` (None: the
     target's default, which is off once a password file is set).
     """
 
@@ -119,6 +119,8 @@ class Gateway:
         tls: TlsOptions | None = None,
         ws: bool = False,
         wss: bool = False,
+        amqp: bool = False,
+        rocketmq: bool = False,
         extra_args: Sequence[str] = (),
     ) -> None:
         self.target = TARGET
@@ -139,6 +141,9 @@ class Gateway:
         self.tls_port = free_port() if tls is not None else None
         self.ws_port = free_port() if ws else None
         self.wss_port = free_port() if wss else None
+        # The backend listeners are on by default (5672, 8081): off here unless asked for, on free ports.
+        self.amqp_port = free_port() if amqp else 0
+        self.rocketmq_port = free_port() if rocketmq else 0
         self.extra_args = list(extra_args)
         self.log_path = workdir / "gateway.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -150,7 +155,8 @@ class Gateway:
         if self.target == "mosquitto":
             return [MOSQUITTO, "-c", str(self._write_mosquitto_conf())]
         cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--data-dir", str(self.data_dir)]
+               "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port),
+               "--rocketmq-port", str(self.rocketmq_port)]
         if self.redis is not None:
             cmd += ["--store", self.redis.url]
         if self.acl_file is not None:
@@ -306,7 +312,7 @@ GatewayFactory = Callable[..., Gateway]
 def gateway_factory(tmp_path: Path) -> Iterator[GatewayFactory]:
     """`gateway_factory(acl_text=..., env={...}, max_keepalive=..., start=True, **Gateway keywords)` -> Gateway.
 
-    Keywords: password_file, allow_anonymous, tls (TlsOptions), ws, wss, extra_args (see `Gateway`).
+    Keywords: password_file, allow_anonymous, tls (TlsOptions), ws, wss, amqp, rocketmq, extra_args (see `Gateway`).
     """
     made: list[Gateway] = []
 
