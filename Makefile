@@ -9,7 +9,7 @@ ARGS ?=
 SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub /usr/bin/redis-server \
 	/usr/bin/redis-cli
 
-.PHONY: run test install dev system-deps lint typecheck bench clean
+.PHONY: run test install dev system-deps lint typecheck bench bench-deps bench-backends clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,15 @@ lint: dev
 
 bench: dev system-deps
 	$(BIN)/python -m loadtest.bench all
+
+# RabbitMQ only for the AMQP comparison (benchmarks start their own private node; the tests skip it without).
+bench-deps: system-deps
+	@[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq rabbitmq-server >/dev/null; }
+
+bench-backends: dev bench-deps
+	$(BIN)/python -m loadtest.amqp_bench --runs 3
+	$(BIN)/python -m loadtest.rocketmq_bench --runs 3
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
