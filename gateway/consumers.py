@@ -401,9 +401,17 @@ class ConsumerGroups:
                     await asyncio.wait_for(asyncio.shield(poll.done), wait_s)
                 except TimeoutError:
                     pass
+        except asyncio.CancelledError:
+            if poll.got:  # claimed for a caller that is gone: visible to the others again now, not at lapse
+                handles = [(d.claim.seq, d.claim.token) for d in poll.got]
+                self.node.spawn(self._give_back(name, handles))
+            raise
         finally:
             self.cancel(name, poll)
         return poll.got
+
+    async def _give_back(self, name: str, handles: list[tuple[int, int]]) -> None:
+        await self.requeue(name, handles)
 
 
 class _Poll:

@@ -258,8 +258,9 @@ class Gateway:
 
     @property
     def ports(self) -> list[int]:
-        """Every listening port: TCP first, then TLS, WebSocket, secure WebSocket (those configured)."""
-        return [p for p in (self.port, self.tls_port, self.ws_port, self.wss_port) if p is not None]
+        """Every listening port: TCP first, then TLS, WebSocket, secure WebSocket, AMQP, RocketMQ (those on)."""
+        return [p for p in (self.port, self.tls_port, self.ws_port, self.wss_port, self.amqp_port,
+                            self.rocketmq_port) if p]
 
     def reload(self) -> None:
         """SIGHUP: re-read password, ACL and certificate files without dropping connections."""

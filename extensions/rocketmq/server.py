@@ -1,0 +1,81 @@
+"""The RocketMQ 5 listener: a grpc.aio server on `host:rocketmq_port` in the node's event loop, serving
+`apache.rocketmq.v2.MessagingService` (plaintext gRPC/HTTP2, as the RocketMQ clients dial by default)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import grpc
+from rocketmq.grpc_protocol import service_pb2_grpc
+
+from .auth import Authenticator, load_credentials
+from .consuming import Consuming
+from .producing import Producing
+from .service import MessagingService
+
+if TYPE_CHECKING:
+    from gateway.node import Node
+
+log = logging.getLogger("tidewire.rocketmq")
+
+REQUEST_SLACK = 1024 * 1024  # bytes a request may carry beyond one body (properties, several small messages)
+MAX_CONCURRENT_RPCS = 65_536  # calls in progress (each client holds a telemetry stream and its long polls)
+MAX_STREAMS_PER_CONNECTION = 1024
+STOP_GRACE = 1.0  # s calls in progress get to finish at stop; long polls are cut
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+class RocketMQServer:
+    """A `gateway.server.Backend`."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._consuming: Consuming | None = None
+        self._producing: Producing | None = None
+
+    async def start(self) -> None:
+        settings = self.node.settings
+        secrets = None
+        if settings.rocketmq_credentials_file is not None:
+            try:
+                secrets = load_credentials(settings.rocketmq_credentials_file)
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                raise OSError(f"rocketmq_credentials_file: {exc}") from exc
+        auth = Authenticator(secrets, self.node.auth.allow_anonymous)
+        server = grpc.aio.server(options=[
+            ("grpc.so_reuseport", 0),  # a port in use must fail here, not be shared with another process
+            ("grpc.max_receive_message_length", settings.rocketmq_max_body + REQUEST_SLACK),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+        ], maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+        host = settings.host
+        bind = f"[{host}]:{settings.rocketmq_port}" if ":" in host else f"{host}:{settings.rocketmq_port}"
+        try:
+            port = server.add_insecure_port(bind)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {bind}: {exc}") from exc
+        if not port:
+            raise OSError(f"cannot listen on {bind}")
+        self.port = port
+        endpoint = settings.rocketmq_endpoint or (
+            f"[{host}]:{port}" if ":" in host else f"{'127.0.0.1' if host in _WILDCARDS else host}:{port}")
+        self._consuming = Consuming(self.node, endpoint)
+        self._producing = Producing(self.node)
+        service = MessagingService(self._consuming, self._producing, auth, endpoint, settings.node_id,
+                                   advertise_requested=settings.rocketmq_endpoint is None and host in _WILDCARDS)
+        service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
+        await server.start()
+        self._server = server
+        log.info("listening", extra={"listener": "rocketmq", "host": host, "port": port, "endpoint": endpoint,
+                                     "credentials": "file" if secrets is not None else "none"})
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        await self._server.stop(STOP_GRACE)
+        self._server = None
+        if self._consuming is not None:
+            await self._consuming.stop()
