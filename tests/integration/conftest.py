@@ -103,8 +103,9 @@ class Gateway:
     """One broker process on a fixed port and data dir; restartable, always killed at teardown.
 
     Optional listeners get their own free ports: `tls_port` (when `tls` is given), `ws_port` (`ws=True`),
-    `wss_port` (`wss=True`, needs `tls`), `amqp_port` (`amqp=True`) and `rocketmq_port` (`rocketmq=True`). Authentication: `password_file`, `allow_anonymous` (None: the
-    target's default, which is off once a password file is set).
+    `wss_port` (`wss=True`, needs `tls`), `amqp_port` (`amqp=True`) and `rocketmq_port` (`rocketmq=True`).
+    Authentication: `password_file`, `allow_anonymous` (None: the target's default, which is off once a password
+    file is set).
     """
 
     def __init__(
