@@ -12,6 +12,7 @@ hands it out once more, counted as a redelivery. Nothing here knows AMQP or Rock
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Callable
@@ -147,14 +148,15 @@ class _Group:
             if upto <= self.cursor:
                 break
             seqs = [m.seq for m in candidates]
-            claims, cursor = await store.claim(self.name, self.cursor, upto, seqs, self.node.node_id, visible_at)
-            self.cursor = max(self.cursor, cursor)
+            before = self.cursor
+            claims, cursor = await store.claim(self.name, before, upto, seqs, self.node.node_id, visible_at)
+            self.cursor = max(before, cursor)
             if claims:
                 by_seq = {m.seq: m for m in candidates}
                 batch += [Delivery(by_seq[c.seq], c) for c in claims]
                 credit -= len(claims)
-            elif not candidates and cursor <= upto:
-                break
+            elif self.cursor <= before:
+                break  # nothing moved: read again on the next notify
         return batch
 
     def _wanted_message(self, message: Message, now_ms: int) -> bool:
@@ -287,8 +289,7 @@ class ConsumerGroups:
         record.start_seq = self.node.store.last_seq()
         record.created_ms = record.created_ms or _now_ms()
         record.attrs.setdefault("node", self.node.node_id)
-        await self.set_filters(record, record.filters)
-        return record, True
+        return await self.set_filters(record, record.filters), True
 
     async def get(self, name: str) -> GroupRecord | None:
         record = await self.node.store.get_group(name)
@@ -298,14 +299,16 @@ class ConsumerGroups:
             self._know(record)
         return record
 
-    async def set_filters(self, record: GroupRecord, filters: list[str]) -> None:
-        """Store the group with these filters (bind/unbind). Returns once every node indexes what is published
-        from now on into the new filters' queues (a wildcard is in the store's set)."""
+    async def set_filters(self, record: GroupRecord, filters: list[str]) -> GroupRecord:
+        """Store the group with these filters (bind/unbind); returns the stored definition (a copy of `record`)
+        once every node indexes what is published from now on into the new filters' queues."""
+        record = copy.copy(record)  # `_know` compares with the filters held before: maybe this very object's
         record.filters = sorted(set(filters))
         group = self._know(record)
         await self.node.subscriptions.wildcards_registered(record.filters)
         await self.node.store.put_group(record)
         group.pull()
+        return record
 
     async def delete(self, name: str) -> None:
         self._forget(name)

@@ -171,9 +171,18 @@ class SubscriptionRegistry:
         self._remove_wildcard(topic_filter, owner)
 
     def routed(self, topic: str) -> bool:
-        """Does a reader on this node, or a wildcard of the cluster-wide set, take messages of `topic`?"""
+        """Does a reader on this node, a wildcard of the cluster-wide set, or a node the lookup names for one of
+        its queues take messages of `topic`? (An offline session's exact-topic subscription is not seen.)"""
         readers = self.readers
-        return any(queue in readers for queue in self.queues_for(topic)) or len(self._wildcards.match(topic)) > 0
+        queues = self.queues_for(topic)
+        if any(queue in readers for queue in queues) or len(self._wildcards.match(topic)) > 0:
+            return True
+        lookup = self.node.lookup
+        for queue in queues:  # subscribers on other nodes; a lookup that can't tell (None) counts as routed
+            nodes = lookup.nodes_for_queue(queue)
+            if nodes is None or nodes:
+                return True
+        return False
 
     # --- shared groups --------------------------------------------------------------------------------------
     def group(self, key: str, record: SessionRecord | None = None) -> SharedGroup:
