@@ -14,6 +14,7 @@ other protocols decode it with `Properties.from_block`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,6 +27,8 @@ from store.base import Message
 if TYPE_CHECKING:
     from extensions.hooks import Authorizer, ClientInfo
     from gateway.config import Settings
+
+log = logging.getLogger("tidewire.ingress")
 
 _PUBLISH_PROPERTIES = ALLOWED[PacketType.PUBLISH]
 
@@ -143,6 +146,25 @@ def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInf
     if topic.startswith("$SYS") or not authorizer.allow_publish(client, topic):
         return NOT_AUTHORIZED
     return None
+
+
+def tell_sinks(acks: list[tuple[DurableSink, Any]], reason: str = "") -> None:
+    """One call per sink with its tokens in order: `durable`, or `failed` when a `reason` is given."""
+    per_sink: dict[DurableSink, list[Any]] = {}
+    for sink, token in acks:
+        tokens = per_sink.get(sink)
+        if tokens is None:
+            per_sink[sink] = [token]
+        else:
+            tokens.append(token)
+    for sink, tokens in per_sink.items():
+        try:
+            if reason:
+                sink.failed(tokens, reason)
+            else:
+                sink.durable(tokens)
+        except Exception:  # one handler's bug must not keep the others' acks back
+            log.exception("publish.ack_failed")
 
 
 def publish_future(node_publish: Any, messages: Sequence[Message]) -> list[asyncio.Future[None]]:

@@ -27,7 +27,7 @@ from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
 from gateway.consumers import ConsumerGroups
 from gateway.housekeeping import housekeeping_loop
-from gateway.ingress import DurableSink
+from gateway.ingress import DurableSink, tell_sinks
 from gateway.listeners import Admission
 from gateway.retry import Backoff, stop_if_cancelled
 from gateway.session import SHARED_PREFIX, Session
@@ -158,14 +158,14 @@ class Node:
         try:
             await self._flush_once()  # one last attempt, no retries: we are going away
             await self.store.sync()
-            self._write_acks(self._durable_acks)
+            tell_sinks(self._durable_acks)
             self._durable_acks = []
         except Exception:
             log.exception("stop.flush_failed", extra={"unappended": len(self._batch) + len(self._appending)})
         lost = self._appending_acks + self._acks
         self._appending_acks, self._acks = [], []
         if lost:
-            self._write_acks(lost, "the node stopped before storing it")
+            tell_sinks(lost, "the node stopped before storing it")
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -438,25 +438,7 @@ class Node:
                     continue
                 break
             retry.succeeded()
-            self._write_acks(acks)
-
-    @staticmethod
-    def _write_acks(acks: list[tuple[DurableSink, Any]], reason: str = "") -> None:
-        per_sink: dict[DurableSink, list[Any]] = {}
-        for sink, token in acks:
-            tokens = per_sink.get(sink)
-            if tokens is None:
-                per_sink[sink] = [token]
-            else:
-                tokens.append(token)
-        for sink, tokens in per_sink.items():
-            try:
-                if reason:
-                    sink.failed(tokens, reason)
-                else:
-                    sink.durable(tokens)
-            except Exception:  # one handler's bug must not keep the others' acks back
-                log.exception("publish.ack_failed")
+            tell_sinks(acks)
 
     def notified(self, queues: set[str]) -> None:
         """Queues with new messages (from the notifier, or a periodic resync): refresh and pull them."""

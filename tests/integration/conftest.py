@@ -77,6 +77,19 @@ def delete_password_user(path: Path, user: str) -> None:
     subprocess.run([MOSQUITTO_PASSWD, "-D", str(path), user], check=True, capture_output=True, timeout=10)
 
 
+def wait_accepting(port: int, timeout: float = 10.0) -> None:
+    """Until something accepts TCP connections on 127.0.0.1:`port`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nothing listens on port {port}") from None
+            time.sleep(0.05)
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 3.0, interval: float = 0.1,
                what: str = "condition") -> None:
     """Poll `predicate` until true (e.g. a SIGHUP reload has taken effect); fail after `timeout` seconds."""

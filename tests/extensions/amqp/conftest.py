@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pika
 import pytest
 
-from tests.integration.conftest import Gateway, GatewayFactory, gateway_factory, paho_factory  # noqa: F401
+from tests.integration.conftest import Gateway, GatewayFactory, gateway_factory, paho_factory, wait_accepting  # noqa: F401
 
 AmqpGateway = Callable[..., Gateway]
 
 
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    """The AMQP listener opens just after the MQTT one the gateway fixture waits for."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"nothing listens on AMQP port {port}") from None
-            time.sleep(0.05)
+wait_for_port = wait_accepting  # the Gateway fixture already waits for every port it opened
 
 
 @pytest.fixture

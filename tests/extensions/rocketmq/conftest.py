@@ -7,8 +7,6 @@ every client made here is shut down, which closes its channels and scheduler thr
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,23 +14,20 @@ from typing import Any
 import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
 
-from tests.integration.conftest import Gateway, GatewayFactory, gateway_factory, paho_factory, wait_until
+from tests.integration.conftest import (
+    Gateway,
+    GatewayFactory,
+    gateway_factory,
+    paho_factory,
+    wait_accepting,
+    wait_until,
+)
 
 __all__ = ["gateway_factory", "paho_factory"]
 
-START_TIMEOUT = 10.0
 
 
-def wait_port(port: int, timeout: float = START_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"nothing listens on {port}") from None
-            time.sleep(0.05)
+wait_port = wait_accepting  # the Gateway fixture already waits for every port it opened
 
 
 @pytest.fixture
