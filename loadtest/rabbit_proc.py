@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from loadtest.redis_proc import terminate
+
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # the unwrapped script (the /usr/sbin one su's)
 EPMD_FALLBACK = "/usr/lib/erlang/bin/epmd"
 START_TIMEOUT = 60.0  # s until AMQP answers: a first boot creates the mnesia schema (~5 s on an idle machine)
@@ -157,16 +159,6 @@ def _end_tree(proc: subprocess.Popen[bytes], timeout: float) -> None:
     proc.wait(timeout)
 
 
-def _end(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
-
-
 class RabbitProc:
     """A RabbitMQ node (guest/guest, vhost /, no plugins) on free ports; `prefix` is prepended to its command
     (e.g. `taskset -c 0`: beam then runs one scheduler per allowed core). A context manager: leaving it stops
@@ -270,7 +262,7 @@ class RabbitProc:
             _end_tree(proc, timeout)
         epmd, self.epmd = self.epmd, None
         if epmd is not None:
-            _end(epmd, timeout)
+            terminate(epmd, timeout)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RabbitProc:
