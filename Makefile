@@ -9,7 +9,7 @@ ARGS ?=
 SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub /usr/bin/redis-server \
 	/usr/bin/redis-cli
 
-.PHONY: run test install dev system-deps lint typecheck bench bench-deps bench-backends clean
+.PHONY: run test install dev system-deps java-deps lint typecheck bench bench-deps bench-backends clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,7 +31,15 @@ system-deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients redis-server redis-tools >/dev/null; \
 	fi
 
-test: dev system-deps
+# Spark 4 (the pipeline's jobs and their tests) needs a Java 17+ runtime: install Debian's when missing or older.
+java-deps:
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	fi
+
+test: dev system-deps java-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/pytest -q $(ARGS)

@@ -12,6 +12,7 @@ from gateway.cluster_command import cluster_app
 from gateway.config import Settings
 from gateway.logs import setup_logging
 from gateway.passwd_command import passwd_command
+from gateway.pipeline_command import lake_app, pipeline_app
 
 app = typer.Typer(add_completion=False, help="Tidewire MQTT gateway.")
 
@@ -57,6 +58,7 @@ def serve_command(
     rocketmq_port: Annotated[Optional[int], typer.Option(help="RocketMQ 5 gRPC port (default 8081; 0 disables)")]
     = None,
     data_dir: Annotated[Optional[Path], typer.Option(help="embedded store directory")] = None,
+    lake: Annotated[Optional[Path], typer.Option(help="export the log and events to this lake directory")] = None,
     acl_file: Annotated[Optional[Path], typer.Option(help="Mosquitto-syntax ACL file")] = None,
     max_keepalive: Annotated[Optional[int], typer.Option(help="cap on client keepalive (s)")] = None,
     log_level: Annotated[Optional[str], typer.Option(help="debug|info|warning|error")] = None,
@@ -70,7 +72,7 @@ def serve_command(
                              allow_anonymous=allow_anonymous, store=store, node_id=node_id,
                              cluster_port=cluster_port, cluster_secret=cluster_secret, data_dir=data_dir,
                              amqp_port=amqp_port, amqps_port=amqps_port, rocketmq_port=rocketmq_port,
-                             acl_file=acl_file,
+                             acl_file=acl_file, lake_dir=lake,
                              max_keepalive=max_keepalive, log_level=log_level)
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +87,8 @@ def serve_command(
 
 app.command("passwd")(passwd_command)  # mosquitto_passwd-compatible; see gateway/passwd_command.py
 app.add_typer(cluster_app, name="cluster")  # cluster up / status; see gateway/cluster_command.py
+app.add_typer(lake_app, name="lake")  # lake run; see gateway/pipeline_command.py
+app.add_typer(pipeline_app, name="pipeline")  # pipeline run <job>
 
 if __name__ == "__main__":
     app()

@@ -129,6 +129,18 @@ class Settings(BaseSettings):
     rocketmq_credentials_file: Path | None = Field(None, description="`access_key:secret_key` lines: the "
                                                    "secrets MQv2-HMAC-SHA1 signatures are checked with (an HMAC "
                                                    "needs the secret itself, not a hash)")
+    # the data lake (pipeline.lake): the log and the gateway's events as partitioned Parquet
+    lake_dir: Path | None = Field(None, description="export to this lake directory (`--lake`); None: off")
+    lake_bridge: bool = Field(True, description="run the log's bridge in this node (one node per partition "
+                              "works, by lease); false when `tidewire lake run` does it; events are always "
+                              "exported by the node that saw them")
+    lake_flush_rows: int = Field(100_000, ge=1, description="rows buffered before a lake file is written")
+    lake_flush_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="payload bytes buffered before a flush")
+    lake_flush_seconds: float = Field(5.0, gt=0, description="s a buffered row may wait (bounds the lag)")
+    lake_events_buffer: int = Field(1_000_000, ge=1, description="events held for the exporter; more are "
+                                    "counted as dropped, never waited for")
+    retention_ignores_holds: bool = Field(False, description="retention may delete records the lake bridge "
+                                          "has not exported yet (they are then counted as lost)")
     # MQTT 5 and shared subscriptions
     topic_alias_maximum: int = Field(64, ge=0, le=65535, description="inbound topic aliases per client")
     response_information: str = Field("reply/", description="CONNACK Response Information prefix (+client id)")

@@ -39,6 +39,7 @@ from gateway.codec import (
     pubrec,
 )
 from gateway.connect import Refusal, Terms, check_will, expires_at, negotiate, refusal_codes, stored_properties
+from gateway.events import DROPPED
 from gateway.ingress import INVALID_TOPIC, refuse_publish
 from gateway.lifecycle import (
     AUTHENTICATING,
@@ -363,6 +364,9 @@ class MqttConnection(ConnectionBase):
                 return None
         if refused is not None:
             log.info("acl.denied", extra={"client_id": self.client_id, "topic": topic, "access": "publish"})
+            if self.node.events is not None:
+                self.node.events.add(DROPPED, int(time.time() * 1000), self.client_id, "mqtt", topic, None, qos,
+                                     reason="not_authorized")
             code = ReasonCode.NOT_AUTHORIZED if v5 else 0
             if qos == 1:
                 self._send(Puback(pid, code))

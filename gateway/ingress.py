@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gateway.codec import PropertyId
 from gateway.codec.errors import PacketType, ProtocolError
 from gateway.codec.properties import ALLOWED, decode_block, encode_properties
-from store.base import Message
+from store.base import PROTOCOL_MQTT, Message
 
 if TYPE_CHECKING:
     from extensions.hooks import Authorizer, ClientInfo
@@ -124,11 +124,13 @@ class Properties:
 
 
 def neutral_message(topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
-                    properties: Properties | None = None, publisher: str = "", now_ms: int) -> Message:
+                    properties: Properties | None = None, publisher: str = "", now_ms: int,
+                    protocol: int = PROTOCOL_MQTT) -> Message:
     """A message any handler can publish; `qos` 1 stands for durable (AMQP delivery-mode 2, RocketMQ)."""
     block = properties.to_block() if properties is not None else b""
     expiry = properties.expiry_interval if properties is not None else None
-    return Message(topic, payload, qos, retain, block, now_ms, now_ms + expiry * 1000 if expiry else 0, publisher)
+    return Message(topic, payload, qos, retain, block, now_ms, now_ms + expiry * 1000 if expiry else 0, publisher,
+                   protocol=protocol)
 
 
 INVALID_TOPIC = "invalid topic"

@@ -26,6 +26,7 @@ from extensions.hooks import Authorizer, PerClient
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
 from gateway.consumers import ConsumerGroups
+from gateway.events import EventBuffer
 from gateway.housekeeping import housekeeping_loop
 from gateway.ingress import DurableSink, tell_sinks
 from gateway.listeners import Admission
@@ -74,6 +75,8 @@ class Node:
         self.groups = ConsumerGroups(self)  # competing consumers of other protocols (AMQP queues, RocketMQ)
         self.counters = Counters()
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
+        # Session and delivery events for the lake (pipeline.lake.events drains them); None: not recorded.
+        self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
         self.offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
         self._client_locks: dict[str, asyncio.Lock] = {}
         # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks

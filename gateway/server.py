@@ -61,7 +61,37 @@ def build_backends(node: Node, tls: ssl.SSLContext | None) -> list[Backend]:
         from extensions.rocketmq.server import RocketMQServer
 
         backends.append(RocketMQServer(node))
+    if settings.lake_dir is not None:
+        from pipeline.lake.command import Lake
+
+        backends.append(LakeRunner(Lake(
+            node.store, settings.lake_dir, settings.node_id, events=node.events, node=settings.node_id,
+            bridge=settings.lake_bridge, flush_rows=settings.lake_flush_rows, flush_bytes=settings.lake_flush_bytes,
+            flush_seconds=settings.lake_flush_seconds, read_batch=1000)))
     return backends
+
+
+class LakeRunner:
+    """The lake (`--lake`: the log's bridge and this node's events exporter) as a backend of the node: started
+    with the listeners, stopped (flushed and committed) before the node stops."""
+
+    def __init__(self, lake: Any) -> None:
+        self.lake = lake
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.lake.run(), name="lake")
+        self._task.add_done_callback(self._ended)
+
+    @staticmethod
+    def _ended(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("lake.failed", exc_info=task.exception())  # the gateway goes on; the lake lags
+
+    async def stop(self) -> None:
+        await self.lake.stop()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
 
 
 class StartupError(Exception):
@@ -109,12 +139,14 @@ def build_store(settings: Settings) -> Store:
 
         store = RedisStore(settings.store, retention_bytes=settings.retention_bytes,
                            retention_seconds=settings.retention_seconds,
+                           retention_ignores_holds=settings.retention_ignores_holds,
                            partitions=settings.store_partitions if "-cluster://" in settings.store else 1)
     elif settings.store == "embedded":
         store = EmbeddedStore(
             settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
             segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
-            retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages)
+            retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages,
+            retention_ignores_holds=settings.retention_ignores_holds)
     else:
         raise StartupError(f"unknown store {settings.store!r} (embedded, redis://HOST:PORT/DB or "
                            "redis-cluster://HOST:PORT[,HOST:PORT...])")

@@ -14,9 +14,10 @@ from collections import deque
 from collections.abc import Callable
 
 from gateway.codec import pubrel
+from gateway.events import ACKED, DELIVERED, DROPPED
 from gateway.outbound import encoded_publish, encoded_publish_with, with_dup
 from gateway.retry import STORE_RETRY_S
-from gateway.session_parts import GroupHandle, Inflight, SessionOwner, Writer
+from gateway.session_parts import GroupHandle, Inflight, SessionOwner, Writer, resend
 from store.base import P2P_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
 
 _NO_HORIZON = 1 << 62
@@ -81,16 +82,7 @@ class Session:
         self.conn = conn
         self.aliases = {} if conn.alias_max else None  # aliases never outlive a connection
         self.p2p_pending = self.p2p_sub is not None  # anything sent to it while it was away
-        chunks: list[bytes] = []
-        now = time.monotonic()
-        for pid, entry in self.inflight.items():
-            entry.sent_at = now
-            if entry.released or entry.message is None:
-                chunks.append(pubrel(pid))
-            else:
-                head, tail = encoded_publish_with(entry.message, self.level, entry.qos, entry.retain, entry.sub_ids,
-                                                  0, 0, True)
-                chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
+        chunks = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id)
         if chunks:
             conn.write_chunks(chunks)
         self._arm_retry()
@@ -162,6 +154,10 @@ class Session:
             self._acked(entry)
 
     def _acked(self, entry: Inflight) -> None:
+        events = self.owner.events
+        if events is not None and entry.message is not None:
+            m = entry.message
+            events.add(ACKED, int(time.time() * 1000), self.client_id, "mqtt", m.topic, m.seq, entry.qos)
         if entry.stream:
             self.owner.session_dirty(self)
         elif entry.group is not None and not entry.released and entry.message is not None:
@@ -354,6 +350,8 @@ class Session:
         retain = False
         ids: tuple[int, ...] = ()
         sent = dropped = 0
+        events = self.owner.events
+        client_id = self.client_id
         for message in messages:
             if deliveries is not None:
                 qos, retain, ids = deliveries[message.seq]
@@ -377,6 +375,9 @@ class Session:
                     inflight[pid] = Inflight(message, qos, True, now, retain, ids)
                     chunks += (with_dup(head) if message.seq <= sent_upto else head, pid.to_bytes(2, "big"), tail)
                 sent += 1
+                if events is not None:
+                    events.add(DELIVERED, now_ms, client_id, "mqtt", message.topic, message.seq, qos,
+                               message.seq <= sent_upto)
             elif self._encode_one(chunks, message, qos, retain, ids, message.seq <= sent_upto, True, None, now_ms):
                 sent += 1
             else:
@@ -400,9 +401,13 @@ class Session:
                     dup: bool, stream: bool, group: GroupHandle | None, now_ms: int) -> bool:
         """Encode one delivery with its per-receiver properties; False if expired or too large for the client."""
         expiry = 0
+        events = self.owner.events
         if message.expires_at_ms:
             remaining = message.expires_at_ms - now_ms
             if remaining <= 0:
+                if events is not None:
+                    events.add(DROPPED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup,
+                               "expired")
                 return False
             expiry = (remaining + 999) // 1000  # the interval left, forwarded (MQTT 5 §3.3.2.3.3)
         conn = self.conn
@@ -418,9 +423,14 @@ class Session:
                 alias = len(aliases) + 1  # assigned below, once the packet is known to go out
         head, tail = encoded_publish_with(message, self.level, qos, retain, ids, expiry, alias, send_topic)
         if conn.max_packet and len(head) + len(tail) + (2 if qos else 0) > conn.max_packet:
+            if events is not None:
+                events.add(DROPPED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup,
+                           "too_large")
             return False  # too large for this client only (MQTT 5 §3.1.2.11.4): skipped, not an error
         if alias and send_topic and aliases is not None:
             aliases[message.topic] = alias
+        if events is not None:
+            events.add(DELIVERED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup)
         if qos == 0:
             chunks.append(head)
             return True
@@ -479,16 +489,7 @@ class Session:
         if conn is None:
             return
         deadline = time.monotonic() - self.retry_interval
-        chunks: list[bytes] = []
-        for pid, entry in self.inflight.items():
-            if entry.sent_at > deadline:
-                continue
-            entry.sent_at = time.monotonic()
-            if entry.released or entry.message is None:
-                chunks.append(pubrel(pid))
-            else:
-                head, tail = encoded_publish(entry.message, self.level, entry.qos, entry.retain)
-                chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
+        chunks = resend(self.inflight, self.level, deadline, self.owner.events, self.client_id)
         if chunks:
             conn.write_chunks(chunks)
         self._arm_retry()

@@ -3,12 +3,17 @@ and the shared-subscription group of a message in flight."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Protocol
 
+from gateway.codec import pubrel
+from gateway.events import DELIVERED
+from gateway.outbound import encoded_publish_with, with_dup
 from store.base import Message, Store
 
 if TYPE_CHECKING:
     from cache.queue_cache import QueueCache
+    from gateway.events import EventBuffer
     from gateway.session import Session
 
 
@@ -35,6 +40,7 @@ class SessionOwner(Protocol):
 
     cache: QueueCache
     store: Store
+    events: EventBuffer | None  # session and delivery events for an exporter (None: not recorded)
 
     def session_dirty(self, session: Session) -> None: ...
 
@@ -54,3 +60,25 @@ class Inflight:
         self.retain = retain
         self.sub_ids = sub_ids
         self.group = group
+
+
+def resend(inflight: dict[int, Inflight], level: int, deadline: float, events: EventBuffer | None,
+           client_id: str) -> list[bytes]:
+    """PUBREL, or the PUBLISH with DUP, of every in-flight entry last sent at or before `deadline` (monotonic s),
+    which count as sent now: on a new connection (everything) and on 3.1.1's retry timer."""
+    chunks: list[bytes] = []
+    now = time.monotonic()
+    now_ms = int(time.time() * 1000)
+    for pid, entry in inflight.items():
+        if entry.sent_at > deadline:
+            continue
+        entry.sent_at = now
+        message = entry.message
+        if entry.released or message is None:
+            chunks.append(pubrel(pid))
+            continue
+        head, tail = encoded_publish_with(message, level, entry.qos, entry.retain, entry.sub_ids, 0, 0, True)
+        chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
+        if events is not None:
+            events.add(DELIVERED, now_ms, client_id, "mqtt", message.topic, message.seq, entry.qos, True)
+    return chunks

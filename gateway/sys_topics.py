@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.events import SUBSCRIBED, UNSUBSCRIBED, EventBuffer
 from store.base import Message
 
 EVENTS = ("connected", "disconnected", "subscribed", "unsubscribed", "takeover")
@@ -36,11 +37,28 @@ class SysTopics:
         self._publish = publish
         self.enabled = enabled
         self.started_at = time.time()
+        self.events: EventBuffer | None = None
+
+    @staticmethod
+    def _record(events: EventBuffer, now_ms: int, client_id: str, event: str, fields: dict[str, Any]) -> None:
+        if event == "takeover":
+            return  # the old connection's "disconnected" (reason: session taken over) follows at once
+        if event in (SUBSCRIBED, UNSUBSCRIBED):
+            qos = fields.get("qos")
+            granted = qos if isinstance(qos, int) and qos < 0x80 else None
+            events.add(event, now_ms, client_id, "mqtt", fields.get("topic"), None, granted,
+                       reason=None if granted is not None or qos is None else f"0x{qos:02x}")
+        else:
+            events.add(event, now_ms, client_id, "mqtt", reason=fields.get("reason"),
+                       detail=fields.get("username") or fields.get("address"))
 
     def event(self, client_id: str, event: str, **fields: Any) -> None:
+        """A client lifecycle event: published under $SYS (if enabled) and recorded for the lake (if set)."""
+        now_ms = int(time.time() * 1000)
+        if self.events is not None:
+            self._record(self.events, now_ms, client_id, event, fields)
         if not self.enabled:
             return
-        now_ms = int(time.time() * 1000)
         body = {"clientid": client_id, "event": event, "ts": now_ms, "node": self.prefix.rsplit("/", 1)[1],
                 **fields}
         self._publish(Message(f"{self.prefix}/clients/{client_id}/{event}", json.dumps(body).encode(), 0,

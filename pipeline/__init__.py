@@ -1,1 +1,1 @@
-"""Data pipeline (PySpark jobs): placeholder package for the pipeline issue."""
+"""The data pipeline: the lake bridge (log -> partitioned Parquet) and the PySpark jobs that read the lake."""

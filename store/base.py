@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 NEVER_EXPIRES = 0xFFFFFFFF
+# Which protocol a message came in by (`Message.protocol`; stored in the record, see store.records).
+PROTOCOL_MQTT = 0
+PROTOCOL_AMQP = 1
+PROTOCOL_ROCKETMQ = 2
+PROTOCOL_NAMES = ("mqtt", "amqp", "rocketmq")
 # A client's P2P queue. '#' can't appear in a topic name or inside a filter level: no clash with other queues.
 P2P_PREFIX = "p2p#"
 
@@ -38,6 +43,7 @@ class Message:
     publisher: str = ""  # client id of the publisher ("" for internal), for no-local later
     queues: tuple[str, ...] = ()
     seq: int = -1  # assigned by Store.append
+    protocol: int = PROTOCOL_MQTT  # PROTOCOL_*: the ingress it came by (internal messages count as MQTT)
     # Encoded PUBLISH packets keyed by (protocol level, qos, retain); filled lazily by the gateway so the same
     # bytes are shared across subscribers. Not persisted.
     encoded: dict[tuple[object, ...], tuple[bytes, bytes]] | None = None
@@ -89,6 +95,44 @@ class Slice(NamedTuple):
 
     messages: list[Message]
     upto: int
+
+
+class LogSlice(NamedTuple):
+    """`read_log`'s answer: the partition's records with after_seq < seq <= upto, ascending by seq.
+
+    Cut at the limit, `upto` is the last record's seq; otherwise no append that completes later gets a seq <= upto
+    in this partition, so a tailing reader may move its position to `upto`. `trimmed`: the highest seq retention
+    has removed from this partition (0: none yet); a reader whose position is below it lost those records."""
+
+    messages: list[Message]
+    upto: int
+    trimmed: int
+
+
+class LogSource(Protocol):
+    """The log as a reader sees it: partitions read in seq order from a position, and holds that keep retention
+    from removing what a reader has not read yet. Every `Store` is one; a read-only tail of an embedded data
+    directory (another process) is another."""
+
+    def log_partitions(self) -> int:
+        """How many partitions the log has (1 for the embedded engine, P for Redis). Seqs are unique across
+        partitions and ascending within each; each partition is read on its own."""
+
+    async def read_log(self, partition: int, after_seq: int, limit: int) -> LogSlice:
+        """Up to `limit` records of `partition` with seq > after_seq (every message appended there, whatever
+        its queues), and how far that answer is complete (see `LogSlice`)."""
+
+    async def hold_log(self, partition: int, holder: str, seq: int) -> None:
+        """Keep retention from removing records of `partition` with seq > `seq` for `holder` (a reader's
+        checkpoint), unless the engine was configured to ignore holds; `seq` < 0 drops the hold."""
+
+    async def log_holds(self, partition: int) -> dict[str, int]:
+        """Every hold on `partition`: holder -> seq."""
+
+    async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
+        """As `Store.lease`: one holder at a time (one bridge per partition)."""
+
+    async def release(self, key: str, owner: str) -> None: ...
 
 
 class StaleWildcards(Exception):
@@ -224,6 +268,15 @@ class Store(Protocol):
 
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         """Messages by seq, ascending; seqs no longer stored (retention) are left out."""
+
+    # --- the log for readers (see LogSource) -------------------------------------------------------------
+    def log_partitions(self) -> int: ...
+
+    async def read_log(self, partition: int, after_seq: int, limit: int) -> LogSlice: ...
+
+    async def hold_log(self, partition: int, holder: str, seq: int) -> None: ...
+
+    async def log_holds(self, partition: int) -> dict[str, int]: ...
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from store.base import Claim, GroupRecord, Message, SessionRecord, Slice, Store, WillRecord
+from store.base import Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 T = TypeVar("T")
 
@@ -168,6 +168,19 @@ class DelayingStore:
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         batch = list(seqs)
         return await self._call(lambda: self.inner.fetch(batch))
+
+    # --- the log for readers --------------------------------------------------------------------------------
+    def log_partitions(self) -> int:
+        return self.inner.log_partitions()
+
+    async def read_log(self, partition: int, after_seq: int, limit: int) -> LogSlice:
+        return await self._call(lambda: self.inner.read_log(partition, after_seq, limit))
+
+    async def hold_log(self, partition: int, holder: str, seq: int) -> None:
+        await self._call(lambda: self.inner.hold_log(partition, holder, seq))
+
+    async def log_holds(self, partition: int) -> dict[str, int]:
+        return await self._call(lambda: self.inner.log_holds(partition))
 
     # --- engine extras --------------------------------------------------------------------------------------
     async def enforce_retention(self) -> int:

@@ -2,6 +2,7 @@
 
 Everything runs synchronously on the event loop except the fsync, which hops to a thread once per group of
 concurrent `sync()` callers. The async signatures exist so a networked engine can implement the same `Store`.
+The log as readers see it (`read_log`, holds) is the `store.embedded_log` mixin.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from pathlib import Path
 from typing import Literal
 
 from store.base import Message, SessionRecord, Slice, StaleWildcards, WillRecord
+from store.embedded_log import EmbeddedLog, lowest_hold
 from store.groups import GROUP_NAMESPACES, GroupCalls, GroupTable
 from store.kv import OFFSET, RETAINED, SESSION, WILL, KVFile
 from store.memory_registry import MemoryRegistry
 from store.records import (
     OFFSETS,
+    UnsupportedRecord,
     decode_message_body,
     decode_session,
     decode_will,
@@ -68,7 +71,10 @@ def _copy_session(r: SessionRecord) -> SessionRecord:
     )
 
 
-class EmbeddedStore(GroupCalls):
+class EmbeddedStore(GroupCalls, EmbeddedLog):
+    """The engine. `retention_ignores_holds`: retention deletes segments past the size or age limits even when
+    a log reader's hold (`hold_log`) still needs them."""
+
     def __init__(
         self,
         data_dir: str | Path,
@@ -79,6 +85,7 @@ class EmbeddedStore(GroupCalls):
         retention_bytes: int = 0,
         retention_seconds: int = 0,
         recent_messages: int = 100_000,
+        retention_ignores_holds: bool = False,
     ) -> None:
         if fsync not in ("batch", "interval", "never"):
             raise ValueError(f"fsync must be batch, interval or never, not {fsync!r}")
@@ -87,6 +94,7 @@ class EmbeddedStore(GroupCalls):
         self.fsync_interval = fsync_interval_ms / 1000
         self.retention_bytes = retention_bytes
         self.retention_seconds = retention_seconds
+        self.retention_ignores_holds = retention_ignores_holds
         self._log = CommitLog(self.data_dir / "log", segment_bytes)
         self._kv = KVFile(self.data_dir / "meta.kv")
         self._queues: dict[str, array[int]] = {}
@@ -143,6 +151,14 @@ class EmbeddedStore(GroupCalls):
             arr.append(seq)
 
     def _replay_kv(self, ns: int, key: str, value: bytes | None) -> None:
+        try:
+            self._replay_kv_record(ns, key, value)
+        except UnsupportedRecord as exc:
+            # A retained message or will written by a newer build: skipped (dropped by the next compaction),
+            # never a failed open.
+            log.error("store: skipping a KV record (namespace %d) of a newer format: %s", ns, exc)
+
+    def _replay_kv_record(self, ns: int, key: str, value: bytes | None) -> None:
         if ns == SESSION:
             if value is None:
                 self._sessions.pop(key, None)
@@ -239,38 +255,6 @@ class EmbeddedStore(GroupCalls):
         if i >= len(arr):
             return []
         return self._by_seqs(arr[i : i + limit])
-
-    def _by_seqs(self, seqs: Sequence[int]) -> list[Message]:
-        """Messages of ascending seqs still in the log: the ring first, the rest with one log read."""
-        size = self._ring_size
-        if not size:
-            return self._log.read(seqs)
-        ring = self._ring
-        out: list[Message | None] = []
-        misses: list[int] = []
-        for s in seqs:
-            m = ring[s % size]
-            if m is not None and m.seq == s:
-                out.append(m)
-            else:
-                out.append(None)
-                misses.append(s)
-        if not misses:
-            return out  # type: ignore[return-value]
-        return self._merge(seqs, out, self._log.read(misses))
-
-    @staticmethod
-    def _merge(seqs: Sequence[int], cached: list[Message | None], disk: list[Message]) -> list[Message]:
-        result: list[Message] = []
-        it = iter(disk)
-        d = next(it, None)
-        for s, m in zip(seqs, cached, strict=True):
-            if m is not None:
-                result.append(m)
-            elif d is not None and d.seq == s:
-                result.append(d)
-                d = next(it, None)
-        return result
 
     def last_seq(self) -> int:
         return self._next_seq - 1
@@ -465,12 +449,14 @@ class EmbeddedStore(GroupCalls):
 
     # --- retention and stats ------------------------------------------------------------------------------
     async def enforce_retention(self) -> int:
-        """Delete whole expired or oversize segments (never the active one); return how many."""
+        """Delete whole expired or oversize segments (never the active one, nor one holding a seq above the
+        lowest log hold unless `retention_ignores_holds`); return how many."""
         if not (self.retention_bytes or self.retention_seconds):
             return 0
         await self._wait_inflight()  # a sync round may be fsyncing a segment about to be deleted
+        hold = None if self.retention_ignores_holds else lowest_hold(self._holds_dir)
         deleted = self._log.enforce_retention(
-            self.retention_bytes, self.retention_seconds, int(time.time() * 1000)
+            self.retention_bytes, self.retention_seconds, int(time.time() * 1000), hold
         )
         if deleted:
             first_live = self._log.first_seq

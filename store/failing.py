@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from store.base import Claim, GroupRecord, Message, SessionRecord, Slice, Store, WillRecord
+from store.base import Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "set_offsets", "set_retained", "match_retained", "put_will", "delete_will",
                    "list_wills", "add_wildcards", "remove_wildcards", "wildcards", "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
-                   "set_visibility", "release_owner", "group_position", "fetch"})
+                   "set_visibility", "release_owner", "group_position", "fetch", "read_log", "hold_log",
+                   "log_holds"})
 
 
 class FailingStore:
@@ -176,3 +177,18 @@ class FailingStore:
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         self._check("fetch")
         return await self.inner.fetch(seqs)
+
+    def log_partitions(self) -> int:
+        return self.inner.log_partitions()
+
+    async def read_log(self, partition: int, after_seq: int, limit: int) -> LogSlice:
+        self._check("read_log")
+        return await self.inner.read_log(partition, after_seq, limit)
+
+    async def hold_log(self, partition: int, holder: str, seq: int) -> None:
+        self._check("hold_log")
+        await self.inner.hold_log(partition, holder, seq)
+
+    async def log_holds(self, partition: int) -> dict[str, int]:
+        self._check("log_holds")
+        return await self.inner.log_holds(partition)

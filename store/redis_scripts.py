@@ -158,51 +158,69 @@ if v > cur then redis.call('SET', KEYS[1], ARGV[1]); return v end
 return cur
 """
 
-# KEYS: 1 message hash, 2 batch zset, 3 byte counter. ARGV: 1 max age ms (0: none), 2 byte budget (0: none),
-# 3 max seqs to visit, 4 queue key prefix, 5 P.
+# KEYS: 1 message hash, 2 batch zset, 3 byte counter, 4 trimmed (the highest seq removed), 5 holds (holder ->
+# seq). ARGV: 1 max age ms (0: none), 2 byte budget (0: none), 3 max seqs to visit, 4 queue key prefix, 5 P,
+# 6 '1' to honour the holds.
 # Deletes the oldest batches (appended longer than max age ago by Redis TIME, then more while the bytes exceed
-# the budget) and removes their messages from every queue their body names. Returns {visited, deleted}; the
-# caller repeats while visited equals ARGV[3], so one call never blocks Redis for long.
+# the budget), none above the lowest hold when honouring them, and removes their messages from every queue
+# their body names. Returns {visited, deleted}; the caller repeats while visited equals ARGV[3], so one call
+# never blocks Redis for long. Bodies are `store.records` message records: v1 (magic, version 1) or legacy v0;
+# a record of a newer version is deleted without its queue entries (its layout is unknown here; a read skips
+# a seq whose body is gone).
 RETENTION = _LIB + """
-local HEADER = '<i8i8i8BBHHI4I4HI4'
+local V0, V1, MAGIC = '<i8i8i8BBHHI4I4HI4', '<i8i8i8BBBHHI4I4HI4', 'TWLOG\\0\\255'
+local function queues_of(body)
+  local _, lpub, ltopic, lprops, lpay, nq, lq, pos
+  if string.sub(body, 1, 7) ~= MAGIC then
+    _, _, _, _, _, lpub, ltopic, lprops, lpay, nq, lq, pos = struct.unpack(V0, body)
+  elseif string.byte(body, 8) == 1 then
+    _, _, _, _, _, _, lpub, ltopic, lprops, lpay, nq, lq, pos = struct.unpack(V1, body, 9)
+  else
+    return {}
+  end
+  if nq == 0 then return {} end
+  local at = pos + lpub + ltopic + lprops + lpay
+  return split(string.sub(body, at, at + lq - 1), '\\0')
+end
 local max_age, max_bytes, budget, P = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local keep = math.huge  -- no seq above this is deleted: a reader holding it has not read them
+if ARGV[6] == '1' then
+  for _, v in ipairs(redis.call('HVALS', KEYS[5])) do keep = math.min(keep, tonumber(v)) end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local bytes = tonumber(redis.call('GET', KEYS[3]) or '0')
-local visited, deleted = 0, 0
+local visited, deleted, high = 0, 0, 0
 while visited < budget do
   local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
   if not head then break end
   local parts = split(head, ':')
   local first, last, at = tonumber(parts[1]), tonumber(parts[2]), tonumber(parts[3])
   local aged = max_age > 0 and at <= now - max_age
-  if not (aged or (max_bytes > 0 and bytes > max_bytes)) then break end
+  if first > keep or not (aged or (max_bytes > 0 and bytes > max_bytes)) then break end
   local s = first
-  while s <= last and visited < budget and (aged or (max_bytes > 0 and bytes > max_bytes)) do
+  while s <= last and s <= keep and visited < budget and (aged or (max_bytes > 0 and bytes > max_bytes)) do
     local body = redis.call('HGET', KEYS[1], s)
     if body then
       bytes = bytes - #body
-      local _, _, _, _, _, lpub, ltopic, lprops, lpay, nq, lq, pos = struct.unpack(HEADER, body)
-      if nq > 0 then
-        local at_q = pos + lpub + ltopic + lprops + lpay
-        for _, q in ipairs(split(string.sub(body, at_q, at_q + lq - 1), '\\0')) do
-          redis.call('ZREM', ARGV[4] .. q, s)
-        end
-      end
+      for _, q in ipairs(queues_of(body)) do redis.call('ZREM', ARGV[4] .. q, s) end
       redis.call('HDEL', KEYS[1], s)
       deleted = deleted + 1
+      high = s
     end
     s = s + P
     visited = visited + 1
   end
   if s ~= first then redis.call('ZREM', KEYS[2], head) end
   if s <= last then
-    -- stopped inside a batch (budget or bytes): the rest of it stays first in line
+    -- stopped inside a batch (budget, bytes or a hold): the rest of it stays first in line
     if s ~= first then redis.call('ZADD', KEYS[2], s, string.format('%.0f:%.0f:%.0f', s, last, at)) end
     break
   end
 end
 redis.call('SET', KEYS[3], fmt(bytes))
+-- oldest first: a later deletion is always higher
+if high > 0 then redis.call('SET', KEYS[4], fmt(high)) end
 return {visited, deleted}
 """
 

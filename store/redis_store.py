@@ -10,6 +10,7 @@ over its masters) with its own sequence, message hash and queue indexes:
     {tw:p}:bt, :bytes      retention bookkeeping: one entry per append batch, live body bytes
     {tw:p}:wv      string  this partition's copy of the wildcard set version (checked by every append)
     {tw:p}:spread  set     plain queue names that hold messages of other topics (read across all partitions)
+    {tw:p}:trimmed, :holds  the log reader's: the highest seq retention removed, holder -> seq (`store.redis_log`)
 
 Sessions, offsets, retained, wills and the wildcard set live under the meta tag `{prefix}` (`store.redis_meta`),
 and so do consumer groups (`store.redis_groups`: one script per call; `fetch` reads each seq's partition).
@@ -54,10 +55,10 @@ replicas, a failover loses what the replica had not received yet (replication is
 `open()` reads the policy of every primary (`durable`: True, False, or None where CONFIG is denied) and warns
 unless `always`.
 
-**Retention** (`enforce_retention`) deletes, per partition, the oldest batches appended more than
-`retention_seconds` ago (Redis TIME) and more while the partition's bytes exceed `retention_bytes / P`, and
-removes them from their queues, `RETENTION_STEP` seqs per script call (a batch entry spans its seqs in steps
-of P: up to the whole batch's length per partition). Sessions, retained and wills are kept.
+**The log for readers** (`read_log`, one partition at a time in seq order, and holds) and **retention**
+(`enforce_retention`: the oldest batches past `retention_seconds` / `retention_bytes / P` per partition, removed
+from their queues too, never above a reader's hold unless `retention_ignores_holds`; sessions, retained and
+wills are kept) are in `store.redis_log`.
 
 Errors: `RedisUnavailable` (an `OSError`) while Redis cannot serve, `StoreClosed` on a closed store, see
 `store.redis_conn`; an append that failed may or may not have been stored (at-least-once on the caller's retry).
@@ -79,6 +80,8 @@ from store.base import Message, SessionRecord, Slice, StaleWildcards, WillRecord
 from store.records import decode_message_body, encode_message_body
 from store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script, StoreClosed
 from store.redis_groups import RedisGroups
+from store.redis_log import PartitionKeys as _Partition
+from store.redis_log import RedisLog
 from store.redis_meta import RedisMeta
 from store.redis_scripts import (
     APPEND,
@@ -87,7 +90,6 @@ from store.redis_scripts import (
     PART_STATS,
     RAISE_VERSION,
     READ,
-    RETENTION,
     SEAL,
     TICKS,
 )
@@ -99,7 +101,6 @@ log = logging.getLogger("tidewire.store")
 DEFAULT_CLUSTER_PARTITIONS = 16
 MAX_PARTITIONS = 64
 SEAL_INTERVAL = 0.1  # seconds between background seals of every partition
-RETENTION_STEP = 1000  # seqs one retention script call may visit: keeps each call short
 SPREAD_CACHE = 10_000  # plain queue names remembered as spread / already marked
 
 _APPEND = Script("append", APPEND)
@@ -107,7 +108,6 @@ _READ = Script("read", READ)
 _SEAL = Script("seal", SEAL)
 _MARK = Script("mark_spread", MARK_SPREAD)
 _RAISE = Script("raise_version", RAISE_VERSION)
-_RETENTION = Script("retention", RETENTION)
 _PART_STATS = Script("part_stats", PART_STATS)
 
 
@@ -115,17 +115,7 @@ def _wild(queue: str) -> bool:
     return "+" in queue or "#" in queue
 
 
-class _Partition:
-    __slots__ = ("bt", "bytes", "msg", "n", "q", "seq", "spread", "wv")
-
-    def __init__(self, prefix: str, n: int) -> None:
-        t = f"{{{prefix}:{n}}}:"
-        self.n = n
-        self.seq, self.msg, self.bt, self.bytes = t + "seq", t + "msg", t + "bt", t + "bytes"
-        self.wv, self.spread, self.q = t + "wv", t + "spread", t + "q:"
-
-
-class RedisStore(RedisGroups):
+class RedisStore(RedisGroups, RedisLog):
     def __init__(
         self,
         url: str = "redis://127.0.0.1:6379/0",
@@ -139,6 +129,7 @@ class RedisStore(RedisGroups):
         max_connections: int = 64,
         pool_timeout: float = 5.0,
         seal_interval: float = SEAL_INTERVAL,
+        retention_ignores_holds: bool = False,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': it becomes the hash tag")
@@ -152,6 +143,7 @@ class RedisStore(RedisGroups):
         self.partitions = partitions
         self.retention_bytes = retention_bytes
         self.retention_seconds = retention_seconds
+        self.retention_ignores_holds = retention_ignores_holds
         self.seal_interval = seal_interval
         self._conn = RedisConn(url, connect_timeout=connect_timeout, socket_timeout=socket_timeout,
                                max_connections=max_connections, pool_timeout=pool_timeout)
@@ -438,24 +430,7 @@ class RedisStore(RedisGroups):
     async def list_wills(self) -> list[WillRecord]:
         return await self._meta.list_wills()
 
-    # --- retention and stats ------------------------------------------------------------------------------
-    async def enforce_retention(self) -> int:
-        """Delete the oldest batches past `retention_seconds` / `retention_bytes`; return how many messages."""
-        if not (self.retention_bytes or self.retention_seconds):
-            self._conn.check()
-            return 0
-        P = self.partitions
-        budget = -(-self.retention_bytes // P) if self.retention_bytes else 0
-        todo = list(self._parts)
-        total = 0
-        while todo:
-            results = await self._conn.run_many(
-                [(_RETENTION, [part.msg, part.bt, part.bytes],
-                  [self.retention_seconds * 1000, budget, RETENTION_STEP, part.q, P]) for part in todo])
-            total += sum(int(deleted) for _, deleted in results)
-            todo = [part for part, (visited, _) in zip(todo, results, strict=True) if int(visited) >= RETENTION_STEP]
-        return total
-
+    # --- stats (the log for readers and retention: store.redis_log) ----------------------------------------
     async def stats(self) -> dict[str, Any]:
         parts = await self._conn.run_many([(_PART_STATS, [p.msg, p.bytes, p.seq], []) for p in self._parts])
         meta = await self._meta.stats()

@@ -18,6 +18,7 @@ from store.base import Message
 from store.records import (
     FRAME_SIZE,
     CorruptRecord,
+    UnsupportedRecord,
     check_frame,
     decode_message_body,
     encode_message_body,
@@ -95,9 +96,15 @@ class CommitLog:
         positions = seg.positions
         expected = seg.first_seq
         good_end = 0
+        newer: UnsupportedRecord | None = None
         try:
             for pos, body_start, body_end in iter_frames(buf):
-                seq, ts, queues = peek_message(buf, body_start)
+                try:
+                    seq, ts, queues = peek_message(buf, body_start)
+                except UnsupportedRecord as exc:
+                    # Written by a newer build: whole and in sequence, so it stays in the log (cutting it would
+                    # lose it and everything after); without its queues it is indexed nowhere.
+                    seq, ts, queues, newer = exc.seq, exc.timestamp_ms, (), exc
                 if seq != expected:
                     raise CorruptRecord("unexpected seq", pos)
                 positions.append(pos)
@@ -113,6 +120,10 @@ class CommitLog:
             os.fsync(seg.fd)
             good_end = pos
         seg.size = good_end
+        if newer is not None:
+            log.error("store: %s holds records of format version %d, newer than this build reads: kept in the "
+                      "log but in no queue, and reading them fails (last one: seq %d)",
+                      seg.path.name, newer.version, newer.seq)
 
     def _add(self, seg: Segment) -> None:
         self.segments.append(seg)
@@ -228,13 +239,31 @@ class CommitLog:
             body_start, _ = check_frame(buf, 0)
             out.append(decode_message_body(buf, body_start))
 
+    def seqs_after(self, after_seq: int, limit: int) -> list[int]:
+        """The first `limit` seqs in the log above `after_seq`, ascending (segments hold consecutive seqs)."""
+        out: list[int] = []
+        if limit <= 0:
+            return out
+        for seg in self.segments[max(0, bisect_right(self._firsts, after_seq + 1) - 1) :]:
+            lo = max(seg.first_seq, after_seq + 1)
+            take = min(seg.next_seq - lo, limit - len(out))
+            if take > 0:
+                out.extend(range(lo, lo + take))
+                if len(out) >= limit:
+                    break
+        return out
+
     # --- retention ------------------------------------------------------------------------------------
-    def enforce_retention(self, retention_bytes: int, retention_seconds: int, now_ms: int) -> int:
-        """Delete whole segments, oldest first, never the last (active) one; return how many."""
+    def enforce_retention(self, retention_bytes: int, retention_seconds: int, now_ms: int,
+                          hold: int | None = None) -> int:
+        """Delete whole segments, oldest first, never the last (active) one, nor one holding a seq above
+        `hold` (the lowest reader hold; None: no hold); return how many."""
         deleted = 0
         cutoff = now_ms - retention_seconds * 1000
         while len(self.segments) > 1:
             seg = self.segments[0]
+            if hold is not None and seg.next_seq - 1 > hold:
+                break
             too_old = retention_seconds > 0 and seg.last_ts < cutoff
             too_big = retention_bytes > 0 and self.total_bytes > retention_bytes
             if not (too_old or too_big):

@@ -45,7 +45,7 @@ from extensions.amqp.queues import QueueSpec, group_name, parse_arguments
 from extensions.hooks import SubscribeAccess
 from gateway.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
 from gateway.topics import valid_topic_filter
-from store.base import GroupRecord
+from store.base import PROTOCOL_AMQP, GroupRecord
 
 if TYPE_CHECKING:
     from extensions.amqp.connection import AmqpConnection
@@ -155,7 +155,7 @@ class Channel:
                 self._settle_confirms([seq], Basic.Ack)
             return None
         message = neutral_message(topic, body, qos=qos, properties=neutral, publisher=conn.id,
-                                  now_ms=int(time.time() * 1000))
+                                  now_ms=int(time.time() * 1000), protocol=PROTOCOL_AMQP)
         self.node.publish(message, self, seq)
         return None
 

@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol import service_pb2
 
 from extensions.hooks import ClientInfo, SubscribeAccess
 from gateway.ingress import Properties, PublishFailed, neutral_message, publish_future
-from store.base import GroupRecord
+from store.base import PROTOCOL_ROCKETMQ, GroupRecord
 
 from .filters import FilterError, compile_filter
 from .mapping import (
@@ -229,7 +229,7 @@ class Consuming:
             properties.user += [("ORIGIN_MESSAGE_ID", message_id(original.seq)),
                                 ("RETRY_TOPIC", split_topic(original.topic)[0])]
             copy = neutral_message(join_topic(DLQ_PREFIX + group, split_topic(original.topic)[1]), original.payload,
-                                   properties=properties, now_ms=_now_ms())
+                                   properties=properties, now_ms=_now_ms(), protocol=PROTOCOL_ROCKETMQ)
             try:
                 await publish_future(self.node.publish, [copy])[0]
             except PublishFailed:

@@ -18,7 +18,7 @@ from rocketmq.grpc_protocol import service_pb2
 
 from extensions.hooks import ClientInfo
 from gateway.ingress import INVALID_TOPIC, PublishFailed, neutral_message, publish_future, refuse_publish
-from store.base import Message
+from store.base import PROTOCOL_ROCKETMQ, Message
 
 from .mapping import Code, Refusal, inbound, message_id, status
 
@@ -77,7 +77,7 @@ class Producing:
             while len(self._recent) > DEDUP_CAPACITY:
                 self._recent.popitem(last=False)
             message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
-                                      publisher="", now_ms=_now_ms())
+                                      publisher=caller.client_id, now_ms=_now_ms(), protocol=PROTOCOL_ROCKETMQ)
             task = asyncio.get_running_loop().create_task(self._publish(key, message, answer))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,47 @@
+"""Session and delivery events (connected, delivered, acked, ...) kept in a bounded buffer for an exporter.
+
+The gateway only appends tuples; an exporter (the lake bridge's event writer) drains them on its own schedule.
+When the buffer is full new events are counted in `dropped` and discarded: recording never blocks, allocates
+beyond the bound, or slows a delivery down waiting for the exporter.
+"""
+
+from __future__ import annotations
+
+# (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail); the names and the meaning
+# of each field per event are those of pipeline.lake.schema.EVENTS_SCHEMA.
+Event = tuple[str, int, str, str, str | None, int | None, int | None, bool, str | None, str | None]
+
+CONNECTED = "connected"
+DISCONNECTED = "disconnected"
+SUBSCRIBED = "subscribed"
+UNSUBSCRIBED = "unsubscribed"
+DELIVERED = "delivered"
+ACKED = "acked"
+DROPPED = "dropped"
+
+
+class EventBuffer:
+    """A bounded list of events; `drain()` takes them all at once (one swap, no copy)."""
+
+    __slots__ = ("capacity", "dropped", "items", "recorded")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.items: list[Event] = []
+        self.dropped = 0  # events discarded because the buffer was full (the exporter fell behind)
+        self.recorded = 0
+
+    def add(self, event: str, time_ms: int, client_id: str, protocol: str = "mqtt", topic: str | None = None,
+            position: int | None = None, qos: int | None = None, dup: bool = False, reason: str | None = None,
+            detail: str | None = None) -> None:
+        items = self.items
+        if len(items) >= self.capacity:
+            self.dropped += 1
+            return
+        items.append((event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail))
+        self.recorded += 1
+
+    def drain(self) -> list[Event]:
+        items = self.items
+        self.items = []
+        return items

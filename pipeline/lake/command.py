@@ -1,0 +1,164 @@
+"""Running the lake: the log bridge and the events exporter together, in a node or as their own process.
+
+In a node: `await run_lake(store, lake_dir, node_id, events=node.events, node=node_id)` as a task; cancelling
+the task flushes and commits what is buffered. On its own (`python -m pipeline.lake`, `tidewire lake run`):
+`main(argv)` reads an embedded data directory another process writes (`--data-dir`) or a Redis store
+(`--store redis://...`), read-only, and exports until SIGTERM/SIGINT, or with `--once` up to the end of the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.events import EventBuffer
+from pipeline.lake.bridge import LakeBridge
+from pipeline.lake.events import EventExporter
+from store.base import LogSource
+
+log = logging.getLogger(__name__)
+
+BRIDGE_OPTIONS = ("flush_rows", "flush_bytes", "flush_seconds", "read_batch", "lease_ttl_ms", "idle_s", "compression",
+                  "holder")
+
+
+class Lake:
+    """The bridge (unless `bridge=False`: another process exports the log) and, given an event buffer, the
+    events exporter, run and stopped together."""
+
+    def __init__(self, source: LogSource | None, lake_dir: str | Path, owner: str, *,
+                 events: EventBuffer | None = None, node: str = "", bridge: bool = True, **opts: Any) -> None:
+        unknown = set(opts) - set(BRIDGE_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown lake options: {sorted(unknown)}")
+        if bridge and source is None:
+            raise ValueError("the bridge needs a log source")
+        self.bridge = LakeBridge(source, lake_dir, owner=owner, **opts) if bridge and source is not None else None
+        self.exporter = None
+        if events is not None:
+            self.exporter = EventExporter(events, lake_dir, node or owner,
+                                          flush_rows=opts.get("flush_rows", 100_000),
+                                          flush_seconds=opts.get("flush_seconds", 5.0),
+                                          compression=opts.get("compression", "zstd"))
+        self._stopping = asyncio.Event()
+
+    async def run(self, once: bool = False) -> None:
+        """Until `stop()` or cancellation (both flush first); with `once`, until the log is exported."""
+        exporter_task = None
+        if self.exporter is not None:
+            exporter_task = asyncio.get_running_loop().create_task(self.exporter.run(), name="lake-events")
+        try:
+            if self.bridge is not None:
+                await self.bridge.run(once)
+            elif not once:
+                await self._stopping.wait()
+        finally:
+            if self.bridge is not None:
+                await self.bridge.stop()
+            if self.exporter is not None and exporter_task is not None:
+                await self.exporter.stop()
+                await asyncio.gather(exporter_task, return_exceptions=True)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self.bridge is not None:
+            await self.bridge.stop()
+        if self.exporter is not None:
+            await self.exporter.stop()
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.bridge is not None:
+            out["messages"] = self.bridge.stats()
+        if self.exporter is not None:
+            out["events"] = self.exporter.stats()
+        return out
+
+
+async def run_lake(source: LogSource | None, lake_dir: str | Path, owner: str, *, once: bool = False,
+                   events: EventBuffer | None = None, node: str = "", bridge: bool = True,
+                   **opts: Any) -> dict[str, Any]:
+    """Run the lake (see `Lake`) until cancelled (or, with `once`, the log is exported); returns its stats.
+    `opts`: LakeBridge's flush_rows, flush_bytes, flush_seconds, read_batch, lease_ttl_ms, idle_s, compression,
+    holder."""
+    lake = Lake(source, lake_dir, owner, events=events, node=node, bridge=bridge, **opts)
+    await lake.run(once)
+    return lake.stats()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidewire lake run", description="Export the log to a Parquet lake.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data-dir", type=Path, help="an embedded store's data directory (a node writes it)")
+    src.add_argument("--store", help="redis://HOST:PORT/DB or redis-cluster://HOST:PORT[,HOST:PORT...]")
+    p.add_argument("--lake", type=Path, required=True, help="the lake directory")
+    p.add_argument("--once", action="store_true", help="export up to the end of the log, then exit")
+    p.add_argument("--owner", default=socket.gethostname(),
+                   help="lease owner name (default: the host name, so a restarted bridge keeps its partitions)")
+    p.add_argument("--partitions", type=int, default=0, help="the Redis store's partitions (0: its default)")
+    p.add_argument("--flush-rows", type=int, default=100_000)
+    p.add_argument("--flush-bytes", type=int, default=64 << 20)
+    p.add_argument("--flush-seconds", type=float, default=5.0)
+    p.add_argument("--read-batch", type=int, default=5000)
+    p.add_argument("--lease-ttl-ms", type=int, default=15_000)
+    p.add_argument("--idle-s", type=float, default=0.2, help="pause between reads once caught up")
+    p.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "gzip", "lz4", "none"])
+    p.add_argument("--holder", default="lake", help="the bridge's hold on the log (another name for a second lake)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def _open_source(args: argparse.Namespace) -> tuple[LogSource, Any]:
+    """The log source and what to close at the end."""
+    if args.data_dir is not None:
+        from store.embedded_tail import EmbeddedLogTail
+
+        tail = EmbeddedLogTail(args.data_dir)
+        await tail.open()
+        return tail, tail
+    from store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
+
+    store = RedisStore(args.store, partitions=args.partitions)
+    await store.open()
+    return store, store
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    source, closer = await _open_source(args)
+    opts = {k: getattr(args, k) for k in BRIDGE_OPTIONS}
+    lake = Lake(source, args.lake, args.owner, **opts)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: loop.create_task(lake.stop()))
+    try:
+        await lake.run(args.once)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        close = getattr(closer, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await result
+    return lake.stats()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        stats = asyncio.run(_main(args))
+    except (OSError, ValueError) as e:
+        print(f"tidewire lake: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(stats, default=str))
+    return 1 if stats.get("messages", {}).get("failed") else 0

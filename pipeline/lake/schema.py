@@ -1,0 +1,71 @@
+"""The lake's layout and table schemas: the one contract between the bridge that writes it and the jobs that read it.
+
+Layout under the lake directory (Hive-style partitions, so Spark's file source and pyarrow.dataset read
+`dt` and `hour` as columns):
+
+    messages/dt=YYYY-MM-DD/hour=HH/<partition>-<first position>-<last position>.parquet
+    events/dt=YYYY-MM-DD/hour=HH/<node>-<time ms>-<n>.parquet
+    _tidewire/...   the bridge's checkpoints, pending manifests and locks (a leading `_`: readers skip it)
+
+A file is written under a name with a leading `.`, synced, then renamed: readers never see a partial file.
+Times are UTC. `dt`/`hour` come from `received_at` (messages) and `time` (events).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1  # in each file's metadata as b"tidewire.lake.version"
+MESSAGES = "messages"
+EVENTS = "events"
+STATE_DIR = "_tidewire"
+
+_TS = pa.timestamp("ms", tz="UTC")
+
+USER_PROPERTIES = pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))
+
+MESSAGES_SCHEMA = pa.schema([
+    ("position", pa.int64()),  # the log seq: unique across the log, ascending within a partition
+    ("partition", pa.int32()),  # the log partition the bridge read it from
+    ("received_at", _TS),  # when the gateway took the message in
+    ("topic", pa.string()),
+    ("first_level", pa.string()),  # the topic's first level ("" for "/a")
+    ("client_id", pa.string()),  # the publisher: MQTT client id, AMQP/RocketMQ connection identity; "" internal
+    ("protocol", pa.string()),  # "mqtt", "amqp" or "rocketmq"
+    ("qos", pa.int8()),
+    ("retain", pa.bool_()),
+    ("payload_size", pa.int32()),
+    ("payload", pa.binary()),
+    ("payload_json", pa.string()),  # the payload as text when it is valid JSON (UTF-8), else null
+    ("json_numbers", pa.map_(pa.string(), pa.float64())),  # numeric JSON fields by dotted path; null if not JSON
+    ("content_type", pa.string()),
+    ("correlation_data", pa.binary()),
+    ("response_topic", pa.string()),
+    ("user_properties", USER_PROPERTIES),
+    ("utf8_payload", pa.bool_()),
+    ("expires_at", _TS),  # null: never
+])
+
+# Event names (`event` column).
+CONNECTED = "connected"  # reason: "", detail: the proven user name or ""
+DISCONNECTED = "disconnected"  # reason: why (normal, keepalive, takeover, protocol error, ...)
+SUBSCRIBED = "subscribed"  # topic: the filter, qos: granted (or the failure reason code in reason)
+UNSUBSCRIBED = "unsubscribed"  # topic: the filter
+DELIVERED = "delivered"  # position, topic, qos; dup: a resend (a retry)
+ACKED = "acked"  # position, topic, qos: PUBACK / PUBCOMP (or an AMQP ack) for that delivery
+DROPPED = "dropped"  # position (if stored), topic, reason: expired, too_large, not_authorized, quota, ...
+EVENT_NAMES = (CONNECTED, DISCONNECTED, SUBSCRIBED, UNSUBSCRIBED, DELIVERED, ACKED, DROPPED)
+
+EVENTS_SCHEMA = pa.schema([
+    ("time", _TS),
+    ("event", pa.string()),
+    ("node", pa.string()),
+    ("client_id", pa.string()),
+    ("protocol", pa.string()),
+    ("topic", pa.string()),
+    ("position", pa.int64()),
+    ("qos", pa.int8()),
+    ("dup", pa.bool_()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+])
