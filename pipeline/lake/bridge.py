@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 HOLDER = "lake"  # the bridge's hold on the log
 MAX_FLUSH_BYTES = 1 << 30  # one flush's payloads fit one Arrow binary array (32-bit offsets)
+STOP_DRAIN_S = 5.0  # a graceful stop exports what the log holds for at most this long, then commits
 RECORD_OVERHEAD = 96  # bytes counted per buffered record besides payload and topic
 RETRY_S = 1.0  # after a failed read or flush
 BUILD_CHUNK = 4096  # rows converted to Arrow per call (see _write)
@@ -223,6 +224,7 @@ class LakeBridge:
         reader = part.reader = LogReader(self.source, part.index, part.checkpoint.position)
         while not part.fenced:
             if self._stopping.is_set():
+                await self._drain(part, reader)
                 await self._flush(part)
                 return
             before = reader.position
@@ -259,6 +261,29 @@ class LakeBridge:
                 if part.dirty_since is not None:
                     wait = min(wait, max(0.0, part.dirty_since + self.flush_seconds - time.monotonic()))
                 await self._sleep(wait)
+
+    async def _drain(self, part: _Partition, reader: LogReader) -> None:
+        """On a graceful stop, read up to the end of the log (for at most STOP_DRAIN_S) so what was appended
+        before the stop is exported now rather than by the next run."""
+        deadline = time.monotonic() + STOP_DRAIN_S
+        while not part.fenced and time.monotonic() < deadline:
+            before = reader.position
+            try:
+                records = await reader.read(self.read_batch)
+            except Exception as e:
+                log.warning("lake: p%d: read while stopping: %s", part.index, e)
+                return
+            if records:
+                part.buffer += records
+                part.buffer_bytes += sum(len(r.payload) + len(r.topic) for r in records) + \
+                    RECORD_OVERHEAD * len(records)
+                if part.dirty_since is None:
+                    part.dirty_since = time.monotonic()
+                if len(part.buffer) >= self.flush_rows or part.buffer_bytes >= self.flush_bytes:
+                    await self._flush(part)
+            elif reader.position == before:
+                return
+            await asyncio.sleep(0)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

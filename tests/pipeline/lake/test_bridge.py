@@ -74,7 +74,7 @@ async def test_tails_with_bounded_lag_and_stop_commits(store: EmbeddedStore, tmp
     loop = asyncio.get_running_loop()
     start = loop.time()
     while not (lake / "messages").exists() or read_lake(lake).num_rows < 5:
-        assert loop.time() - start < 3, "a quiet log must be exported within flush_seconds"
+        assert loop.time() - start < 6, "a quiet log must be exported within flush_seconds (+ slack for a busy CI)"
         await asyncio.sleep(0.05)
     assert b.stats()["partitions"][0]["position"] == 5
     await store.append(messages(7, start=5))
