@@ -1,12 +1,17 @@
-"""`python -m pipeline.cli run ...` as its own process: argument errors before Spark starts, and one real run."""
+"""`python -m pipeline.cli run ...` and `tidewire pipeline|lake run ...` as their own processes: argument errors
+before Spark starts, and the forwarding of the `tidewire` commands."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.pipeline.conftest import message, write_messages
+import pyarrow.dataset as ds
+
+from store.base import Message
+from store.embedded import EmbeddedStore
 
 
 def _cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -21,12 +26,23 @@ def test_bad_arguments_fail_before_spark(tmp_path: Path) -> None:
     assert no_job.returncode == 2 and "invalid choice" in no_job.stderr
 
 
-def test_run_aggregates(tmp_path: Path) -> None:
+def test_tidewire_forwards_to_the_pipeline_and_lake_commands(tmp_path: Path) -> None:
+    """`tidewire pipeline run ...` and `tidewire lake run ...` reach the same parsers (a real job run is in
+    test_end_to_end, on the shared SparkSession: a second JVM here would cost the suite ~12 s)."""
+    tidewire = [sys.executable, "-m", "gateway"]
+    no_job = subprocess.run([*tidewire, "pipeline", "run", "nonsense"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert no_job.returncode == 2 and "invalid choice" in no_job.stderr
+    asyncio.run(_append(tmp_path / "data", 3))
     lake = tmp_path / "lake"
-    write_messages(lake, [message(i, i, f"d{i % 2}", "t/x", {"v": float(i)}) for i in range(1, 31)])
-    # a relative --lake: made absolute against the working directory
-    done = _cli("run", "aggregates", "--lake", "lake", "--shuffle-partitions", "2", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "aggregates: 30 rows in 1 batches" in done.stdout and " rows/s -> " in done.stdout
-    assert list((lake / "aggregates" / "device_minute").glob("dt=2024-05-01/batch=0/*.parquet"))
-    assert list((lake / "aggregates" / "topic_minute").glob("dt=2024-05-01/batch=0/*.parquet"))
+    once = subprocess.run([*tidewire, "lake", "run", "--data-dir", str(tmp_path / "data"), "--lake", str(lake),
+                           "--once"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert once.returncode == 0, once.stderr[-2000:]
+    assert ds.dataset(lake / "messages", format="parquet", partitioning="hive").count_rows() == 3
+
+
+async def _append(data_dir: Path, n: int) -> None:
+    store = EmbeddedStore(data_dir)
+    await store.open()
+    await store.append([Message(f"t/{i}", b"{}") for i in range(n)])
+    await store.close()
