@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import signal
 import ssl
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidewire.server")
 
+BRIDGE_STOP_TIMEOUT = 15.0  # s a stopping node waits for its lake bridge to commit
+BRIDGE_RESTART_S = 0.5
+BRIDGE_NICE = 10  # on a shared core the bridge gets ~1/10 of the gateway's share: it lags rather than slows it
 WS_FRAME_SLACK = 1024  # a WebSocket frame may carry a whole MQTT packet plus a little
 
 
@@ -64,24 +69,65 @@ def build_backends(node: Node, tls: ssl.SSLContext | None) -> list[Backend]:
     if settings.lake_dir is not None:
         from pipeline.lake.command import Lake
 
-        backends.append(LakeRunner(Lake(
-            node.store, settings.lake_dir, settings.node_id, events=node.events, node=settings.node_id,
-            bridge=settings.lake_bridge, flush_rows=settings.lake_flush_rows, flush_bytes=settings.lake_flush_bytes,
-            flush_seconds=settings.lake_flush_seconds, read_batch=1000)))
+        # This node's events are exported in-process (they exist only here); the log's bridge runs as a child
+        # process: building Arrow tables holds the GIL, which would stall this loop's deliveries for as long.
+        events = Lake(None, settings.lake_dir, settings.node_id, events=node.events, node=settings.node_id,
+                      bridge=False, flush_rows=settings.lake_flush_rows, flush_seconds=settings.lake_flush_seconds)
+        backends.append(LakeRunner(events, bridge_command(settings) if settings.lake_bridge else None))
     return backends
 
 
-class LakeRunner:
-    """The lake (`--lake`: the log's bridge and this node's events exporter) as a backend of the node: started
-    with the listeners, stopped (flushed and committed) before the node stops."""
+def bridge_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of this node's log bridge (`python -m pipeline.lake`): the embedded store's
+    directory read-only, or the shared store's URL through the environment (it may hold a password)."""
+    assert settings.lake_dir is not None
+    argv = [sys.executable, "-m", "pipeline.lake", "--lake", str(settings.lake_dir), "--owner", settings.node_id,
+            "--parent-pid", str(os.getpid()), "--nice", str(BRIDGE_NICE), "--flush-rows", str(settings.lake_flush_rows),
+            "--flush-bytes", str(settings.lake_flush_bytes), "--flush-seconds", str(settings.lake_flush_seconds),
+            "--log-level", settings.log_level.upper()]
+    env = dict(os.environ)
+    if settings.store.startswith(REDIS_SCHEMES):
+        env["TIDEWIRE_LAKE_STORE"] = settings.store
+        if "-cluster://" in settings.store:
+            argv += ["--partitions", str(settings.store_partitions)]
+    else:
+        argv += ["--data-dir", str(settings.data_dir)]
+    return argv, env
 
-    def __init__(self, lake: Any) -> None:
-        self.lake = lake
-        self._task: asyncio.Task[None] | None = None
+
+class LakeRunner:
+    """`--lake` as a backend of the node: the events exporter in-process, and the log's bridge as a supervised
+    child process (restarted after a crash; it resumes from its checkpoint). Stopped, flushed and committed
+    before the node stops."""
+
+    def __init__(self, events: Any, bridge: tuple[list[str], dict[str, str]] | None) -> None:
+        self.events = events
+        self.bridge = bridge
+        self._tasks: list[asyncio.Task[None]] = []
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stopping = False
 
     async def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self.lake.run(), name="lake")
-        self._task.add_done_callback(self._ended)
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self.events.run(), name="lake-events"))
+        if self.bridge is not None:
+            self._tasks.append(loop.create_task(self._supervise(*self.bridge), name="lake-bridge"))
+        for task in self._tasks:
+            task.add_done_callback(self._ended)
+
+    async def _supervise(self, argv: list[str], env: dict[str, str]) -> None:
+        delay = BRIDGE_RESTART_S
+        while not self._stopping:
+            started = time.monotonic()
+            self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.DEVNULL,
+                                                              stdout=asyncio.subprocess.DEVNULL)
+            code = await self._proc.wait()
+            if self._stopping:
+                return
+            # a bridge that ran a while gets restarted at once; one that keeps failing, ever more slowly
+            delay = BRIDGE_RESTART_S if time.monotonic() - started > 60 else min(delay * 2, 60.0)
+            log.error("lake.bridge_exited", extra={"code": code, "restart_in_s": delay})
+            await asyncio.sleep(delay)
 
     @staticmethod
     def _ended(task: asyncio.Task[None]) -> None:
@@ -89,9 +135,17 @@ class LakeRunner:
             log.error("lake.failed", exc_info=task.exception())  # the gateway goes on; the lake lags
 
     async def stop(self) -> None:
-        await self.lake.stop()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        self._stopping = True
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            proc.terminate()  # the bridge drains the log for a moment, flushes and commits
+            try:
+                await asyncio.wait_for(proc.wait(), BRIDGE_STOP_TIMEOUT)
+            except TimeoutError:
+                proc.kill()  # its checkpoint keeps what it committed; the next run resumes there
+                await proc.wait()
+        await self.events.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 class StartupError(Exception):

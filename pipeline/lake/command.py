@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -26,6 +27,8 @@ from store.base import LogSource
 
 log = logging.getLogger(__name__)
 
+STORE_ENV = "TIDEWIRE_LAKE_STORE"
+PARENT_CHECK_S = 1.0
 BRIDGE_OPTIONS = ("flush_rows", "flush_bytes", "flush_seconds", "read_batch", "lease_ttl_ms", "idle_s", "compression",
                   "holder")
 
@@ -96,9 +99,11 @@ async def run_lake(source: LogSource | None, lake_dir: str | Path, owner: str, *
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidewire lake run", description="Export the log to a Parquet lake.")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--data-dir", type=Path, help="an embedded store's data directory (a node writes it)")
-    src.add_argument("--store", help="redis://HOST:PORT/DB or redis-cluster://HOST:PORT[,HOST:PORT...]")
+    src.add_argument("--store", default=os.environ.get(STORE_ENV),
+                     help=f"redis://HOST:PORT/DB or redis-cluster://HOST:PORT[,HOST:PORT...] (default ${STORE_ENV}: "
+                          "a URL with a password belongs there, not in the process list)")
     p.add_argument("--lake", type=Path, required=True, help="the lake directory")
     p.add_argument("--once", action="store_true", help="export up to the end of the log, then exit")
     p.add_argument("--owner", default=socket.gethostname(),
@@ -113,6 +118,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "gzip", "lz4", "none"])
     p.add_argument("--holder", default="lake", help="the bridge's hold on the log (another name for a second lake)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much (a node "
+                   "starts its bridge at 10: sharing a core, the gateway's deliveries come first)")
+    p.add_argument("--parent-pid", type=int, default=0,
+                   help="stop (flushing first) once this process is gone: a node's bridge never outlives it")
     return p
 
 
@@ -138,9 +147,12 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: loop.create_task(lake.stop()))
+    watchdog = loop.create_task(_stop_when_orphaned(lake, args.parent_pid)) if args.parent_pid else None
     try:
         await lake.run(args.once)
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         close = getattr(closer, "close", None)
@@ -152,8 +164,20 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     return lake.stats()
 
 
+async def _stop_when_orphaned(lake: Lake, parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(PARENT_CHECK_S)
+    log.warning("lake: parent process %d is gone: stopping", parent_pid)
+    await lake.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.data_dir is None and not args.store:
+        parser.error(f"one of --data-dir or --store (or ${STORE_ENV}) is required")
+    if args.nice > 0:
+        os.nice(args.nice)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         stats = asyncio.run(_main(args))

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gateway.events import Event, EventBuffer
+from gateway.events import EventBuffer
 from pipeline.lake.rows import events_table
 from pipeline.lake.schema import EVENTS
 from pipeline.lake.writer import hour_dir, remove_tmp_files, write_split
@@ -37,10 +37,12 @@ def node_file_prefix(node: str) -> str:
 
 
 class EventExporter:
-    """Drains `buffer` every `flush_seconds` (sooner once it holds `flush_rows`) and writes events files."""
+    """Drains `buffer` every `poll_s` into Arrow (in a worker thread: the node's tuples never pile up as
+    Python objects, so no large conversion or garbage collection lands on the gateway's loop) and writes an
+    events file every `flush_seconds` (sooner once `flush_rows` are converted)."""
 
     def __init__(self, buffer: EventBuffer, lake_dir: str | Path, node: str, flush_rows: int = 100_000,
-                 flush_seconds: float = 5.0, compression: str = "zstd", poll_s: float = 0.2) -> None:
+                 flush_seconds: float = 5.0, compression: str = "zstd", poll_s: float = 0.05) -> None:
         self.buffer = buffer
         self.lake = Path(lake_dir)
         self.node = node
@@ -54,6 +56,8 @@ class EventExporter:
         self.flushes = 0
         self.failed = 0  # events lost to a failed write
         self._seq = 0
+        self._tables: list[pa.Table] = []  # converted, not yet written
+        self._converted = 0
         self._stopping = asyncio.Event()
         self._cleaned = False
 
@@ -64,8 +68,9 @@ class EventExporter:
             while not self._stopping.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), min(self.poll_s, self.flush_seconds or self.poll_s))
+                await self._convert()
                 now = time.monotonic()
-                if len(self.buffer.items) >= self.flush_rows or now - last >= self.flush_seconds:
+                if self._converted >= self.flush_rows or now - last >= self.flush_seconds:
                     await self.flush()
                     last = now
         finally:
@@ -74,27 +79,35 @@ class EventExporter:
     async def stop(self) -> None:
         self._stopping.set()
 
+    async def _convert(self) -> None:
+        events = self.buffer.drain()
+        if events:
+            self._tables.append(await asyncio.to_thread(events_table, events, self.node))
+            self._converted += len(events)
+
     async def flush(self) -> int:
         """Write what the buffer holds now; returns how many events were written."""
-        events = self.buffer.drain()
-        if not events:
+        await self._convert()
+        tables, count = self._tables, self._converted
+        self._tables, self._converted = [], 0
+        if not count:
             return 0
         try:
-            written = await asyncio.to_thread(self._write, events)
+            written = await asyncio.to_thread(self._write, tables)
         except Exception as e:
-            self.failed += len(events)
-            log.error("lake: writing %d events failed (lost): %s", len(events), e)
+            self.failed += count
+            log.error("lake: writing %d events failed (lost): %s", count, e)
             return 0
-        self.rows += len(events)
+        self.rows += count
         self.files += written
         self.flushes += 1
-        return len(events)
+        return count
 
-    def _write(self, events: list[Event]) -> int:
+    def _write(self, tables: list[pa.Table]) -> int:
         if not self._cleaned:  # a previous process of this node may have died mid-write
             remove_tmp_files(self.lake / EVENTS, re.compile(re.escape(self.prefix) + "-[0-9]+-[0-9]+"))
             self._cleaned = True
-        table = events_table(events, self.node)
+        table = pa.concat_tables(tables)
 
         def name(hour: int, part: pa.Table) -> str:
             first = pc.min(part.column("time").cast(pa.int64())).as_py()
@@ -108,4 +121,4 @@ class EventExporter:
 
     def stats(self) -> dict[str, Any]:
         return {"rows": self.rows, "files": self.files, "flushes": self.flushes, "failed": self.failed,
-                "dropped": self.buffer.dropped, "buffered": len(self.buffer.items)}
+                "dropped": self.buffer.dropped, "buffered": len(self.buffer.items) + self._converted}

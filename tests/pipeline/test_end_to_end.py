@@ -159,9 +159,11 @@ def test_devices_to_lake_to_spark_and_back(gateway_factory: GatewayFactory, paho
 
 def test_in_node_bridge_exports_while_serving(gateway_factory: GatewayFactory, paho_factory: PahoFactory,
                                               tmp_path: Path) -> None:
-    """`--lake` alone: the node runs the log's bridge itself, and a graceful stop commits what it buffered."""
+    """`--lake` alone: the node runs the log's bridge (a child process of its own) and its events exporter, and a
+    graceful stop makes the bridge read to the end of the log and commit before the node exits."""
     lake = tmp_path / "lake"
     gw = gateway_factory(env={"TIDEWIRE_LAKE_DIR": str(lake), "TIDEWIRE_LAKE_FLUSH_SECONDS": "30"})
+    wait_until(lambda: (lake / "_tidewire" / "p00.lock").exists(), timeout=15)  # the bridge took the partition
     device = paho_factory(gw.port, "d1")
     device.connect()
     for i in range(25):
@@ -175,3 +177,36 @@ def test_in_node_bridge_exports_while_serving(gateway_factory: GatewayFactory, p
     assert (lake / "_tidewire" / "checkpoint-p00.json").exists()
     assert not [p for p in lake.rglob("*") if p.name.startswith(".")]  # no temporary file left behind
     assert os.listdir(lake / "events")
+
+
+def _bridge_children(parent_pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"pipeline.lake" in argv and str(parent_pid).encode() in argv:
+                found.append(int(entry.name))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # exited, not reaped (yet)
+    except OSError:
+        return True
+
+
+def test_in_node_bridge_never_outlives_its_node(gateway_factory: GatewayFactory, tmp_path: Path) -> None:
+    """The bridge child watches its node: after a kill -9 of the node it stops by itself (nothing committed is
+    lost; the next bridge resumes from the checkpoint)."""
+    lake = tmp_path / "lake"
+    gw = gateway_factory(env={"TIDEWIRE_LAKE_DIR": str(lake)})
+    wait_until(lambda: (lake / "_tidewire" / "p00.lock").exists(), timeout=15)
+    assert gw.proc is not None
+    children = _bridge_children(gw.proc.pid)
+    assert len(children) == 1
+    gw.kill9()
+    wait_until(lambda: _gone(children[0]), timeout=10)
