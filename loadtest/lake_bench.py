@@ -42,30 +42,23 @@ import pyarrow.parquet as pq
 
 from loadtest import servers
 from loadtest.bench import LOAD_CORE, pin_self, raise_nofile
-from loadtest.client import (
-    _PID_BYTES,
-    Counters,
-    Endpoint,
-    MqttConn,
-    Publisher,
-    connect_packet,
-    encode_str,
-    encode_varint,
-)
+from loadtest.client import Counters
+from loadtest.lake_clients import JsonPublisher, LatencySubscriber, subscribe_latency
 from loadtest.redis_proc import terminate
-from loadtest.scenarios import close_all, open_many, percentiles
+from loadtest.scenarios import _paced, close_all, open_many, percentiles
 from pipeline.lake.schema import MESSAGES, STATE_DIR
 
 TOPIC_PREFIX = "tele/"
 SAMPLE_S = 0.5  # lag sampling period
 POLL_S = 0.1  # while waiting for the lake to hold everything
 ACK_WAIT_S = 10.0  # QoS 1: how long to wait for the last PUBACKs
-MAX_LATENCY_SAMPLES = 2_000_000
 MODES = ("none", "in-node", "process")
 
 
 @dataclass(slots=True)
 class Config:
+    """What every run is given (the command line's options)."""
+
     rate: float = 20_000.0
     seconds: float = 20.0
     qos: int = 0
@@ -108,100 +101,6 @@ class RunResult:
 
     def lag(self) -> tuple[float, float]:
         return (statistics.median(self.lag_ms), max(self.lag_ms)) if self.lag_ms else (0.0, 0.0)
-
-
-# --- load -----------------------------------------------------------------------------------------------------
-class JsonPublisher(Publisher):
-    """One device's telemetry: `{"ts":<time_us>,"seq":N,"temperature":T,"humidity":H}` (valid JSON, numeric
-    fields for the lake's `json_numbers`); `ts` lets a subscriber measure latency."""
-
-    __slots__ = ("_var",)
-
-    def __init__(self, counters: Counters, topic: str, qos: int, pub_id: int, window: int) -> None:
-        super().__init__(counters, topic, qos, pub_id, 0, window)
-        self._var = encode_str(topic)
-
-    def batch(self, n: int) -> bytes:
-        ts = time.time_ns() // 1000
-        first = bytes((0x30 | (self.qos << 1),))
-        var, seq, pid, qos = self._var, self.seq, self._pid, self.qos
-        parts: list[bytes] = []
-        for _ in range(n):
-            seq += 1
-            payload = b'{"ts":%d,"seq":%d,"temperature":%.1f,"humidity":%d}' % (
-                ts, seq, 15.0 + (seq * 7 % 300) / 10, 30 + seq % 50)
-            head = var
-            if qos:
-                pid = pid % 65535 + 1
-                head = var + _PID_BYTES[pid]
-            parts += (first, encode_varint(len(head) + len(payload)), head, payload)
-        self.seq, self._pid = seq, pid
-        if qos:
-            self.inflight += n
-        self.counters.sent += n
-        return b"".join(parts)
-
-
-class LatencySubscriber(MqttConn):
-    """A QoS 0 subscriber that reads `ts` from each telemetry payload (its own parse: the JSON has no binary
-    header for MqttConn's)."""
-
-    __slots__ = ("samples_us",)
-
-    def __init__(self, counters: Counters) -> None:
-        super().__init__(counters)
-        self.samples_us: list[int] = []
-
-    def data_received(self, data: bytes) -> None:
-        if self._buf:
-            data, self._buf = self._buf + data, b""
-        now_us = time.time_ns() // 1000
-        i, n = 0, len(data)
-        while i < n:
-            j, rl, shift = i + 1, 0, 0
-            while j < n:
-                b = data[j]
-                j += 1
-                rl |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-            else:
-                self._buf = data[i:]
-                return
-            end = j + rl
-            if end > n:
-                self._buf = data[i:]
-                return
-            kind = data[i] >> 4
-            if kind == 3:
-                p = j + 2 + ((data[j] << 8) | data[j + 1]) + (2 if data[i] & 0x06 else 0)
-                self.counters.received += 1
-                if data.startswith(b'{"ts":', p) and len(self.samples_us) < MAX_LATENCY_SAMPLES:
-                    comma = data.find(b",", p + 6, end)
-                    if comma > 0:
-                        self.samples_us.append(now_us - int(data[p + 6:comma]))
-            elif kind in (2, 9):  # CONNACK, SUBACK: handled as MqttConn does
-                super().data_received(data[i:end])
-            i = end
-
-
-async def _pace(conns: list[MqttConn], rate: float, seconds: float) -> int:
-    """Send `rate` msgs/s in total over `conns` for `seconds` in ~1 ms ticks; returns publishes skipped because
-    a QoS 1 window was full."""
-    per_conn = rate / len(conns)
-    start = time.perf_counter()
-    done = skipped = 0
-    while True:
-        elapsed = time.perf_counter() - start
-        due = int(min(elapsed, seconds) * per_conn) - done
-        if due > 0:
-            for c in conns:
-                skipped += due - c.send(due)
-            done += due
-        if elapsed >= seconds:
-            return skipped
-        await asyncio.sleep(0.001)
 
 
 # --- the lake, seen from outside ------------------------------------------------------------------------------
@@ -298,17 +197,6 @@ async def catch_up(data_dir: Path, lake: Path, cfg: Config) -> float:
 
 
 # --- one run --------------------------------------------------------------------------------------------------
-async def _subscribe(ep: Endpoint, name: str) -> LatencySubscriber:
-    loop = asyncio.get_running_loop()
-    _, sub = await loop.create_connection(lambda: LatencySubscriber(Counters()), ep.host, ep.port)
-    sub.write(connect_packet(name))
-    await asyncio.wait_for(sub.connack, 10)
-    if await asyncio.wait_for(sub.subscribe(TOPIC_PREFIX + "#", 0), 10) >= 0x80:
-        sub.close()
-        raise RuntimeError("subscription refused")
-    return sub
-
-
 async def _load(server: servers.Server, lake: Path, mode: str, cfg: Config, bridge_pid: int | None,
                 r: RunResult) -> None:
     """Publish for cfg.seconds, sampling the lag; then wait (bounded) until the lake holds every telemetry
@@ -319,7 +207,7 @@ async def _load(server: servers.Server, lake: Path, mode: str, cfg: Config, brid
     sub: LatencySubscriber | None = None
     try:
         if cfg.subscribe:
-            sub = await _subscribe(ep, f"lb-{mode}-sub")
+            sub = await subscribe_latency(ep, f"lb-{mode}-sub", TOPIC_PREFIX + "#")
         for i, c in enumerate(pubs):
             c.publisher = JsonPublisher(counters, f"{TOPIC_PREFIX}dev-{i:04d}/data", cfg.qos, i + 1, cfg.window)
         rows0 = checkpoint(lake)[0]
@@ -334,7 +222,7 @@ async def _load(server: servers.Server, lake: Path, mode: str, cfg: Config, brid
                 r.lag_ms.append(int(time.time() * 1000) - max(checkpoint(lake)[2], start_ms))
 
         sampler = asyncio.create_task(sample()) if mode != "none" else None
-        r.skipped = await _pace(pubs, cfg.rate, cfg.seconds)
+        r.skipped = await _paced(pubs, cfg.rate, cfg.seconds)
         wall = time.perf_counter() - t0
         if sampler is not None:
             sampler.cancel()

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from loadtest import lake_bench, spark_bench
+from loadtest import lake_bench, lake_clients, spark_bench
 from loadtest.client import Counters
 from pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
 
@@ -37,7 +37,7 @@ def test_bridge_modes_export_everything_once() -> None:
     none = lake_bench.run_mode("none", TINY)
     check_run(none, 0)
     assert none.drain_s is None and not none.lag_ms  # no bridge while the load ran: exported afterwards
-    for mode in ("in-node", "process"):
+    for mode in ("process",):  # in-node: test_cli_qos1_with_subscriber
         r = lake_bench.run_mode(mode, TINY)
         check_run(r, 0)
         assert r.drain_s is not None and r.drain_s < 10
@@ -57,7 +57,7 @@ def test_cli_qos1_with_subscriber(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_json_publisher_payloads_are_json_with_numbers() -> None:
-    pub = lake_bench.JsonPublisher(Counters(), "tele/dev-0001/data", 1, 1, 100)
+    pub = lake_clients.JsonPublisher(Counters(), "tele/dev-0001/data", 1, 1, 100)
     data = pub.batch(3)
     assert pub.inflight == 3 and pub.seq == 3
     i, payloads = 0, []
