@@ -221,7 +221,11 @@ class ConnectionBase(asyncio.Protocol):
             transport.close()
             return
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # the peer is already gone (ENOTCONN): nothing left to drain
+                transport.close()
+                return
         # TLS and WebSocket cannot half-close: the client closes after reading our packet, or the timer does.
         self._holds = 0
         transport.resume_reading()
