@@ -1,10 +1,11 @@
 """Support for the Redis store tests: a real 3-master Redis Cluster fixture, and helpers.
 
-`redis_cluster_for_module`: one cluster per test module (skipped when redis-server or redis-cli is missing);
-tests empty it with `cluster.flushall()` before use; import the fixture into a conftest or test module to use
-it. `cluster_store(cluster)` builds a `RedisStore` on it. `Target` says where a partitioned store runs (one
-server or the cluster) with an admin client and script counters; `part`/`topics_in` name partitions of topics;
-`client_commands` lists what clients sent while an action ran (MONITOR).
+`redis_cluster_for_module`: one cluster for the whole session (skipped when redis-server or redis-cli is
+missing; starting one costs 2-7 s), shared by every store test module through `tests/store/conftest.py`, which
+imports it (a module importing it again would start a cluster of its own); tests empty it with
+`cluster.flushall()` before use. `cluster_store(cluster)` builds a `RedisStore` on it. `Target` says where a
+partitioned store runs (one server or the cluster) with an admin client and script counters; `part`/`topics_in`
+name partitions of topics; `client_commands` lists what clients sent while an action ran (MONITOR).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tests.store.redis_server import RedisClusterServers, RedisServer, command
 P = DEFAULT_CLUSTER_PARTITIONS  # the partition count of the partitioned tests
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def redis_cluster_for_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis_server.RedisClusterServers]:
     if not redis_server.cluster_available():
         pytest.skip("redis-server / redis-cli are not installed")

@@ -11,7 +11,6 @@ from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtu
     cluster,
     msg,
     opened,
-    redis_cluster_for_module,
     topics_in,
 )
 from tests.store.redis_server import RedisClusterServers, command

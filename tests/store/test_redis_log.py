@@ -28,7 +28,6 @@ from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtu
     client_commands,
     cluster,
     opened,
-    redis_cluster_for_module,
     server,
 )
 from tests.store.redis_server import RedisClusterServers, RedisServer

@@ -34,7 +34,6 @@ from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtu
     msg,
     opened,
     part,
-    redis_cluster_for_module,
     server,
     target,
     topics_in,
