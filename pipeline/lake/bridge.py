@@ -39,6 +39,11 @@ RETRY_S = 1.0  # after a failed read or flush
 BUILD_CHUNK = 4096  # rows converted to Arrow per call (see _write)
 
 
+def _weight(records: list[LogRecord]) -> int:
+    """What buffered records count against `flush_bytes`."""
+    return sum(len(r.payload) + len(r.topic) for r in records) + RECORD_OVERHEAD * len(records)
+
+
 @dataclass(eq=False)
 class _Partition:
     index: int
@@ -242,16 +247,14 @@ class LakeBridge:
             now = time.monotonic()
             if records:
                 part.buffer += records
-                part.buffer_bytes += sum(len(r.payload) + len(r.topic) for r in records) + \
-                    RECORD_OVERHEAD * len(records)
+                part.buffer_bytes += _weight(records)
             # A source may cut a read short (Redis bounds each call's work): caught up only when nothing moved.
             caught_up = part.caught_up = not records and reader.position == before
             if part.dirty_since is None and (records or reader.position != part.checkpoint.position
                                              or reader.lost != part.lost_committed):
                 part.dirty_since = now
             if part.dirty_since is not None and (
-                    len(part.buffer) >= self.flush_rows or part.buffer_bytes >= self.flush_bytes
-                    or now - part.dirty_since >= self.flush_seconds or (once and caught_up)):
+                    self._full(part) or now - part.dirty_since >= self.flush_seconds or (once and caught_up)):
                 await self._flush(part)
             if caught_up:
                 if once:
@@ -275,15 +278,17 @@ class LakeBridge:
                 return
             if records:
                 part.buffer += records
-                part.buffer_bytes += sum(len(r.payload) + len(r.topic) for r in records) + \
-                    RECORD_OVERHEAD * len(records)
+                part.buffer_bytes += _weight(records)
                 if part.dirty_since is None:
                     part.dirty_since = time.monotonic()
-                if len(part.buffer) >= self.flush_rows or part.buffer_bytes >= self.flush_bytes:
+                if self._full(part):
                     await self._flush(part)
             elif reader.position == before:
                 return
             await asyncio.sleep(0)
+
+    def _full(self, part: _Partition) -> bool:
+        return len(part.buffer) >= self.flush_rows or part.buffer_bytes >= self.flush_bytes
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -311,7 +316,7 @@ class LakeBridge:
             cp = await asyncio.to_thread(part.writer.recover)  # completes the flush if it got past its manifest
             if cp.position < position:  # not committed: keep the records for the next try
                 part.buffer = records + part.buffer
-                part.buffer_bytes += sum(len(r.payload) + len(r.topic) + RECORD_OVERHEAD for r in records)
+                part.buffer_bytes += _weight(records)
                 part.dirty_since = time.monotonic() - self.flush_seconds + RETRY_S
                 part.checkpoint = cp
                 return
