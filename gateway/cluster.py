@@ -154,8 +154,14 @@ class ClusterRole:
             return
         record, epoch = await store.claim_session(key, node.node_id)
         if record is None:
-            last = store.last_seq()
-            record = SessionRecord(key, offset=last, sent_upto=last)
+            # The group's first server. Its record, saved at subscribe time, may have lost the race with this
+            # claim (fenced off by the new epoch), and offsets are only ever written to an existing record: store
+            # it now, from where this node's members subscribed, or a kill before then loses what they were owed.
+            start = group.record.offset
+            record = SessionRecord(key, offset=start, sent_upto=start)
+            record.owner, record.epoch = node.node_id, epoch
+            if not await store.put_session(record):
+                return  # another node claimed it meanwhile
         record.owner, record.epoch = node.node_id, epoch
         if node.subscriptions.groups.get(key) is group:
             group.serve(record)
