@@ -3,20 +3,22 @@
 A cached queue is complete for seqs in (head, tail]: everything the store holds for it in that range is here,
 in seq order, and `tail` is the `upto` of the store's last answer (not the last message seen), so a reader
 merging several queues knows how far each one is known. `refresh` pulls (tail, store end] once per notify
-no matter how many subscribers wait on the queue; a reader behind `head` gets None and reads the store itself,
-so a slow session never pins memory here.
+no matter how many subscribers wait on the queue; `add_appended` takes a batch this node just appended
+without reading it back when nothing else can lie in its range. A reader behind `head` gets None and reads
+the store itself, so a slow session never pins memory here.
 """
 
 from __future__ import annotations
 
 import asyncio
 from bisect import bisect_right
+from collections.abc import Sequence
 
 from store.base import Message, Store
 
 
 class _CachedQueue:
-    __slots__ = ("head", "messages", "pull", "refs", "seal", "seqs", "stale", "tail")
+    __slots__ = ("head", "joined", "messages", "pulling", "refs", "seal", "seqs", "stale", "tail")
 
     def __init__(self, start_seq: int) -> None:
         self.head = start_seq
@@ -24,7 +26,9 @@ class _CachedQueue:
         self.seqs: list[int] = []
         self.messages: list[Message] = []
         self.refs = 0
-        self.pull: asyncio.Future[None] | None = None  # the store read in progress, shared by every caller
+        self.pulling = False  # a store read is in progress, shared by every caller
+        # What callers that joined it wait on; made only when one joins: a read that does not suspend has none.
+        self.joined: asyncio.Future[None] | None = None
         self.stale = False
         self.seal = 0
 
@@ -65,11 +69,13 @@ class QueueCache:
             return False
         if seal > cached.seal:
             cached.seal = seal
-        if cached.pull is not None:
+        if cached.pulling:
             cached.stale = True  # the running pull loops once more instead of a second concurrent read
-            await asyncio.shield(cached.pull)
+            if cached.joined is None:
+                cached.joined = asyncio.get_running_loop().create_future()
+            await asyncio.shield(cached.joined)
             return False  # the pull joined is its starter's: it reports what is left
-        done = cached.pull = asyncio.get_running_loop().create_future()
+        cached.pulling = True
         reads = 0
         more = False
         try:
@@ -88,16 +94,54 @@ class QueueCache:
                     more = True
                     break
         except Exception as exc:
-            done.set_exception(exc)
-            done.exception()  # marked retrieved: only callers that wait on it see it
+            if (joined := self._finished(cached)) is not None:
+                joined.set_exception(exc)
+                joined.exception()  # marked retrieved: only callers that wait on it see it
             raise
         except BaseException:
-            done.cancel()
+            if (joined := self._finished(cached)) is not None:
+                joined.cancel()
             raise
-        finally:
-            cached.pull = None
-        done.set_result(None)
+        if (joined := self._finished(cached)) is not None:
+            joined.set_result(None)
         return more
+
+    @staticmethod
+    def _finished(cached: _CachedQueue) -> asyncio.Future[None] | None:
+        joined, cached.joined = cached.joined, None
+        cached.pulling = False
+        return joined
+
+    def add_appended(self, messages: Sequence[Message]) -> set[str]:
+        """Messages the caller just appended, numbered by the store; returns the cached queues they completed.
+
+        Seqs are unique, so a batch numbered without a gap is all the store holds in its range: a cached queue
+        complete up to just below the batch, and not being read, takes its share from the batch with no store
+        read and is complete up to the batch's last seq. Any other queue is left to `refresh`."""
+        queues = self._queues
+        if not messages or not queues:
+            return set()
+        first = messages[0].seq
+        last = first - 1
+        shares: dict[str, list[Message]] = {}
+        for message in messages:
+            last += 1
+            if message.seq != last:
+                return set()  # a gap (or another order): messages appended by others may lie in between
+            for queue in message.queues:
+                if queue in queues:
+                    share = shares.get(queue)
+                    if share is None:
+                        share = shares[queue] = []
+                    share.append(message)
+        completed: set[str] = set()
+        for queue, share in shares.items():
+            cached = queues[queue]
+            if cached.tail == first - 1 and not cached.pulling:
+                self._append(cached, share)
+                cached.tail = last
+                completed.add(queue)
+        return completed
 
     def known_upto(self, queue: str) -> int:
         """The seq up to which the cached queue is complete (-1: not cached)."""

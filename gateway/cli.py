@@ -1,5 +1,5 @@
 """Command line: `tidewire serve` starts a node, `tidewire passwd` edits a password file, `tidewire cluster` runs or
-inspects a local cluster."""
+inspects a local cluster, `tidewire store` checks a data directory."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gateway.config import Settings
 from gateway.logs import setup_logging
 from gateway.passwd_command import passwd_command
 from gateway.pipeline_command import lake_app, pipeline_app
+from gateway.store_command import store_app
 
 app = typer.Typer(add_completion=False, help="Tidewire MQTT gateway.")
 
@@ -89,6 +90,7 @@ app.command("passwd")(passwd_command)  # mosquitto_passwd-compatible; see gatewa
 app.add_typer(cluster_app, name="cluster")  # cluster up / status; see gateway/cluster_command.py
 app.add_typer(lake_app, name="lake")  # lake run; see gateway/pipeline_command.py
 app.add_typer(pipeline_app, name="pipeline")  # pipeline run <job>
+app.add_typer(store_app, name="store")  # store check|compact|dump; see gateway/store_command.py
 
 if __name__ == "__main__":
     app()

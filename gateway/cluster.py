@@ -98,11 +98,11 @@ class ClusterRole:
         node = self.node
         store = node.store
         now = int(time.time() * 1000)
-        for record in await store.list_sessions():
-            if record.owner in gone and record.disconnected_at_ms == 0:
+        for client_id in await store.online_sessions():
+            record = await store.get_session(client_id)
+            if record is not None and record.owner in gone and record.disconnected_at_ms == 0:
                 record.disconnected_at_ms = now
-                if await store.put_session(record):  # fenced: not if the client was claimed meanwhile
-                    node.track_offline(record)
+                await store.put_session(record)  # fenced: not if the client was claimed meanwhile
         for will in await store.list_wills():
             if will.owner in gone:
                 await store.delete_will(will.client_id)

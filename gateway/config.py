@@ -91,11 +91,19 @@ class Settings(BaseSettings):
     data_dir: Path = Path("data")
     fsync: Literal["batch", "interval", "never"] = "batch"
     fsync_interval_ms: int = Field(50, ge=1)
-    segment_bytes: int = Field(64 * 1024 * 1024, ge=4096)
+    segment_bytes: int = Field(64 * 1024 * 1024, ge=4096, le=2**32 - 1)
     retention_bytes: int = Field(0, ge=0, description="0: unlimited")
     retention_seconds: int = Field(7 * 24 * 3600, ge=0, description="0: unlimited")
     cache_messages_per_queue: int = Field(4096, ge=16)
     store_recent_messages: int = Field(8192, ge=0, description="newest messages the store keeps decoded in memory")
+    segment_max_queues: int = Field(200_000, ge=0, description="a log segment that indexed this many distinct "
+                                    "queues is sealed early: bounds the index kept in memory (0: no limit)")
+    index_checkpoint_bytes: int = Field(16 * 1024 * 1024, ge=0, description="the active segment's index is "
+                                        "written each time it grew this much: bounds what a restart after a crash "
+                                        "scans (0: only at close)")
+    meta_write_buffer_mb: int = Field(32, ge=1, description="RocksDB memtables of the embedded store's records")
+    meta_block_cache_mb: int = Field(64, ge=1, description="RocksDB block cache of the embedded store's records")
+    meta_background_jobs: int = Field(2, ge=1, description="RocksDB flush and compaction threads")
     store_test_delay_ms: float = Field(0, ge=0, description="testing only: every store call waits a random 0..N ms "
                                                             "(calls complete out of order); 0: off")
     # cluster (nodes sharing a Redis store)

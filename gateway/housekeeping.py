@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidewire.node")
 
 RETENTION_INTERVAL = 60.0  # s between retention passes
+EXPIRE_BATCH = 1000  # sessions expired per tick at most: a backlog drains over the next ticks
 
 
 async def housekeeping_loop(node: Node) -> None:
@@ -45,17 +46,13 @@ async def housekeeping_loop(node: Node) -> None:
 
 
 async def expire_sessions(node: Node) -> None:
-    """Drop stored sessions whose client stayed away past their expiry interval."""
+    """Drop stored sessions whose client stayed away past their expiry interval (the store's expiry index)."""
     now = int(time.time() * 1000)
-    for client_id, deadline in [(c, d) for c, d in node.offline_expiry.items() if d <= now]:
+    for client_id in await node.store.due_sessions(now, EXPIRE_BATCH):
         if client_id in node.connections:
             continue
         await node.writes.session_settled(client_id)  # the record saved at its disconnect, not an older one
         record = await node.store.get_session(client_id)
-        # Forgotten only once read (after a store error it is looked at again on the next tick), and only if
-        # the client did not come and go meanwhile, setting a new deadline.
-        if node.offline_expiry.get(client_id) == deadline:
-            del node.offline_expiry[client_id]
         if record is not None and node.expired(record, now):
             await node.drop_stored(record, record.epoch)  # not if a node claimed it since it was read
             log.info("session.expired", extra={"client_id": client_id})

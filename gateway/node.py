@@ -1,8 +1,10 @@
 """The node runtime: sessions and subscriptions of this node, the publish pipeline and notify dispatch.
 
 Publish path: a batch per event-loop tick → one `store.append` → notify (queue names) → for each notified
-queue one cache refresh → every local session on it pulls and pushes within its credit. Publishers' acks
-wait for `store.sync()` (group commit) while the next batch is already being appended.
+queue one cache refresh → every local session on it pulls and pushes within its credit (`gateway.dispatch`;
+for a batch of this node's, in the same tick as its append). Subscribers get a message once it is appended,
+before it is durable; publishers' acks wait for `store.sync()` (group commit) while the next batch is
+already being appended.
 
 Store errors never end a loop: the failed step is retried as is, with exponential backoff, logged once per
 failure streak; nothing queued is lost or reordered, and acks still go out only once durable. Messages
@@ -26,12 +28,13 @@ from extensions.hooks import Authorizer, PerClient
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
 from gateway.consumers import ConsumerGroups
+from gateway.dispatch import Dispatcher
 from gateway.events import EventBuffer
 from gateway.housekeeping import housekeeping_loop
 from gateway.ingress import DurableSink, tell_sinks
 from gateway.listeners import Admission
 from gateway.retry import Backoff, stop_if_cancelled
-from gateway.session import SHARED_PREFIX, Session
+from gateway.session import Session
 from gateway.shared import SharedGroup
 from gateway.subscriptions import SubscriptionRegistry
 from gateway.sys_topics import Counters, SysTopics
@@ -39,7 +42,7 @@ from gateway.wills import DelayedWills
 from gateway.writes import RecordWrites
 from lookup.base import Lookup
 from notify.base import Notifier
-from store.base import NEVER_EXPIRES, P2P_PREFIX, Message, SessionRecord, StaleWildcards, Store
+from store.base import Message, SessionRecord, StaleWildcards, Store, expiry_deadline
 
 if TYPE_CHECKING:
     from gateway.cluster import ClusterRole
@@ -48,7 +51,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidewire.node")
 
 MAX_PENDING_PUBLISHES = 50_000  # messages waiting for append before publishers are held back
-REFRESH_READS = 4  # store reads per queue per dispatch round before its readers pull
 
 
 def _now_ms() -> int:
@@ -77,7 +79,6 @@ class Node:
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
         # Session and delivery events for the lake (pipeline.lake.events drains them); None: not recorded.
         self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
-        self.offline_expiry: dict[str, int] = {}  # client id → ms when its stored session expires
         self._client_locks: dict[str, asyncio.Lock] = {}
         # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
@@ -87,6 +88,7 @@ class Node:
         self._appending_acks: list[tuple[DurableSink, Any]] = []
         self._unretained: deque[Message] = deque()  # appended; retained entry not yet set
         self._to_notify: set[str] = set()  # queues of appended messages, notified once retained entries are set
+        self._uncached: list[list[Message]] = []  # appended batches, handed to the cache with the notify
         self._appended_acks: list[tuple[DurableSink, Any]] = []  # appended; wait for `_unretained`
         self._durable_acks: list[tuple[DurableSink, Any]] = []  # wait for one successful sync
         self._ack_wanted = asyncio.Event()
@@ -94,11 +96,9 @@ class Node:
         self._dropping = False  # a drop streak is logged once
         self._flush_retry = Backoff("flush")
         self._sync_retry = Backoff("sync")
-        self._dispatch_retry = Backoff("dispatch")
         self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
-        self._notified: set[str] = set()
-        self._dispatch_wanted = asyncio.Event()
+        self.dispatcher = Dispatcher(self)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.writes = RecordWrites(store)
@@ -109,21 +109,15 @@ class Node:
     async def start(self) -> None:
         self.notifier.register(self.node_id, self.notified)
         now = _now_ms()
-        live: list[SessionRecord] = []
         cluster = self.cluster
-        for record in await self.store.list_sessions():
-            if record.client_id.startswith(SHARED_PREFIX):
-                live.append(record)  # a shared group's offset
-                continue
-            if record.disconnected_at_ms == 0 and (cluster is None or cluster.stale_owner(record.owner)):
+        # Only sessions marked online are read (not every stored one): expiry reads the store's index as it goes.
+        for client_id in await self.store.online_sessions():
+            record = await self.store.get_session(client_id)
+            if record is not None and record.disconnected_at_ms == 0 and (
+                    cluster is None or cluster.stale_owner(record.owner)):
                 record.disconnected_at_ms = now  # online when the process that held it died
                 await self.store.put_session(record)
-            if self.expired(record, now):
-                await self.store.delete_session(record.client_id)
-                continue
-            self.track_offline(record)
-            live.append(record)
-        self.subscriptions.load(live)
+        await self.subscriptions.load(self.store)
         await self.groups.load()
         await self.subscriptions.refresh_wildcards()
         for will in await self.store.list_wills():
@@ -200,7 +194,6 @@ class Node:
             self.wills.cancel(client_id)
             self.writes.drop_will(client_id)
             await self.writes.will_settled(client_id)
-            self.offline_expiry.pop(client_id, None)
             # Claim the session in the store: its epoch fences off any node that held it before (their late
             # writes of its record and offsets are ignored); that node is told to close the connection.
             await self.writes.session_settled(client_id)  # read what this node last wrote, not older
@@ -259,27 +252,19 @@ class Node:
         if session.persistent:
             record = session.snapshot()
             record.disconnected_at_ms = _now_ms()
-            self.offline_expiry[session.client_id] = self._expiry_deadline(record)
+            self.subscriptions.park(record)
             self.writes.save_session(record)
         else:
             self.subscriptions.forget(session.record)
             self.writes.drop_session(session.client_id)
 
-    def track_offline(self, record: SessionRecord) -> None:
-        """A stored session whose client is away: it expires here unless its client comes back first."""
-        self.offline_expiry[record.client_id] = self._expiry_deadline(record)
-
-    def _expiry_deadline(self, record: SessionRecord) -> int:
-        if record.expiry_interval >= NEVER_EXPIRES:
-            return 1 << 62
-        return (record.disconnected_at_ms or _now_ms()) + record.expiry_interval * 1000
-
-    def expired(self, record: SessionRecord, now_ms: int) -> bool:
-        return record.disconnected_at_ms > 0 and self._expiry_deadline(record) <= now_ms
+    @staticmethod
+    def expired(record: SessionRecord, now_ms: int) -> bool:
+        deadline = expiry_deadline(record)
+        return deadline is not None and deadline <= now_ms
 
     async def drop_stored(self, record: SessionRecord, epoch: int = -1) -> None:
         self.subscriptions.forget(record)
-        self.offline_expiry.pop(record.client_id, None)
         self.writes.drop_session(record.client_id, epoch)
         await self.writes.session_settled(record.client_id)
 
@@ -396,6 +381,7 @@ class Node:
             self._appending, self._appending_acks = [], []
             if self._held and len(self._batch) <= self.max_pending // 2:
                 self._release_publishers()
+            self._uncached.append(batch)
             for message in batch:
                 self._to_notify.update(message.queues)
                 if message.retain:
@@ -406,10 +392,19 @@ class Node:
             message = unretained[0]
             await self.store.set_retained(message.topic, message if message.payload else None)
             unretained.popleft()
+        # Only now: a subscriber that got a retained message live and subscribes anew finds it retained.
+        fresh: set[str] = set()
+        appended = 0
+        for uncached in self._uncached:  # taken as appended where nothing else can be in between: no read back
+            fresh |= self.cache.add_appended(uncached)
+            appended += len(uncached)
+        self._uncached = []
         if self._to_notify:
-            # Only now: a subscriber that got a retained message live and subscribes anew finds it retained.
             queues, self._to_notify = self._to_notify, set()
-            self.notifier.notify(queues)
+            mine = self.notifier.notify_from(self.node_id, queues)
+            if mine:
+                self.dispatcher.appended(mine, fresh & mine)
+                await self.dispatcher.run_inline(appended)  # never raises a store error: the task retries
         if self._appended_acks:
             self._durable_acks.extend(self._appended_acks)
             self._appended_acks = []
@@ -445,51 +440,10 @@ class Node:
 
     def notified(self, queues: set[str]) -> None:
         """Queues with new messages (from the notifier, or a periodic resync): refresh and pull them."""
-        self._notified |= queues
-        self._dispatch_wanted.set()
+        self.dispatcher.notified(queues)
 
     async def _dispatch_loop(self) -> None:
-        retry = self._dispatch_retry
-        while True:
-            await self._dispatch_wanted.wait()
-            self._dispatch_wanted.clear()
-            queues, self._notified = self._notified, set()
-            try:
-                await self._dispatch(queues)
-            except Exception as exc:
-                # A read failed before any reader pulled: nothing was skipped. Notify the same queues again.
-                self._notified |= queues
-                stop_if_cancelled()
-                await asyncio.sleep(retry.failed(exc))
-                self._dispatch_wanted.set()
-                continue
-            retry.succeeded()
-
-    async def _dispatch(self, queues: set[str]) -> None:
-        # P2P first, before any pull moves a cursor past a P2P message not yet seen
-        p2p: list[Session] = []
-        for queue in queues:
-            if queue.startswith(P2P_PREFIX):
-                conn = self.connections.get(queue[len(P2P_PREFIX):])
-                if conn is not None and conn.session is not None:
-                    conn.session.p2p_pending = True
-                    p2p.append(conn.session)
-        readers = self.subscriptions.readers
-        live = [q for q in queues if q in readers]
-        # Every refresh before any pull: a reader merging several queues must not pass a message of a queue
-        # whose refresh failed.
-        for queue in live:
-            if await self.cache.refresh(queue, max_reads=REFRESH_READS):
-                self._notified.add(queue)  # the rest after these readers pulled: a busy queue starves no one
-                self._dispatch_wanted.set()
-        for queue in live:
-            for reader in list(readers.get(queue, ())):
-                try:
-                    reader.pull()
-                except Exception:  # one reader's bug must not stop delivery to every other one
-                    log.exception("dispatch.pull_failed", extra={"queue": queue})
-        for session in p2p:
-            session.pull()
+        await self.dispatcher.loop()
 
     def offsets_due(self) -> None:
         """Write dirty offsets soon (the flush loop writes them with the next batch, or now if idle)."""

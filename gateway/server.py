@@ -28,6 +28,7 @@ from notify.base import LocalNotifier, Notifier
 from store.base import Store
 from store.delaying import DelayingStore
 from store.embedded import EmbeddedStore
+from store.meta_options import MetaLimits
 
 if TYPE_CHECKING:
     from lookup.fabric import ClusterFabric
@@ -200,7 +201,11 @@ def build_store(settings: Settings) -> Store:
             settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
             segment_bytes=settings.segment_bytes, retention_bytes=settings.retention_bytes,
             retention_seconds=settings.retention_seconds, recent_messages=settings.store_recent_messages,
-            retention_ignores_holds=settings.retention_ignores_holds)
+            retention_ignores_holds=settings.retention_ignores_holds, segment_max_queues=settings.segment_max_queues,
+            index_checkpoint_bytes=settings.index_checkpoint_bytes, meta_limits=MetaLimits(
+                write_buffer_bytes=settings.meta_write_buffer_mb * 2**20,
+                block_cache_bytes=settings.meta_block_cache_mb * 2**20,
+                max_background_jobs=settings.meta_background_jobs))
     else:
         raise StartupError(f"unknown store {settings.store!r} (embedded, redis://HOST:PORT/DB or "
                            "redis-cluster://HOST:PORT[,HOST:PORT...])")

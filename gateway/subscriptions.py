@@ -24,6 +24,7 @@ from store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
     from gateway.node import Node
+    from store.base import Store
 
 log = logging.getLogger("tidewire.subscriptions")
 
@@ -52,6 +53,9 @@ class SubscriptionRegistry:
         self.readers: dict[str, set[Puller]] = {}
         self.groups: dict[str, SharedGroup] = {}
         self._holders: dict[str, set[str]] = {}  # wildcard filter → ids of local sessions/groups that need it
+        # Wildcard filters of stored (offline) sessions, from the store's counts at start and from sessions parked
+        # since: kept until the next start (an index too many costs writes; one too few would lose messages).
+        self._stored: set[str] = set()
         # What appends are indexed with: the store's set and what is held here.
         self._wildcards: FilterTrie[str] = FilterTrie()
         self._indexed: set[str] = set()  # the filters in `_wildcards`
@@ -82,12 +86,14 @@ class SubscriptionRegistry:
         return is_wildcard(topic_filter) and not is_first_level_queue(topic_filter) and not topic_filter.startswith(
             P2P_PREFIX)
 
-    def _add_wildcard(self, topic_filter: str, owner: str) -> None:
+    def _held(self, topic_filter: str) -> bool:
+        return topic_filter in self._holders or topic_filter in self._stored
+
+    def _add_wildcard(self, topic_filter: str, owner: str | None) -> None:
+        """`owner` holds the filter from now on (None: a stored session, counted in `_stored`)."""
         if not self._is_wildcard_queue(topic_filter):
             return
-        holders = self._holders.get(topic_filter)
-        if holders is None:
-            holders = self._holders[topic_filter] = set()
+        if not self._held(topic_filter):
             if topic_filter not in self._indexed:
                 self._indexed.add(topic_filter)
                 self._wildcards.add(topic_filter, "")
@@ -95,7 +101,10 @@ class SubscriptionRegistry:
             store = self.node.store
             self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
                 store.add_wildcards([topic_filter])))
-        holders.add(owner)
+        if owner is None:
+            self._stored.add(topic_filter)
+        else:
+            self._holders.setdefault(topic_filter, set()).add(owner)
 
     def _remove_wildcard(self, topic_filter: str, owner: str) -> None:
         holders = self._holders.get(topic_filter)
@@ -104,9 +113,10 @@ class SubscriptionRegistry:
         holders.discard(owner)
         if not holders:
             del self._holders[topic_filter]
-            store = self.node.store
-            self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
-                store.remove_wildcards([topic_filter])))
+            if topic_filter not in self._stored:
+                store = self.node.store
+                self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
+                    store.remove_wildcards([topic_filter])))
 
     async def _registered(self, change: Awaitable[int]) -> None:
         await change
@@ -123,7 +133,7 @@ class SubscriptionRegistry:
         version, filters = await self.node.store.wildcards()
         if version < self.wildcard_version:
             return  # an older answer overtaken by a newer one
-        wanted = filters | self._holders.keys()
+        wanted = filters | self._holders.keys() | self._stored
         indexed = self._indexed
         if wanted != indexed:
             for topic_filter in indexed - wanted:
@@ -217,19 +227,29 @@ class SubscriptionRegistry:
             self.node.writes.drop_session(key)
 
     # --- sessions ---------------------------------------------------------------------------------------------
-    def load(self, records: list[SessionRecord]) -> None:
-        """At startup: the wildcard set and shared groups of every stored session."""
-        groups = {r.client_id: r for r in records if r.client_id.startswith(SHARED_PREFIX)}
-        for record in records:
-            if record.client_id in groups:
-                continue
-            for topic_filter in record.subscriptions:
-                if topic_filter.startswith(SHARED_PREFIX):
-                    self.group(topic_filter, groups.get(topic_filter)).refs.add(record.client_id)
-                else:
-                    self._add_wildcard(topic_filter, record.client_id)
+    async def load(self, store: Store) -> None:
+        """At startup: the wildcard set and shared groups of the stored sessions, from the store's counts (not
+        every session: memory and time follow what is online)."""
+        groups = {r.client_id: r for r in await store.shared_groups()}
+        for topic_filter in await store.subscription_filters():
+            if topic_filter.startswith(SHARED_PREFIX):
+                if parse_shared(topic_filter) is not None:
+                    self.group(topic_filter, groups.get(topic_filter)).refs.update(
+                        await store.shared_members(topic_filter))
+            else:
+                self._add_wildcard(topic_filter, None)
         for key in groups.keys() - self.groups.keys():
             self.node.writes.drop_session(key)  # no member left
+
+    def park(self, record: SessionRecord) -> None:
+        """A persistent session went offline: its wildcards stay indexed, held as a stored session's."""
+        for topic_filter in record.subscriptions:
+            holders = self._holders.get(topic_filter)
+            if holders is not None and record.client_id in holders:
+                self._stored.add(topic_filter)
+                holders.discard(record.client_id)
+                if not holders:
+                    del self._holders[topic_filter]
 
     def attach(self, session: Session, client: ClientInfo) -> None:
         """An online session starts reading its queues (and joins its groups)."""
@@ -318,7 +338,7 @@ class SubscriptionRegistry:
                 self._set_access(session, client, key, access)
                 if existing is None:
                     self._register(session, key)
-                    if self._is_wildcard_queue(key) and key not in self._holders:
+                    if self._is_wildcard_queue(key) and not self._held(key):
                         registering.append(key)
                     self._add_wildcard(key, session.client_id)
                 if request.retain_handling == 0 or (request.retain_handling == 1 and existing is None):

@@ -1,7 +1,9 @@
 """The notifier interface and the in-process notifier.
 
 Events carry only queue names. Every name notified during one event-loop tick is merged into one set and
-delivered once, so a burst of appends to a hot queue costs one wake-up per node, not one per message.
+delivered once, so a burst of appends to a hot queue costs one wake-up per node, not one per message. A node
+that is the only one in its process gets the names of its own appends back from `notify_from` at once, with
+no wake-up at all: it dispatches them in the tick of the append.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ class Notifier(Protocol):
     def notify(self, queues: Iterable[str]) -> None:
         """Queue names that have new messages. Never blocks; delivery is asynchronous."""
 
+    def notify_from(self, node_id: str, queues: set[str]) -> set[str]:
+        """`notify` for messages that `node_id` appended itself. Returns the names that node alone is to be told
+        about instead of telling it (a superset: it filters by its own readers), so it dispatches them in this
+        tick; the rest are delivered as by `notify`."""
+
 
 class LocalNotifier:
     """Delivers to handlers registered in this process, targeted by the lookup's queue → nodes table."""
@@ -40,6 +47,12 @@ class LocalNotifier:
         if not self._scheduled and self._pending:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
+
+    def notify_from(self, node_id: str, queues: set[str]) -> set[str]:
+        if len(self._handlers) == 1 and node_id in self._handlers:
+            return queues  # the only node in this process: every name is its own
+        self.notify(queues)
+        return set()
 
     def _flush(self) -> None:
         self._scheduled = False

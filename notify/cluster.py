@@ -69,6 +69,11 @@ class ClusterNotifier:
             self._flush_handle = (loop.call_later(self.merge_delay, self._flush) if self.merge_delay > 0
                                   else loop.call_soon(self._flush))
 
+    def notify_from(self, node_id: str, queues: set[str]) -> set[str]:
+        """Local readers are told through the route like every other node's (ownership decides who forwards)."""
+        self.notify(queues)
+        return set()
+
     def close(self) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()

@@ -25,6 +25,24 @@ def p2p_queue(client_id: str) -> str:
     return P2P_PREFIX + client_id
 
 
+# A shared group's record is stored like a session under its subscription, `$share/<group>/<filter>`.
+SHARED_PREFIX = "$share/"
+
+
+def counted_filter(topic_filter: str) -> bool:
+    """A filter `Store.subscription_filters` counts: shared subscriptions and wildcards (not a P2P queue)."""
+    if topic_filter.startswith(SHARED_PREFIX):
+        return True
+    return ("+" in topic_filter or "#" in topic_filter) and not topic_filter.startswith(P2P_PREFIX)
+
+
+def expiry_deadline(record: SessionRecord) -> int | None:
+    """When a stored session expires (ms), or None: online, or never expiring."""
+    if record.disconnected_at_ms == 0 or record.expiry_interval >= NEVER_EXPIRES:
+        return None
+    return record.disconnected_at_ms + record.expiry_interval * 1000
+
+
 @dataclass(slots=True, eq=False)
 class Message:
     """One application message, stored once and indexed into `queues`.
@@ -197,7 +215,25 @@ class Store(Protocol):
         """Remove the session and its offsets (only if its epoch is not above `epoch`; -1: unconditionally)."""
 
     async def list_sessions(self) -> list[SessionRecord]:
-        """Every stored session (startup: wildcard set, expiry sweep)."""
+        """Every stored session (maintenance and tests: a node starts from the indexes below)."""
+
+    # --- what a starting node needs, without reading every session -------------------------------------------
+    async def online_sessions(self) -> list[str]:
+        """Client ids of stored sessions marked online (`disconnected_at_ms == 0`), shared groups excluded: at a
+        start, those whose node died without parking them."""
+
+    async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
+        """Up to `limit` client ids of offline sessions whose expiry deadline (`expiry_deadline`) is <= now_ms,
+        soonest first."""
+
+    async def subscription_filters(self) -> dict[str, int]:
+        """How many stored sessions hold each wildcard or shared (`$share/...`) filter (`counted_filter`)."""
+
+    async def shared_members(self, group_key: str) -> list[str]:
+        """Client ids of the stored sessions subscribed to `$share/<group>/<filter>`."""
+
+    async def shared_groups(self) -> list[SessionRecord]:
+        """The records of shared groups (client id `$share/<group>/<filter>`: their offsets)."""
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         """Batched update of `(offset, sent_upto, epoch)` per client id (a no-op for unknown sessions and for

@@ -105,6 +105,21 @@ class DelayingStore:
     async def list_sessions(self) -> list[SessionRecord]:
         return await self._call(self.inner.list_sessions)
 
+    async def online_sessions(self) -> list[str]:
+        return await self._call(self.inner.online_sessions)
+
+    async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
+        return await self._call(lambda: self.inner.due_sessions(now_ms, limit))
+
+    async def subscription_filters(self) -> dict[str, int]:
+        return await self._call(self.inner.subscription_filters)
+
+    async def shared_members(self, group_key: str) -> list[str]:
+        return await self._call(lambda: self.inner.shared_members(group_key))
+
+    async def shared_groups(self) -> list[SessionRecord]:
+        return await self._call(self.inner.shared_groups)
+
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         snapshot = dict(offsets)  # the caller may keep filling its dict for the next batch
         await self._call(lambda: self.inner.set_offsets(snapshot))

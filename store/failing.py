@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from store.base import Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
-                   "list_sessions", "set_offsets", "set_retained", "match_retained", "put_will", "delete_will",
-                   "list_wills", "add_wildcards", "remove_wildcards", "wildcards", "lease", "release",
+                   "list_sessions", "online_sessions", "due_sessions", "subscription_filters",
+                   "shared_members", "shared_groups", "set_offsets", "set_retained", "match_retained", "put_will",
+                   "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "wildcards", "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
                    "set_visibility", "release_owner", "group_position", "fetch", "read_log", "hold_log",
                    "log_holds"})
@@ -107,6 +108,26 @@ class FailingStore:
     async def list_sessions(self) -> list[SessionRecord]:
         self._check("list_sessions")
         return await self.inner.list_sessions()
+
+    async def online_sessions(self) -> list[str]:
+        self._check("online_sessions")
+        return await self.inner.online_sessions()
+
+    async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
+        self._check("due_sessions")
+        return await self.inner.due_sessions(now_ms, limit)
+
+    async def subscription_filters(self) -> dict[str, int]:
+        self._check("subscription_filters")
+        return await self.inner.subscription_filters()
+
+    async def shared_members(self, group_key: str) -> list[str]:
+        self._check("shared_members")
+        return await self.inner.shared_members(group_key)
+
+    async def shared_groups(self) -> list[SessionRecord]:
+        self._check("shared_groups")
+        return await self.inner.shared_groups()
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         self._check("set_offsets")

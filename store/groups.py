@@ -127,6 +127,11 @@ class GroupTable:
         self._groups: dict[str, _Group] = {}
         self._token = 0  # last token handed out, over every group
 
+    def _token_record(self, n: int) -> tuple[int, str, bytes]:
+        """The token counter after reserving n more, persisted with the claims that take them: an engine that
+        deletes records (RocksDB) must not forget a token whose claim was settled, or a later one repeats it."""
+        return GROUP_CLAIM, "", _CURSOR.pack(self._token + n)
+
     def _next_tokens(self, n: int) -> int:
         """Reserve n tokens; returns the first."""
         first = self._token + 1
@@ -240,6 +245,8 @@ class GroupTable:
         claims = [Claim(s, 1, first + i) for i, s in enumerate(new)]
         sets: KVSets = [(GROUP_CLAIM, _claim_key(name, c.seq), _Pending(1, c.token, visible_at_ms, owner).encode())
                         for c in claims]
+        if claims:
+            sets.append(self._token_record(len(claims)))
         moved = upto > cursor
         if moved:
             sets.append((GROUP_CURSOR, name, _CURSOR.pack(upto)))
@@ -280,7 +287,8 @@ class GroupTable:
         news = [(s, _Pending(p.deliveries + 1, first + i, visible_at_ms, owner)) for i, (s, p) in enumerate(taken)]
         try:
             if news:
-                self._persist([(GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in news], [])
+                self._persist([*((GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in news),
+                               self._token_record(len(news))], [])
         except BaseException:
             for s, p in taken:
                 heapq.heappush(ready, (s, p.token))
@@ -326,7 +334,8 @@ class GroupTable:
                 for i, (s, p) in enumerate(moved.items())]
         if not news:
             return []
-        self._persist([(GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in news], [])
+        self._persist([*((GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in news),
+                       self._token_record(len(news))], [])
         self._next_tokens(len(news))
         for s, p in news:
             g.pending[s] = p

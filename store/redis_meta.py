@@ -7,6 +7,7 @@ Layout (every key under `{prefix}`, so each multi-key script is valid on Redis C
     :ep     hash  client id -> epoch (kept after a delete: a stale node stays fenced off)
     :own    hash  client id -> owner node id         :will  hash  client id -> encoded will
     :ret    hash  topic -> retained body;  :rl  set of first levels;  :rb:<level>  set of retained topics
+    :on     set   client ids of sessions online       :exp   zset  client id by expiry deadline (ms, offline only)
     :wc     hash  wildcard filter -> holders;  :wv  the wildcard set version (copied into each partition)
     :lease:<key>  hash  {owner, until (server ms), epoch}: one holder at a time (a shared group's serving node)
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from store.base import Message, SessionRecord, WillRecord
+from store.base import SHARED_PREFIX, Message, SessionRecord, WillRecord, expiry_deadline
 from store.records import (
     OFFSETS,
     decode_message_body,
@@ -76,12 +77,23 @@ def _session(body: bytes, offsets: bytes | None, epoch: int, owner: bytes | None
     return rec
 
 
+def _index_score(record: SessionRecord) -> int:
+    """The session's place in the indexes: -1 online, its expiry deadline (ms), or -2 (never expires; a group)."""
+    if record.client_id.startswith(SHARED_PREFIX):
+        return -2
+    if record.disconnected_at_ms == 0:
+        return -1
+    deadline = expiry_deadline(record)
+    return -2 if deadline is None else deadline
+
+
 class RedisMeta:
     def __init__(self, conn: RedisConn, prefix: str) -> None:
         k = f"{{{prefix}}}:"
         self._conn = conn
         self.k_parts = k + "parts"  # the partition count the data was written with
-        self._sess_keys = [k + "sess", k + "off", k + "ep", k + "own"]
+        self._sess_keys = [k + "sess", k + "off", k + "ep", k + "own", k + "on", k + "exp"]
+        self._k_indexed = k + "sessidx"  # set once :on and :exp cover every session (data from older builds)
         self._k_will = k + "will"
         self._k_ret, self._k_levels, self._p_bucket = k + "ret", k + "rl", k + "rb:"
         self._wc_keys = [k + "wc", k + "wv"]
@@ -100,7 +112,8 @@ class RedisMeta:
         return _session(body, offsets, epoch, owner.encode()), int(epoch)
 
     async def put_session(self, record: SessionRecord) -> bool:
-        args: list[str | bytes | int] = [record.client_id, encode_session(record), record.epoch, record.owner]
+        args: list[str | bytes | int] = [record.client_id, encode_session(record), record.epoch, record.owner,
+                                         _index_score(record)]
         return bool(await self._conn.run((_PUT, self._sess_keys, args)))
 
     async def delete_session(self, client_id: str, epoch: int = -1) -> None:
@@ -110,6 +123,26 @@ class RedisMeta:
         # One reply with every session: fine for now; a large deployment needs HSCAN paging.
         _ids, bodies, offsets, epochs, owners = await self._conn.run((_LIST, self._sess_keys, []))
         return [_session(b, o, e, w) for b, o, e, w in zip(bodies, offsets, epochs, owners, strict=True)]
+
+    async def index_sessions(self) -> None:
+        """Build the online set and expiry zset once for sessions stored by a build without them."""
+        if await self._conn.command("EXISTS", self._k_indexed):
+            return
+        for record in await self.list_sessions():
+            score = _index_score(record)
+            if score == -1:
+                await self._conn.command("SADD", self._sess_keys[4], record.client_id)
+            elif score >= 0:
+                await self._conn.command("ZADD", self._sess_keys[5], score, record.client_id)
+        await self._conn.command("SET", self._k_indexed, 1)
+
+    async def online_sessions(self) -> list[str]:
+        members = await self._conn.command("SMEMBERS", self._sess_keys[4])
+        return [_text(m) for m in cast(list[bytes], members)]
+
+    async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
+        ids = await self._conn.command("ZRANGE", self._sess_keys[5], "-inf", now_ms, "BYSCORE", "LIMIT", 0, limit)
+        return [_text(m) for m in cast(list[bytes], ids)]
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         if not offsets:

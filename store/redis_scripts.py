@@ -275,7 +275,9 @@ if body then redis.call('HSET', KEYS[4], id, ARGV[2]) end
 return {body, redis.call('HGET', KEYS[2], id), epoch}
 """
 
-# ARGV: 1 client id, 2 body, 3 epoch, 4 owner. Returns 1, or 0 (nothing written) when the stored epoch is higher.
+# ARGV: 1 client id, 2 body, 3 epoch, 4 owner, 5 expiry deadline in ms (-1: online, -2: offline, never expires).
+# Returns 1, or 0 (nothing written) when the stored epoch is higher. KEYS 5 and 6: the online set and the expiry
+# zset a starting node reads instead of every session.
 PUT_SESSION = """
 local id, epoch = ARGV[1], tonumber(ARGV[3])
 local cur = tonumber(redis.call('HGET', KEYS[3], id) or '0')
@@ -284,6 +286,9 @@ redis.call('HSET', KEYS[1], id, ARGV[2])
 redis.call('HDEL', KEYS[2], id)
 if epoch > cur then redis.call('HSET', KEYS[3], id, ARGV[3]) end
 redis.call('HSET', KEYS[4], id, ARGV[4])
+local deadline = tonumber(ARGV[5])
+if deadline == -1 then redis.call('SADD', KEYS[5], id) else redis.call('SREM', KEYS[5], id) end
+if deadline >= 0 then redis.call('ZADD', KEYS[6], deadline, id) else redis.call('ZREM', KEYS[6], id) end
 return 1
 """
 
@@ -293,6 +298,8 @@ local id, epoch = ARGV[1], tonumber(ARGV[2])
 if epoch >= 0 and epoch < tonumber(redis.call('HGET', KEYS[3], id) or '0') then return 0 end
 redis.call('HDEL', KEYS[2], id)
 redis.call('HDEL', KEYS[4], id)
+redis.call('SREM', KEYS[5], id)
+redis.call('ZREM', KEYS[6], id)
 return redis.call('HDEL', KEYS[1], id)
 """
 

@@ -76,7 +76,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from store.base import Message, SessionRecord, Slice, StaleWildcards, WillRecord
+from store.base import SHARED_PREFIX, Message, SessionRecord, Slice, StaleWildcards, WillRecord, counted_filter
 from store.records import decode_message_body, encode_message_body
 from store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script, StoreClosed
 from store.redis_groups import RedisGroups
@@ -171,6 +171,7 @@ class RedisStore(RedisGroups, RedisLog):
             if stored != self.partitions:
                 raise ValueError(f"the store under this prefix has {stored} partitions, not {self.partitions}")
             self.durable = await self._conn.durability()
+            await self._meta.index_sessions()
             await self.seal_now()  # learn every counter,
             await self.seal_now()  # then seal them all to the highest: last_seq() starts at the store's end
         except BaseException:
@@ -414,6 +415,29 @@ class RedisStore(RedisGroups, RedisLog):
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         await self._meta.set_offsets(offsets)
+
+    async def online_sessions(self) -> list[str]:
+        return [c for c in await self._meta.online_sessions() if not c.startswith(SHARED_PREFIX)]
+
+    async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
+        return await self._meta.due_sessions(now_ms, limit)
+
+    # Read from every session: once per node start (a large deployment wants them indexed like the two above).
+    async def subscription_filters(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for record in await self._meta.list_sessions():
+            if not record.client_id.startswith(SHARED_PREFIX):
+                for topic_filter in record.subscriptions:
+                    if counted_filter(topic_filter):
+                        counts[topic_filter] = counts.get(topic_filter, 0) + 1
+        return counts
+
+    async def shared_members(self, group_key: str) -> list[str]:
+        return [r.client_id for r in await self._meta.list_sessions()
+                if group_key in r.subscriptions and not r.client_id.startswith(SHARED_PREFIX)]
+
+    async def shared_groups(self) -> list[SessionRecord]:
+        return [r for r in await self._meta.list_sessions() if r.client_id.startswith(SHARED_PREFIX)]
 
     async def set_retained(self, topic: str, message: Message | None) -> None:
         await self._meta.set_retained(topic, message)

@@ -1,12 +1,17 @@
-"""The commit log: segment files of framed message records, recovery scan, positional reads and retention.
+"""The commit log: segment files of framed message records, their queue indexes, recovery, positional reads
+and retention.
 
 Segments are named by their first seq (20 digits) and hold consecutive seqs, so a record is found by
-`positions[seq - first_seq]` without a per-message seq index. Everything here is synchronous; the caller owns
-the event loop and the fsync thread hop.
+`positions[seq - first_seq]` without a per-message seq index. Each segment also indexes its records by queue:
+the active segment (and a sealed one whose index file is not written yet) in memory, a sealed one through its
+mapped index file (`store.segment_index`), so recovery scans only segments without a sound index file: the
+active one, plus any whose file is missing or damaged. Everything here is synchronous; the caller owns the
+event loop, the fsync thread hop and the index writer (`unindexed` is its work list).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from array import array
@@ -26,12 +31,15 @@ from store.records import (
     iter_frames,
     peek_message,
 )
+from store.segment_index import IDX_SUFFIX, U32_MAX, BadIndex, IndexJob, Segment, SegmentIndex, index_path, queue_key
 
 log = logging.getLogger("tidewire.store")
 
 SUFFIX = ".log"
 # Records of one read that lie within this span are fetched with a single pread.
 _MAX_SPAN = 4 * 2**20
+# Record offsets are u32 in index files, so a segment stops growing before it reaches 4 GiB.
+MAX_SEGMENT_BYTES = U32_MAX
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -42,59 +50,94 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[n:]
 
 
-class Segment:
-    __slots__ = ("fd", "first_seq", "last_ts", "path", "positions", "size")
-
-    def __init__(self, path: Path, first_seq: int, fd: int) -> None:
-        self.path = path
-        self.first_seq = first_seq
-        self.fd = fd
-        self.positions = array("q")  # file offset of each record; record i has seq first_seq + i
-        self.size = 0
-        self.last_ts = 0  # timestamp_ms of the last record (retention by age)
-
-    @property
-    def next_seq(self) -> int:
-        return self.first_seq + len(self.positions)
-
-    def record_end(self, i: int) -> int:
-        return self.positions[i + 1] if i + 1 < len(self.positions) else self.size
-
-
 class CommitLog:
-    def __init__(self, directory: Path, segment_bytes: int) -> None:
+    """`max_queues`: a segment holding that many distinct queues is sealed early, which bounds the in-memory
+    index when a flood of distinct topics arrives (0: no limit). `checkpoint_bytes`: the active segment's index
+    is written again (a checkpoint) each time the segment grew this much and holds at most one queue per 8
+    records written since the last one, so a restart after a crash scans at most about that much of it, or
+    max_queues records (0: only when sealed and at close)."""
+
+    def __init__(self, directory: Path, segment_bytes: int, max_queues: int = 0, checkpoint_bytes: int = 0) -> None:
+        if not 0 < segment_bytes <= MAX_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes must be 1..{MAX_SEGMENT_BYTES}, not {segment_bytes}")
         self.dir = directory
         self.segment_bytes = segment_bytes
+        self.max_queues = max_queues if max_queues > 0 else 2**63
+        self.checkpoint_bytes = checkpoint_bytes if checkpoint_bytes > 0 else 2**63
+        self._checkpoint_due = False
         self.segments: list[Segment] = []
         self._firsts: list[int] = []  # first_seq of each segment, for bisect
         self.total_bytes = 0
         self.total_messages = 0
+        # Sealed segments indexed only in memory, oldest first: the index writer's work.
+        self.unindexed: list[Segment] = []
+        self.on_unindexed: Callable[[], None] = lambda: None  # called when `unindexed` gains a segment
+        self.scans = 0  # segments scanned by recovery or a rebuild (the restart cost), whole or in part
+        self.scan_bytes = 0  # bytes they read
         # Sync bookkeeping: written-but-unsynced state, drained by take_sync_work().
         self._dirty: set[int] = set()  # fds of segments with unsynced writes
         self._dir_dirty = False
 
     # --- open / recovery -----------------------------------------------------------------------------
-    def recover(self, on_record: Callable[[int, tuple[str, ...]], None]) -> None:
-        """Scan every segment, cut a torn or corrupt tail, and report (seq, queues) of each live record."""
+    def recover(self) -> None:
+        """Open every segment: map a sealed one's index file when it is sound, else scan the segment (cutting
+        a torn or corrupt tail) and index it in memory; the last (active) segment is indexed in memory, from
+        its checkpoint (if sound) plus a scan of what follows it."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        names = []
+        logs: dict[int, Path] = {}
+        indexes: dict[int, Path] = {}
         for p in self.dir.iterdir():
-            if p.suffix == SUFFIX and p.stem.isdigit():
-                names.append((int(p.stem), p))
-            elif p.suffix == ".tmp":
+            if p.suffix == ".tmp":
                 p.unlink()
-        names.sort()
-        for first_seq, path in names:
+            elif p.stem.isdigit() and p.suffix in (SUFFIX, IDX_SUFFIX):
+                (logs if p.suffix == SUFFIX else indexes)[int(p.stem)] = p
+        for first_seq, p in indexes.items():
+            if first_seq not in logs:
+                p.unlink()  # its segment went to retention just before a crash
+        order = sorted(logs)
+        for k, first_seq in enumerate(order):
+            path = logs[first_seq]
             fd = os.open(path, os.O_RDWR | os.O_APPEND)
             seg = Segment(path, first_seq, fd)
-            self._scan(seg, on_record)
+            idx_path = indexes.get(first_seq)
+            active = k == len(order) - 1
+            if idx_path is not None:
+                try:
+                    self._open_index(seg, idx_path, active)
+                except (BadIndex, OSError) as exc:
+                    log.warning("store: not using %s (%s): scanning its segment", idx_path.name, exc)
+                    with contextlib.suppress(FileNotFoundError):
+                        idx_path.unlink()
+            if seg.index is None:
+                # the active segment from its checkpoint on (if any), any other whole
+                self._scan(seg, seg.size)
+                if not active:
+                    self.unindexed.append(seg)
             self._add(seg)
 
-    def _scan(self, seg: Segment, on_record: Callable[[int, tuple[str, ...]], None]) -> None:
+    @staticmethod
+    def _open_index(seg: Segment, path: Path, active: bool) -> None:
+        """Map a sealed segment's index; load the active segment's checkpoint into memory, as it grows."""
+        idx = SegmentIndex(path, seg.first_seq, os.fstat(seg.fd).st_size, prefix=active)
+        if active:
+            seg.load_checkpoint(idx)
+        else:
+            seg.attach(idx)
+
+    def _scan(self, seg: Segment, start: int = 0) -> None:
+        """Index the records of `seg` from offset `start` (0, or the end of records indexed already)."""
         with open(seg.path, "rb") as f:
+            f.seek(start)
             buf = f.read()
-        positions = seg.positions
-        expected = seg.first_seq
+        self.scans += bool(buf or not start)
+        self.scan_bytes += len(buf)
+        # u64 offsets only in a segment of 4 GiB or more (an older build's): this build seals them before
+        positions = seg.positions if start else array("I" if len(buf) <= U32_MAX else "q")
+        assert isinstance(positions, array)
+        seg.positions = positions
+        index = seg.queues
+        expected = seg.next_seq
+        first = seg.first_seq
         good_end = 0
         newer: UnsupportedRecord | None = None
         try:
@@ -107,19 +150,23 @@ class CommitLog:
                     seq, ts, queues, newer = exc.seq, exc.timestamp_ms, (), exc
                 if seq != expected:
                     raise CorruptRecord("unexpected seq", pos)
-                positions.append(pos)
-                on_record(seq, queues)
+                positions.append(start + pos)
+                for q in queues:
+                    arr = index.get(q)
+                    if arr is None:
+                        arr = index[q] = array("I")
+                    arr.append(seq - first)
                 seg.last_ts = ts
                 expected += 1
                 good_end = body_end
         except CorruptRecord as exc:
             reason, pos = exc.args
             log.warning("store: cutting %d bytes at offset %d of %s (%s); %d records kept",
-                        len(buf) - pos, pos, seg.path.name, reason, len(positions))
-            os.ftruncate(seg.fd, pos)
+                        len(buf) - pos, start + pos, seg.path.name, reason, len(positions))
+            os.ftruncate(seg.fd, start + pos)
             os.fsync(seg.fd)
             good_end = pos
-        seg.size = good_end
+        seg.size = start + good_end
         if newer is not None:
             log.error("store: %s holds records of format version %d, newer than this build reads: kept in the "
                       "log but in no queue, and reading them fails (last one: seq %d)",
@@ -141,20 +188,118 @@ class CommitLog:
         """First seq still in the log (reads below it find nothing)."""
         return self.segments[0].first_seq if self.segments else 0
 
+    # --- index files ----------------------------------------------------------------------------------
+    def request_checkpoint(self) -> None:
+        """Have the index writer checkpoint the active segment next (at close; and every `checkpoint_bytes`)."""
+        self._checkpoint_due = True
+        self.on_unindexed()
+
+    def next_index_job(self) -> IndexJob | None:
+        """The oldest sealed segment still indexed only in memory, else a due checkpoint of the active segment,
+        as a job for `segment_index.write_index`."""
+        if self.unindexed:
+            return self.unindexed[0].index_job()
+        due, self._checkpoint_due = self._checkpoint_due, False
+        act = self.segments[-1] if self.segments else None
+        if not due or act is None or act.index is not None or act.size <= act.checkpointed:
+            return None
+        act.checkpointed = act.size
+        act.checkpointed_records = len(act.positions)
+        return act.index_job(checkpoint=True)
+
+    def index_written(self, job: IndexJob, ok: bool) -> None:
+        """A job is done: map the new file in place of the in-memory index (which goes), or keep the in-memory
+        index when the write failed; a segment deleted meanwhile loses its new file."""
+        seg = job.segment
+        assert isinstance(seg, Segment)
+        if job.checkpoint:
+            return
+        with contextlib.suppress(ValueError):
+            self.unindexed.remove(seg)
+        path = index_path(seg.path)
+        if seg.deleted:
+            if ok:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            return
+        if not ok:
+            return
+        try:
+            idx = SegmentIndex(path, seg.first_seq, seg.size)
+        except (BadIndex, OSError):
+            log.exception("store: could not map the index just written for %s; keeping it in memory", seg.path.name)
+            return
+        idx.verified = True  # written from this memory a moment ago
+        seg.attach(idx)
+
+    def _checked(self, seg: Segment) -> SegmentIndex | None:
+        """`seg`'s mapped index after its first-use checksum; None when the segment is indexed in memory (now
+        also when its file was damaged: then the segment is scanned again and its index rewritten)."""
+        idx = seg.index
+        if idx is None or idx.verified or idx.verify():
+            return idx
+        log.error("store: %s is damaged (checksum mismatch): rebuilding it from %s", idx.path.name, seg.path.name)
+        self.total_bytes -= seg.size
+        self.total_messages -= len(seg.positions)
+        seg.index = None
+        seg.positions = array("I")
+        idx.close()
+        with contextlib.suppress(FileNotFoundError):
+            idx.path.unlink()
+        seg.queues = {}
+        self._scan(seg)
+        self.total_bytes += seg.size
+        self.total_messages += len(seg.positions)
+        self.unindexed.append(seg)
+        self.unindexed.sort(key=lambda s: s.first_seq)
+        self.on_unindexed()
+        return None
+
+    def verify_indexes(self) -> int:
+        """Checksum every mapped index now instead of on first use, rebuilding damaged ones; return how many
+        were rebuilt."""
+        rebuilt = 0
+        for seg in self.segments:
+            if seg.index is not None and self._checked(seg) is None:
+                rebuilt += 1
+        return rebuilt
+
+    def index_stats(self) -> tuple[int, int, int]:
+        """(queue entries over all segments, queues indexed in memory, segments with a mapped index file)."""
+        entries = memory = mapped = 0
+        for seg in self.segments:
+            if seg.index is not None:
+                entries += seg.index.queue_count
+                mapped += 1
+            else:
+                entries += len(seg.queues)
+                memory += len(seg.queues)
+        return entries, memory, mapped
+
     # --- append ---------------------------------------------------------------------------------------
     def _active_for(self, seq: int) -> Segment:
         seg = self.segments[-1] if self.segments else None
-        if seg is not None and seg.next_seq == seq and seg.size < self.segment_bytes:
+        if (seg is not None and seg.next_seq == seq and seg.size < self.segment_bytes
+                and len(seg.queues) < self.max_queues):
             return seg
+        return self._roll(seq)
+
+    def _roll(self, seq: int) -> Segment:
+        """Seal the last segment (its index file is then due) and start one at `seq`."""
+        seg = self.segments[-1] if self.segments else None
         if seg is not None and not seg.positions and seg.first_seq <= seq:
             # An empty segment (a fresh one, or a restart after offsets moved past the log) is renamed so
             # its name stays its first seq.
             self._drop_last_empty(seg)
+            seg = None
         path = self.dir / f"{seq:020d}{SUFFIX}"
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         new = Segment(path, seq, fd)
         self._add(new)
         self._dir_dirty = True
+        if seg is not None and seg.index is None:
+            self.unindexed.append(seg)
+            self.on_unindexed()
         return new
 
     def _drop_last_empty(self, seg: Segment) -> None:
@@ -163,14 +308,17 @@ class CommitLog:
         self._dirty.discard(seg.fd)
         os.close(seg.fd)
         seg.path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            index_path(seg.path).unlink()
 
-    def append(self, messages: Sequence[Message], first_seq: int) -> None:
-        """Write `messages` as seqs first_seq.. with one os.write; on error the file is cut back."""
+    def append(self, messages: Sequence[Message], first_seq: int) -> Segment:
+        """Write `messages` as seqs first_seq.. with one os.write; on error the file is cut back. Returns the
+        segment written to (the caller indexes the messages into its `queues`)."""
         seg = self._active_for(first_seq)
         base = seg.size
         pos = base
         parts: list[bytes] = []
-        new_pos = array("q")
+        new_pos: list[int] = []
         seq = first_seq
         for m in messages:
             head, body = frame_parts(encode_message_body(m, seq))
@@ -179,6 +327,13 @@ class CommitLog:
             new_pos.append(pos)
             pos += FRAME_SIZE + len(body)
             seq += 1
+        if pos > MAX_SEGMENT_BYTES:
+            if pos - base > MAX_SEGMENT_BYTES:
+                raise ValueError(f"a batch of {pos - base} bytes is larger than a segment can be")
+            seg = self._roll(first_seq)
+            new_pos = [p - base for p in new_pos]
+            pos -= base
+            base = 0
         try:
             write_all(seg.fd, b"".join(parts))
         except BaseException:
@@ -187,14 +342,48 @@ class CommitLog:
             except OSError:
                 log.exception("store: could not cut back a failed append in %s", seg.path.name)
             raise
-        seg.positions.extend(new_pos)
+        positions = seg.positions
+        assert isinstance(positions, array)  # the active segment is indexed in memory
+        positions.extend(new_pos)
         seg.size = pos
         seg.last_ts = messages[-1].timestamp_ms
         self.total_bytes += pos - base
         self.total_messages += len(messages)
         self._dirty.add(seg.fd)
+        # A checkpoint rewrites the whole active index: worth it when its queues are few beside the records it
+        # saves scanning. A flood of distinct queues is bounded by max_queues instead.
+        if (pos - seg.checkpointed >= self.checkpoint_bytes and not self._checkpoint_due
+                and len(seg.queues) * 8 <= len(positions) - seg.checkpointed_records):
+            self.request_checkpoint()
+        return seg
 
     # --- read -----------------------------------------------------------------------------------------
+    def queue_seqs(self, queue: str, after_seq: int, limit: int) -> list[int]:
+        """The first `limit` seqs of `queue` above `after_seq`, ascending: from the index of each segment
+        holding seqs above it (a mapped file's table, or the in-memory index)."""
+        segs = self.segments
+        if limit <= 0 or not segs:
+            return []
+        act = segs[-1]
+        first = act.first_seq
+        if after_seq >= first - 1:
+            # the common case, a reader near the end: only the active segment, indexed in memory
+            arr = act.queues.get(queue)
+            if not arr:
+                return []
+            lo = bisect_right(arr, after_seq - first) if after_seq >= first else 0
+            return list(map(first.__add__, arr[lo : lo + limit]))
+        out: list[int] = []
+        key = queue_key(queue)
+        for k in range(max(0, bisect_right(self._firsts, after_seq + 1) - 1), len(segs)):
+            seg = segs[k]
+            if seg.index is not None and not seg.index.verified:
+                self._checked(seg)
+            seg.take(queue, key, after_seq, limit - len(out), out)
+            if len(out) >= limit:
+                break
+        return out
+
     def read(self, seqs: Sequence[int]) -> list[Message]:
         """Messages for ascending `seqs`, skipping any no longer in the log. One pread per nearby run."""
         out: list[Message] = []
@@ -207,6 +396,8 @@ class CommitLog:
                 k += 1
                 continue
             seg = self.segments[si]
+            if seg.index is not None and not seg.index.verified:
+                self._checked(seg)
             hi = seg.next_seq
             # the run of requested seqs inside this segment
             j = k
@@ -275,6 +466,7 @@ class CommitLog:
             self._dirty.discard(seg.fd)
             os.close(seg.fd)
             seg.path.unlink()
+            self._forget(seg)
             self._dir_dirty = True
             deleted += 1
         if deleted:
@@ -300,9 +492,25 @@ class CommitLog:
     def dirty(self) -> bool:
         return bool(self._dirty) or self._dir_dirty
 
+    def _forget(self, seg: Segment) -> None:
+        """Drop a deleted segment's index (a write in flight sees `deleted` and removes its file)."""
+        seg.deleted = True
+        with contextlib.suppress(ValueError):
+            self.unindexed.remove(seg)
+        if seg.index is not None:
+            seg.index.close()
+            seg.index = None
+        seg.positions = array("I")
+        seg.queues = {}
+        with contextlib.suppress(FileNotFoundError):
+            index_path(seg.path).unlink()
+
     def close(self) -> None:
         for seg in self.segments:
             os.close(seg.fd)
+            if seg.index is not None:
+                seg.index.close()
+        self.unindexed.clear()
         self.segments.clear()
         self._firsts.clear()
         self._dirty.clear()

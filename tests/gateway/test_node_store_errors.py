@@ -26,6 +26,7 @@ from gateway.node import Node
 from gateway.server import open_listeners
 from lookup.base import InProcessLookup
 from notify.base import LocalNotifier
+from store.base import Message
 from store.embedded import EmbeddedStore
 from store.failing import FailingStore
 from tests.integration.paho import PahoClient, Received
@@ -177,6 +178,9 @@ async def test_failing_sync_holds_acks_until_durable(gw: Running) -> None:
 async def test_failing_reads_delay_delivery_but_skip_nothing(gw: Running) -> None:
     sub = await gw.subscriber("sub", [("e/read/a", 1), ("e/read/+", 1)])
     pub = await gw.publisher("pub")
+    # Appended as by another node, unseen by the cache: it cannot take this node's batches as appended any more
+    # (`QueueCache.add_appended`), so every delivery needs a store read until one succeeds.
+    await gw.store.append([Message("e/read/a", b"other", qos=1, queues=gw.node.subscriptions.queues_for("e/read/a"))])
     gw.store.fail("read")
     await send(pub, "e/read/a", range(N))
     assert await pubacks(pub, N) == in_order(range(N))  # the log is fine: publishers are acked
@@ -184,7 +188,7 @@ async def test_failing_reads_delay_delivery_but_skip_nothing(gw: Running) -> Non
     assert sub.messages.empty()
     assert gw.store.failures["read"] >= 3
     gw.store.heal()
-    assert payloads(await expect(sub, N)) == sent(range(N))
+    assert payloads(await expect(sub, N + 1)) == [b"other", *sent(range(N))]
     await round_trip(pub, sub, "e/read/a")
 
 

@@ -1,0 +1,77 @@
+"""The embedded engine's records (sessions, offsets, retained messages, wills): `Store` calls answered by the
+RocksDB metadata store (`store.embedded_meta`), off the heap. Each write is unsynced until the engine's next
+group-commit round, which fsyncs the metadata WAL with the log (`MetaStore.sync_work`)."""
+
+from __future__ import annotations
+
+from store.base import SHARED_PREFIX, Message, SessionRecord, WillRecord
+from store.embedded_meta import MetaStore
+
+
+class RecordCalls:
+    """Mixed into `EmbeddedStore`: `_meta` is set by its `open()`; `_write_gen` counts writes for `sync()`."""
+
+    _meta: MetaStore
+    _write_gen: int
+
+    # --- sessions and offsets -------------------------------------------------------------------------------
+    async def get_session(self, client_id: str) -> SessionRecord | None:
+        return self._meta.get_session(client_id)
+
+    async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
+        claimed = self._meta.claim_session(client_id, owner)
+        self._write_gen += 1
+        return claimed
+
+    async def put_session(self, record: SessionRecord) -> bool:
+        if not self._meta.put_session(record):
+            return False
+        self._write_gen += 1
+        return True
+
+    async def delete_session(self, client_id: str, epoch: int = -1) -> None:
+        self._meta.delete_session(client_id, epoch)
+        self._write_gen += 1
+
+    async def list_sessions(self) -> list[SessionRecord]:
+        return [record for batch in self._meta.iter_sessions() for record in batch]
+
+    async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
+        if offsets:
+            self._meta.set_offsets(offsets)
+            self._write_gen += 1
+
+    async def online_sessions(self) -> list[str]:
+        return [c for c in self._meta.online_sessions() if not c.startswith(SHARED_PREFIX)]
+
+    async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
+        return self._meta.due_sessions(now_ms, limit)
+
+    async def subscription_filters(self) -> dict[str, int]:
+        return self._meta.subscription_filters()
+
+    async def shared_members(self, group_key: str) -> list[str]:
+        return self._meta.shared_members(group_key)
+
+    async def shared_groups(self) -> list[SessionRecord]:
+        return [record for batch in self._meta.iter_sessions(prefix=SHARED_PREFIX) for record in batch]
+
+    # --- retained -------------------------------------------------------------------------------------------
+    async def set_retained(self, topic: str, message: Message | None) -> None:
+        self._meta.set_retained(topic, message)
+        self._write_gen += 1
+
+    async def match_retained(self, topic_filter: str) -> list[Message]:
+        return self._meta.match_retained(topic_filter)
+
+    # --- wills ----------------------------------------------------------------------------------------------
+    async def put_will(self, will: WillRecord) -> None:
+        self._meta.put_will(will)
+        self._write_gen += 1
+
+    async def delete_will(self, client_id: str) -> None:
+        self._meta.delete_will(client_id)
+        self._write_gen += 1
+
+    async def list_wills(self) -> list[WillRecord]:
+        return self._meta.list_wills()
