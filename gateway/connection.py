@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any
 
-from extensions.authn import AuthRequest, Refused
+from extensions.authn import AuthRequest, Identity, Refused
 from extensions.hooks import ClientInfo
 from gateway.codec import (
     PINGRESP,
@@ -58,6 +58,7 @@ from gateway.session import Session
 from store.base import Message, WillRecord
 
 log = logging.getLogger("tidewire.conn")
+_CONNACK_ACCEPTED_311 = encode(Connack(False, 0), 4)  # the answer to nearly every 3.1.1 CONNECT
 
 
 class MqttConnection(ConnectionBase):
@@ -116,10 +117,12 @@ class MqttConnection(ConnectionBase):
             self._release(HOLD_RATE)
 
     # --- CONNECT ------------------------------------------------------------------------------------------
+    # A CONNECT that needs nothing to wait for (no credential to check elsewhere, a clean session nobody else
+    # holds) is answered right here, in this call: no task, no store call. Anything else takes the same steps
+    # through tasks.
     def _on_connect(self, packet: Connect) -> None:
         self.level = packet.protocol_level
-        self._state = CONNECTING
-        self._hold(HOLD_CONNECT)
+        self._state = CONNECTING  # reading is held only if the CONNECT has to wait (HOLD_CONNECT, in a task)
         node = self.node
         self.client_id = packet.client_id
         try:
@@ -128,78 +131,73 @@ class MqttConnection(ConnectionBase):
         except Refusal as refusal:
             return self._refuse(refusal.code311, refusal.code5, refusal.detail)
         self.client_id = terms.client_id
-        node.admission.pending += 1
-        node.spawn(self._connect(packet, terms))
+        proof = self._credentials(packet, terms)
+        if isinstance(proof, Refusal):
+            return self._refuse(proof.code311, proof.code5, proof.detail)
+        if isinstance(proof, AuthRequest):
+            node.admission.pending += 1
+            self._hold(HOLD_CONNECT)
+            node.spawn(self._connect(packet, terms, proof))
+            return None
+        self._authenticated(packet, terms, proof)
         return None
 
-    def _refuse(self, code311: int, code5: int, detail: str) -> None:
-        log.info("client.refused", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
-        self._send(Connack(False, code5 if self.level >= 5 else code311))
-        self._closed(will=False, reason=detail)
-
-    async def _connect(self, packet: Connect, terms: Terms) -> None:
-        try:
-            refusal = await self._authenticate(packet, terms)
-        finally:
-            self.node.admission.pending -= 1
-        if self._state == CLOSED:
-            return None
-        if refusal is not None:
-            return self._refuse(refusal.code311, refusal.code5, refusal.detail)
-        method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
-        node = self.node
-        if method is not None:
-            auth = node.enhanced_auth.begin(method, terms.client_id, packet.username) if node.enhanced_auth else None
-            if auth is None:
-                return self._refuse(0, ReasonCode.BAD_AUTHENTICATION_METHOD, f"unknown auth method {method!r}")
-            self.auth = (auth, method, packet, terms)
-            self._state = AUTHENTICATING
-            self._on_auth(Auth(ReasonCode.CONTINUE_AUTHENTICATION,
-                               {PropertyId.AUTHENTICATION_DATA: packet.properties.get(PropertyId.AUTHENTICATION_DATA)}))
-            if self._state == AUTHENTICATING:
-                self._release(HOLD_CONNECT)
-            return None
-        return await self._open(packet, terms)
-
-    async def _authenticate(self, packet: Connect, terms: Terms) -> Refusal | None:
-        """Who the client is: the certificate's name, or the authentication chain's answer for the
-        credentials in CONNECT. MQTT 5 enhanced authentication (AUTH) is decided later, in its own exchange."""
-        node = self.node
+    def _credentials(self, packet: Connect, terms: Terms) -> Identity | Refused | Refusal | AuthRequest | None:
+        """Who the client is, when that is known at once: the certificate's name, or the answer of a chain with no
+        source to ask (anonymous, or refused). Else the request for the chain (`_connect` awaits its answer), or
+        None when MQTT 5 enhanced authentication (AUTH) decides, in its own exchange."""
         listener = self.listener
-        identity: str | None = None
-        superuser, acl, expires = False, None, None
         if listener.cert_username is not None:
             assert self.transport is not None
-            identity = certificate_name(self.transport, listener.cert_username)
-            if identity is None:
+            name = certificate_name(self.transport, listener.cert_username)
+            if name is None:
                 return Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED,
                                "no client certificate to take the user name from")
-        elif PropertyId.AUTHENTICATION_METHOD in packet.properties:
-            return None  # the AUTH exchange proves who it is; the will is checked once it has
-        else:
-            request = AuthRequest(terms.client_id, packet.username, packet.password, self.peer, "mqtt",
-                                  listener.name)
-            result = await node.auth.authenticate(request)
-            if isinstance(result, Refused):
-                code311, code5 = refusal_codes(result.failure)
-                return Refusal(code311, code5, f"authentication failed ({result.failure.value}, {result.source})")
-            identity, superuser, acl, expires = result.username, result.superuser, result.acl, result.expires_at
-        terms.info = ClientInfo(terms.client_id, identity, self.peer, self.level, superuser, acl)
-        self.expiry_at(expires)
-        try:
-            check_will(terms, node.authorizer)
-        except Refusal as refusal:
-            return refusal
-        return None
+            return Identity(name, source="certificate")
+        if PropertyId.AUTHENTICATION_METHOD in packet.properties:
+            return None
+        chain = self.node.auth
+        if not chain.sources:  # no source to wait for: decided here, not in a task
+            answer = self.node.admission.sourceless(chain, packet.username is not None or packet.password is not None)
+            if answer is not None:
+                return answer
+        return AuthRequest(terms.client_id, packet.username, packet.password, self.peer, "mqtt", listener.name)
 
-    def expiry_at(self, when: float | None) -> None:
-        """Close the connection when its credentials expire (epoch seconds; None: never)."""
-        if self._expiry_handle is not None:
-            self._expiry_handle.cancel()
-            self._expiry_handle = None
-        if when is not None:
-            delay = max(0.0, when - time.time())
-            self._expiry_handle = asyncio.get_running_loop().call_later(delay, self._credentials_expired)
+    async def _connect(self, packet: Connect, terms: Terms, request: AuthRequest) -> None:
+        try:
+            result = await self.node.auth.authenticate(request)
+        finally:
+            self.node.admission.pending -= 1
+        if self._state != CLOSED:
+            self._authenticated(packet, terms, result)
+
+    def _authenticated(self, packet: Connect, terms: Terms, proof: Identity | Refused | None) -> None:
+        """The chain (or the certificate) answered; None: the AUTH exchange starts now and proves who it is."""
+        if isinstance(proof, Refused):
+            code311, code5 = refusal_codes(proof.failure)
+            return self._refuse(code311, code5, f"authentication failed ({proof.failure.value}, {proof.source})")
+        node = self.node
+        if proof is not None:
+            terms.info = ClientInfo(terms.client_id, proof.username, self.peer, self.level, proof.superuser,
+                                    proof.acl)
+            if proof.expires_at is not None:
+                self.expiry_at(proof.expires_at)
+            try:
+                check_will(terms, node.authorizer)
+            except Refusal as refusal:
+                return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+            return self._open_session(packet, terms)
+        method = packet.properties[PropertyId.AUTHENTICATION_METHOD]  # the will is checked once AUTH succeeded
+        auth = node.enhanced_auth.begin(method, terms.client_id, packet.username) if node.enhanced_auth else None
+        if auth is None:
+            return self._refuse(0, ReasonCode.BAD_AUTHENTICATION_METHOD, f"unknown auth method {method!r}")
+        self.auth = (auth, method, packet, terms)
+        self._state = AUTHENTICATING
+        self._on_auth(Auth(ReasonCode.CONTINUE_AUTHENTICATION,
+                           {PropertyId.AUTHENTICATION_DATA: packet.properties.get(PropertyId.AUTHENTICATION_DATA)}))
+        if self._state == AUTHENTICATING:
+            self._release(HOLD_CONNECT)
+        return None
 
     def _on_auth(self, packet: Auth) -> None:
         """One step of MQTT 5 enhanced authentication, at CONNECT or re-authentication (AUTH 0x19)."""
@@ -239,58 +237,73 @@ class MqttConnection(ConnectionBase):
         except Refusal as refusal:
             return self._refuse(refusal.code311, refusal.code5, refusal.detail)
         self._state = CONNECTING
+        self._open_session(connect, terms)
+        return None
+
+    def _open_session(self, packet: Connect, terms: Terms) -> None:
+        """Authenticated: a clean session the node can start at once is answered now; any other (a session to
+        restore or take over, a store to ask first) in a task."""
+        self._take_terms(terms)
+        if packet.clean_start and not terms.expiry:
+            opened = self.node.open_clean_session(self, terms.client_id, self.level, terms.window)
+            if opened is not None:
+                return self._established(packet, terms, opened, False, fresh=True)
         self._hold(HOLD_CONNECT)
-        self.node.spawn(self._open(connect, terms))
+        self.node.spawn(self._open(packet, terms))
         return None
 
     async def _open(self, packet: Connect, terms: Terms) -> None:
-        """Authenticated: take over or restore the session and answer CONNACK."""
+        """Take over or restore the session (or start one), then answer."""
         client_id = terms.client_id
-        self.info = terms.info
-        self.keepalive = keepalive = terms.keepalive
-        self.expiry = expiry = terms.expiry
-        self.alias_max = terms.alias_max
-        self.max_packet = terms.max_packet
-        self.will = terms.will
-        self.will_delay = terms.will_delay
-        window = terms.window
-        ack_props = terms.ack_properties
         session, present = await self.node.open_session(self, client_id, self.level, packet.clean_start,
-                                                        expiry, window)
+                                                        self.expiry, terms.window)
         if self._state == CLOSED:  # the socket died while we were restoring the session
             self.node.close_session(self, session)
             return None
+        if self.will is not None and self.node.cluster is not None:
+            # Stored before CONNACK: if this node dies from here on, a survivor publishes it.
+            self.node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, self.node.node_id))
+            await self.node.writes.will_settled(client_id)
+            if self._state == CLOSED:
+                self.node.close_session(self, session)
+                return None
+        self._established(packet, terms, session, present)
+        return None
+
+    def _established(self, packet: Connect, terms: Terms, session: Session, present: bool, *,
+                     fresh: bool = False) -> None:
+        """The session is this connection's: CONNACK, then what waited for it. `fresh`: opened in this call."""
+        node = self.node
+        client_id = terms.client_id
         self.session = session
         self.listener.connections += 1
-        if self.will is not None:
-            self.node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, self.node.node_id))
-            if self.node.cluster is not None:
-                # Stored before CONNACK: if this node dies from here on, a survivor publishes it.
-                await self.node.writes.will_settled(client_id)
-                if self._state == CLOSED:
-                    self.session = None
-                    self.listener.connections -= 1
-                    self.node.close_session(self, session)
-                    return None
-        self._send(Connack(present, 0, ack_props))
+        if self.will is not None and node.cluster is None:
+            node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, node.node_id))
+        ack = terms.ack_properties
+        if self.level >= 5 or present or ack:
+            self._send(Connack(present, 0, ack))
+        elif self.transport is not None:
+            self.transport.write(_CONNACK_ACCEPTED_311)
         self._state = CONNECTED
-        log.info("client.connected", extra={"client_id": client_id, "peer": self.peer, "level": self.level,
-                                            "keepalive": keepalive, "clean_start": packet.clean_start,
-                                            "session_present": present})
-        self.node.sys.event(client_id, "connected", address=self.peer, proto_ver=self.level, keepalive=keepalive,
-                            clean_start=packet.clean_start, expiry_interval=expiry, session_present=present)
-        if self._deadline_handle is not None:
-            self._deadline_handle.cancel()
-            self._deadline_handle = None
+        keepalive = self.keepalive
+        # At info up to a rate (a connect storm must not be a log storm: `activity` counts the rest), else at debug.
+        at = logging.INFO if node.sys.activity.line("connected") else logging.DEBUG
+        if log.isEnabledFor(at):
+            log.log(at, "client.connected", extra={"client_id": client_id, "peer": self.peer, "level": self.level,
+                                                      "keepalive": keepalive, "clean_start": packet.clean_start,
+                                                      "session_present": present})
+        node.sys.event(client_id, "connected", address=self.peer, proto_ver=self.level, keepalive=keepalive,
+                       clean_start=packet.clean_start, expiry_interval=self.expiry, session_present=present)
         if keepalive:
-            self._deadline_handle = asyncio.get_running_loop().call_later(keepalive * 1.5,
-                                                                          self._keepalive_check)
-        settings = self.node.settings
+            self._file(time.monotonic() + keepalive * 1.5)
+        else:
+            self._unfile()
+        settings = node.settings
         if settings.max_inbound_rate or settings.max_inbound_bytes_rate:
             self.limiter = InboundLimiter(settings.max_inbound_rate, settings.max_inbound_bytes_rate,
                                           time.monotonic())
-        session.attach(self)
-        self.node.subscriptions.resume_groups(session)
+        session.attach(self, fresh=fresh)
+        node.subscriptions.resume_groups(session)
         backlog, self._backlog = self._backlog or [], None
         for queued in backlog:
             if self._state != CONNECTED:
@@ -298,7 +311,6 @@ class MqttConnection(ConnectionBase):
             self._handle(queued)
         if self._state == CONNECTED:
             self._release(HOLD_CONNECT)
-        return None
 
     # --- packets after CONNECT ----------------------------------------------------------------------------
     def _handle(self, packet: Any) -> None:

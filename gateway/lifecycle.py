@@ -1,5 +1,6 @@
-"""One MQTT connection's life around its packets: the socket, reading holds, writing, keepalive and
-credential-expiry timers, and every way it ends (abort, takeover, shutdown, graceful close).
+"""One MQTT connection's life around its packets: the socket, reading holds, writing, its deadlines (CONNECT
+timeout, keepalive, close drain: on the listener's shared `Deadlines`) and credential expiry, and every way it
+ends (abort, takeover, shutdown, graceful close).
 
 `MqttConnection` (gateway/connection.py) adds the packets; this class keeps only what belongs to the socket:
 protocol level, keepalive, the will, inbound QoS 2 packet ids, and flow control in both directions.
@@ -16,7 +17,7 @@ from extensions.auth import AuthSession
 from extensions.hooks import ClientInfo
 from gateway.codec import Connack, ConnackCode311, Connect, Disconnect, Parser, PropertyId, ReasonCode, encode
 from gateway.connect import Terms
-from gateway.listeners import Listener
+from gateway.listeners import Bucket, Listener
 from gateway.node import Node
 from gateway.ratelimit import InboundLimiter
 from gateway.session import Session
@@ -33,7 +34,7 @@ HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
 
 class ConnectionBase(asyncio.Protocol):
     __slots__ = (
-        "_backlog", "_deadline_handle", "_expiry_handle", "_holds", "_socket_full", "_state", "_subacks", "alias_max",
+        "_backlog", "_bucket", "_expiry_handle", "_holds", "_socket_full", "_state", "_subacks", "alias_max",
         "aliases_in", "auth", "client_id", "expiry", "inbound_qos2", "info", "keepalive", "last_rx", "level",
         "limiter", "listener", "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session",
         "transport", "unacked_in", "will", "will_delay",
@@ -69,7 +70,7 @@ class ConnectionBase(asyncio.Protocol):
         self.info = _NOBODY
         self._state = NEW
         self._backlog: list[Any] | None = None  # read while CONNECT is processed, or over the inbound rate
-        self._deadline_handle: asyncio.TimerHandle | None = None  # connect timeout, keepalive, close drain
+        self._bucket: Bucket | None = None  # where its deadline is filed: CONNECT timeout, keepalive, close drain
         self._expiry_handle: asyncio.TimerHandle | None = None  # credentials (token) expiry
 
     # --- asyncio.Protocol ---------------------------------------------------------------------------------
@@ -79,9 +80,8 @@ class ConnectionBase(asyncio.Protocol):
             peer = self.transport.get_extra_info("peername")
             self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.transport.set_write_buffer_limits(high=self.node.settings.write_buffer_high)
-        self.last_rx = time.monotonic()
-        self._deadline_handle = asyncio.get_running_loop().call_later(
-            self.node.settings.connect_timeout, self._connect_timeout)
+        self.last_rx = now = time.monotonic()
+        self._bucket = self.listener.deadlines.file(self, now + self.node.settings.connect_timeout)
 
     def eof_received(self) -> bool | None:
         return None  # close our side too: a half-closed MQTT connection is of no use
@@ -89,9 +89,8 @@ class ConnectionBase(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._state != CLOSED:
             self._closed(will=True, reason="connection lost" if exc is None else str(exc))
-        elif self._deadline_handle is not None:  # the client closed while we drained
-            self._deadline_handle.cancel()
-            self._deadline_handle = None
+        else:  # the client closed while we drained
+            self._unfile()
 
     def _hold(self, why: int) -> None:
         if not self._holds and self.transport is not None:
@@ -186,10 +185,10 @@ class ConnectionBase(asyncio.Protocol):
         ended the connection itself."""
         was_connected = self._state == CONNECTED
         self._state = CLOSED
-        for handle in (self._deadline_handle, self._expiry_handle):
-            if handle is not None:
-                handle.cancel()
-        self._deadline_handle = self._expiry_handle = None
+        self._unfile()
+        if self._expiry_handle is not None:
+            self._expiry_handle.cancel()
+            self._expiry_handle = None
         if drain:
             self._close_gracefully()
         elif self.transport is not None:
@@ -204,8 +203,10 @@ class ConnectionBase(asyncio.Protocol):
             self.node.wills.publish_after(self.client_id, self.will, delay)
         elif self.will is not None and not keep_will:
             self.node.writes.drop_will(self.client_id)
-        log.info("client.disconnected", extra={"client_id": self.client_id, "peer": self.peer,
-                                               "reason": reason})
+        at = logging.INFO if self.node.sys.activity.line("disconnected") else logging.DEBUG  # as client.connected
+        if log.isEnabledFor(at):
+            log.log(at, "client.disconnected", extra={"client_id": self.client_id, "peer": self.peer,
+                                                         "reason": reason})
         self.node.sys.event(self.client_id, "disconnected", address=self.peer, proto_ver=self.level, reason=reason)
 
     def _close_gracefully(self) -> None:
@@ -226,10 +227,34 @@ class ConnectionBase(asyncio.Protocol):
             except OSError:  # the peer is already gone (ENOTCONN): nothing left to drain
                 transport.close()
                 return
-        # TLS and WebSocket cannot half-close: the client closes after reading our packet, or the timer does.
+        # TLS and WebSocket cannot half-close: the client closes after reading our packet, or the deadline does.
         self._holds = 0
         transport.resume_reading()
-        self._deadline_handle = asyncio.get_running_loop().call_later(timeout, transport.close)
+        self._file(time.monotonic() + timeout)
+
+    def _refuse(self, code311: int, code5: int, detail: str) -> None:
+        log.info("client.refused", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
+        self._send(Connack(False, code5 if self.level >= 5 else code311))
+        self._closed(will=False, reason=detail)
+
+    def _take_terms(self, terms: Terms) -> None:
+        """What CONNECT negotiated, for the life of the connection."""
+        self.info = terms.info
+        self.keepalive = terms.keepalive
+        self.expiry = terms.expiry
+        self.alias_max = terms.alias_max
+        self.max_packet = terms.max_packet
+        self.will = terms.will
+        self.will_delay = terms.will_delay
+
+    def expiry_at(self, when: float | None) -> None:
+        """Close the connection when its credentials expire (epoch seconds; None: never)."""
+        if self._expiry_handle is not None:
+            self._expiry_handle.cancel()
+            self._expiry_handle = None
+        if when is not None:
+            delay = max(0.0, when - time.time())
+            self._expiry_handle = asyncio.get_running_loop().call_later(delay, self._credentials_expired)
 
     def _credentials_expired(self) -> None:
         self._expiry_handle = None
@@ -240,18 +265,34 @@ class ConnectionBase(asyncio.Protocol):
         log.info("client.credentials_expired", extra={"client_id": self.client_id, "peer": self.peer})
         self._closed(will=True, reason="credentials expired")
 
-    def _connect_timeout(self) -> None:
-        self._deadline_handle = None
-        if self._state == NEW:
+    # --- deadlines ----------------------------------------------------------------------------------------
+    def _file(self, when: float) -> None:
+        """Our (one) deadline is now `when` (time.monotonic())."""
+        self._unfile()
+        self._bucket = self.listener.deadlines.file(self, when)
+
+    def _unfile(self) -> None:
+        if self._bucket is not None:
+            self._bucket.discard(self)
+            self._bucket = None
+
+    def deadline_due(self, now: float) -> None:
+        """`Deadlines` calls this when our deadline passed: CONNECT timeout, keepalive or the end of a close drain,
+        by state."""
+        self._bucket = None
+        state = self._state
+        if state == CONNECTED:
+            if self.keepalive:
+                self._keepalive_check(now)
+        elif state == NEW:
             log.info("client.connect_timeout", extra={"peer": self.peer})
             self._closed(will=False, reason="no CONNECT")
+        elif state == CLOSED and self.transport is not None:
+            self.transport.close()  # the drain is over
 
-    def _keepalive_check(self) -> None:
-        self._deadline_handle = None
-        if self._state != CONNECTED:
-            return
+    def _keepalive_check(self, now: float) -> None:
         limit = self.keepalive * 1.5
-        idle = time.monotonic() - self.last_rx
+        idle = now - self.last_rx
         if self._holds:  # we are not reading it: its silence is ours, not a dead client's
             idle = 0.0
         if idle >= limit:
@@ -261,4 +302,4 @@ class ConnectionBase(asyncio.Protocol):
             log.info("client.keepalive_timeout", extra={"client_id": self.client_id, "idle_s": round(idle, 2)})
             self._closed(will=True, reason="keepalive timeout")
             return
-        self._deadline_handle = asyncio.get_running_loop().call_later(limit - idle, self._keepalive_check)
+        self._file(now - idle + limit)

@@ -77,6 +77,8 @@ class Node:
         self.groups = ConsumerGroups(self)  # competing consumers of other protocols (AMQP queues, RocketMQ)
         self.counters = Counters()
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
+        if settings.lake_dir is None:  # the lake exports the whole log: there every event goes into it
+            self.sys.audience = self.subscriptions.routed  # no event nobody reads is stored
         # Session and delivery events for the lake (pipeline.lake.events drains them); None: not recorded.
         self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
         self._client_locks: dict[str, asyncio.Lock] = {}
@@ -238,6 +240,22 @@ class Node:
             del self._client_locks[client_id]
         return session, present
 
+    def open_clean_session(self, conn: ConnectionBase, client_id: str, level: int, window: int) -> Session | None:
+        """A clean session (nothing kept after it ends) started at once, without a store call, when nothing of the
+        client's exists or is under way: one node, no connection, no open or write in flight (so no stored will),
+        and a store that knows at once it holds no session of the client. Else None: `open_session` does it."""
+        if (self.cluster is not None or client_id in self.connections or client_id in self._client_locks
+                or not self.writes.idle(client_id) or not self.store.session_absent(client_id)):
+            return None
+        last = self.store.last_seq()
+        record = SessionRecord(client_id, level, 0, offset=last, sent_upto=last, owner=self.node_id)
+        session = Session(self, record, persistent=False, window=window, pull_batch=self.settings.pull_batch,
+                          retry_interval=self.settings.retry_interval, stored=False)
+        self.connections[client_id] = conn
+        self.lookup.set_client_location(client_id, self.node_id)
+        self.subscriptions.attach(session, conn.info)
+        return session
+
     def close_session(self, conn: ConnectionBase, session: Session, *, transfer: bool = False) -> None:
         """The connection is gone. Unless the session moves to a new connection, park it in the store."""
         if self.connections.get(session.client_id) is conn:
@@ -256,7 +274,8 @@ class Node:
             self.writes.save_session(record)
         else:
             self.subscriptions.forget(session.record)
-            self.writes.drop_session(session.client_id)
+            if session.stored:  # else there is nothing to delete
+                self.writes.drop_session(session.client_id)
 
     @staticmethod
     def expired(record: SessionRecord, now_ms: int) -> bool:

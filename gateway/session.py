@@ -17,23 +17,22 @@ from gateway.codec import pubrel
 from gateway.events import ACKED, DELIVERED, DROPPED
 from gateway.outbound import encoded_publish, encoded_publish_with, with_dup
 from gateway.retry import STORE_RETRY_S
-from gateway.session_parts import GroupHandle, Inflight, SessionOwner, Writer, resend
+from gateway.session_parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
 from store.base import P2P_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
 
 _NO_HORIZON = 1 << 62
 SHARED_PREFIX = "$share/"
-Delivery = tuple[int, bool, tuple[int, ...]]  # qos (-1: skip), retain flag, subscription identifiers
 
 
 class Session:
     __slots__ = (
         "_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "client_id", "conn", "cursor",
         "extra", "filtered", "inflight", "level", "owner", "p2p_pending", "p2p_sub", "pending", "persistent", "plain",
-        "pull_batch", "read_check", "record", "retry_interval", "stream_subs", "window",
+        "pull_batch", "read_check", "record", "retry_interval", "stored", "stream_subs", "window",
     )
 
     def __init__(self, owner: SessionOwner, record: SessionRecord, *, persistent: bool, window: int,
-                 pull_batch: int, retry_interval: float) -> None:
+                 pull_batch: int, retry_interval: float, stored: bool = True) -> None:
         self.owner = owner
         self.record = record
         self.client_id = record.client_id
@@ -50,7 +49,10 @@ class Session:
         # Filters the ACL grants only in part: each delivery through them is checked with `read_check`.
         self.filtered: set[str] | None = None
         self.read_check: Callable[[str], bool] | None = None
-        self.stream_subs: list[SubscriptionRecord] = []
+        self.stream_subs: tuple[SubscriptionRecord, ...] = ()  # a tuple: most sessions have none, and () is free
+        # May the store hold a record of this session? False only for one started clean and never saved, which
+        # has nothing to delete when it ends.
+        self.stored = stored
         # The P2P queue has one reader and is not cached: it is read from the store when notify says so.
         self.p2p_sub: SubscriptionRecord | None = None
         self.p2p_pending = False
@@ -70,22 +72,27 @@ class Session:
         return self.record.subscriptions
 
     def subscriptions_changed(self) -> None:
-        self.stream_subs = [s for s in self.record.subscriptions.values()
-                            if not s.filter.startswith((SHARED_PREFIX, P2P_PREFIX))]
+        if not self.record.subscriptions:  # a new session, before it has even its P2P queue
+            self.stream_subs, self.p2p_sub, self.plain = (), None, not self.filtered
+            return
+        self.stream_subs = tuple(s for s in self.record.subscriptions.values()
+                                 if not s.filter.startswith((SHARED_PREFIX, P2P_PREFIX)))
         self.p2p_sub = self.record.subscriptions.get(p2p_queue(self.client_id))
         self.plain = not self.filtered and not any(
             s.no_local or s.retain_as_published or s.subscription_id for s in self.stream_subs)
 
     # --- connection lifecycle ---------------------------------------------------------------------------
-    def attach(self, conn: Writer) -> None:
-        """Bind to a (new) connection and resend what is in flight: PUBREL, or PUBLISH with DUP."""
+    def attach(self, conn: Writer, *, fresh: bool = False) -> None:
+        """Bind to a (new) connection and resend what is in flight: PUBREL, or PUBLISH with DUP. `fresh`: the
+        session was made in this same call, so nothing can wait in its P2P queue (no append ran since)."""
         self.conn = conn
         self.aliases = {} if conn.alias_max else None  # aliases never outlive a connection
-        self.p2p_pending = self.p2p_sub is not None  # anything sent to it while it was away
-        chunks = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id)
-        if chunks:
-            conn.write_chunks(chunks)
-        self._arm_retry()
+        self.p2p_pending = self.p2p_sub is not None and not fresh  # anything sent to it while it was away
+        if self.inflight:
+            chunks = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id)
+            if chunks:
+                conn.write_chunks(chunks)
+            self._arm_retry()
         self.pull()
 
     def detach(self) -> None:
@@ -111,6 +118,8 @@ class Session:
         return low
 
     def snapshot(self) -> SessionRecord:
+        """The record to save (every save takes one, so the session counts as stored from here on)."""
+        self.stored = True
         record = self.record
         record.offset = self.committed_offset()
         record.sent_upto = max(record.sent_upto, self.cursor)
@@ -296,35 +305,8 @@ class Session:
             if messages[-1].seq <= horizon:
                 self._push(conn, messages, None, sub.qos, len(messages) == self.pull_batch)
                 return
-        # Merge by seq: one copy per message at the highest granted QoS with every matching identifier.
-        deliveries: dict[int, Delivery] = {}
-        by_seq: dict[int, Message] = {}
-        filtered = self.filtered
-        client_id = self.client_id
-        beyond = 0
-        truncated = False
-        for sub, messages in lists:
-            if len(messages) == self.pull_batch:
-                truncated = True
-            check = self.read_check if filtered and sub.filter in filtered else None
-            for message in messages:
-                seq = message.seq
-                if seq > horizon:
-                    if seq > beyond:
-                        beyond = seq
-                    continue
-                readable = (check is None or check(message.topic)) and not (
-                    sub.no_local and message.publisher == client_id)
-                qos = sub.qos if readable else -1
-                retain = readable and sub.retain_as_published and message.retain
-                ids: tuple[int, ...] = (sub.subscription_id,) if readable and sub.subscription_id else ()
-                seen = deliveries.get(seq)
-                if seen is None:
-                    by_seq[seq] = message
-                    deliveries[seq] = (qos, retain, ids)
-                else:
-                    deliveries[seq] = (max(seen[0], qos), seen[1] or retain, seen[2] + ids)
-        merged = [by_seq[seq] for seq in sorted(by_seq)]
+        merged, deliveries, beyond = merge(lists, horizon, self.client_id, self.filtered, self.read_check)
+        truncated = any(len(messages) == self.pull_batch for _, messages in lists)
         if merged:
             self._push(conn, merged, deliveries, 0, truncated and not beyond)
         if beyond and not self.pending and not self._reading_store:

@@ -1,20 +1,24 @@
-"""What a session is made of besides itself: the in-flight entry, and the protocols of its connection, its node
-and the shared-subscription group of a message in flight."""
+"""What a session is made of besides itself: the in-flight entry, the merge of its queues, and the protocols of
+its connection, its node and the shared-subscription group of a message in flight."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.codec import pubrel
 from gateway.events import DELIVERED
 from gateway.outbound import encoded_publish_with, with_dup
-from store.base import Message, Store
+from store.base import Message, Store, SubscriptionRecord
 
 if TYPE_CHECKING:
     from cache.queue_cache import QueueCache
     from gateway.events import EventBuffer
     from gateway.session import Session
+
+
+Delivery = tuple[int, bool, tuple[int, ...]]  # qos (-1: skip), retain flag, subscription identifiers
 
 
 class Writer(Protocol):
@@ -82,3 +86,34 @@ def resend(inflight: dict[int, Inflight], level: int, deadline: float, events: E
         if events is not None:
             events.add(DELIVERED, now_ms, client_id, "mqtt", message.topic, message.seq, entry.qos, True)
     return chunks
+
+
+def merge(lists: list[tuple[SubscriptionRecord, list[Message]]], horizon: int, client_id: str,
+          filtered: set[str] | None, read_check: Callable[[str], bool] | None,
+          ) -> tuple[list[Message], dict[int, Delivery], int]:
+    """Merge a session's queues by seq up to `horizon`: one copy per message at the highest granted QoS with every
+    matching subscription identifier (QoS -1: readable through none). Returns the merge, each message's delivery
+    and the highest seq left beyond the horizon (0: none)."""
+    deliveries: dict[int, Delivery] = {}
+    by_seq: dict[int, Message] = {}
+    beyond = 0
+    for sub, messages in lists:
+        check = read_check if filtered and sub.filter in filtered else None
+        for message in messages:
+            seq = message.seq
+            if seq > horizon:
+                if seq > beyond:
+                    beyond = seq
+                continue
+            readable = (check is None or check(message.topic)) and not (
+                sub.no_local and message.publisher == client_id)
+            qos = sub.qos if readable else -1
+            retain = readable and sub.retain_as_published and message.retain
+            ids: tuple[int, ...] = (sub.subscription_id,) if readable and sub.subscription_id else ()
+            seen = deliveries.get(seq)
+            if seen is None:
+                by_seq[seq] = message
+                deliveries[seq] = (qos, retain, ids)
+            else:
+                deliveries[seq] = (max(seen[0], qos), seen[1] or retain, seen[2] + ids)
+    return [by_seq[seq] for seq in sorted(by_seq)], deliveries, beyond

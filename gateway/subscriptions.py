@@ -184,9 +184,15 @@ class SubscriptionRegistry:
         """Does a reader on this node, a wildcard of the cluster-wide set, or a node the lookup names for one of
         its queues take messages of `topic`? (An offline session's exact-topic subscription is not seen.)"""
         readers = self.readers
-        queues = self.queues_for(topic)
-        if any(queue in readers for queue in queues) or len(self._wildcards.match(topic)) > 0:
+        # Not through `queues_for`: a topic asked about once (a client's $SYS event) must not fill its cache.
+        queues = self._topic_queues.get(topic) or self._compute_queues(topic)
+        for queue in queues:
+            if queue in readers:
+                return True
+        if len(self._wildcards) and self._wildcards.match(topic):
             return True
+        if self.node.cluster is None and not queues[0].startswith(P2P_PREFIX):
+            return False  # one node: its lookup knows of no reader of these queues that `readers` does not
         lookup = self.node.lookup
         for queue in queues:  # subscribers on other nodes; a lookup that can't tell (None) counts as routed
             nodes = lookup.nodes_for_queue(queue)

@@ -76,11 +76,12 @@ class OrderedWrites:
 class RecordWrites(OrderedWrites):
     """Session and will records, in the order issued per client."""
 
-    __slots__ = ("_store",)
+    __slots__ = ("_store", "_wills")
 
     def __init__(self, store: Store) -> None:
         super().__init__()
         self._store = store
+        self._wills: set[str] = set()  # clients whose will was saved here and not dropped since
 
     def save_session(self, record: SessionRecord) -> None:
         """Fenced by the record's epoch: once another node claimed the session, this write is ignored."""
@@ -93,10 +94,18 @@ class RecordWrites(OrderedWrites):
         self.write("s:" + client_id, lambda: self._store.delete_session(client_id, epoch))
 
     def save_will(self, will: WillRecord) -> None:
+        self._wills.add(will.client_id)
         self.write("w:" + will.client_id, lambda: self._store.put_will(will))
 
     def drop_will(self, client_id: str) -> None:
+        self._wills.discard(client_id)
         self.write("w:" + client_id, lambda: self._store.delete_will(client_id))
+
+    def idle(self, client_id: str) -> bool:
+        """No write of the client's session or will under way, and no will of its saved here and not dropped
+        since (on one node: the store holds no will of it)."""
+        tail = self._tail
+        return client_id not in self._wills and ("s:" + client_id) not in tail and ("w:" + client_id) not in tail
 
     async def session_settled(self, client_id: str) -> None:
         await self.settled("s:" + client_id)

@@ -203,6 +203,11 @@ class Store(Protocol):
     # --- sessions and offsets (fenced: a write carrying an epoch below the stored one is ignored) ---------
     async def get_session(self, client_id: str) -> SessionRecord | None: ...
 
+    def session_absent(self, client_id: str) -> bool:
+        """True only if the store knows at once, with nothing to wait for, that it holds no session of the client
+        (a clean connect then needs no store call); False if it holds one or cannot tell without waiting."""
+        ...
+
     async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
         """Take the client's session for node `owner`: bump its epoch, record the owner, and return the stored
         record (None if none) and the new epoch. An engine shared by several nodes keeps the epoch even

@@ -91,6 +91,9 @@ class DelayingStore:
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return await self._call(lambda: self.inner.get_session(client_id))
 
+    def session_absent(self, client_id: str) -> bool:
+        return False  # only a round trip could tell
+
     async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
         return await self._call(lambda: self.inner.claim_session(client_id, owner))
 

@@ -18,6 +18,9 @@ class RecordCalls:
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return self._meta.get_session(client_id)
 
+    def session_absent(self, client_id: str) -> bool:
+        return self._meta.get_session(client_id) is None  # one RocksDB read, no waiting
+
     async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
         claimed = self._meta.claim_session(client_id, owner)
         self._write_gen += 1

@@ -93,6 +93,9 @@ class FailingStore:
         self._check("get_session")
         return await self.inner.get_session(client_id)
 
+    def session_absent(self, client_id: str) -> bool:
+        return False  # only a round trip could tell
+
     async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
         self._check("claim_session")
         return await self.inner.claim_session(client_id, owner)

@@ -401,6 +401,9 @@ class RedisStore(RedisGroups, RedisLog):
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return await self._meta.get_session(client_id)
 
+    def session_absent(self, client_id: str) -> bool:
+        return False  # only a round trip could tell
+
     async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
         return await self._meta.claim_session(client_id, owner)
 

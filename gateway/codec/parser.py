@@ -44,9 +44,12 @@ def _check_end(pos: int, end: int) -> None:
         raise malformed("unexpected bytes at the end of the packet")
 
 
-def _check_flags(flags: int, expected: int, name: str) -> None:
+def _check_flags(flags: int, expected: int, name: str | int) -> None:
+    """`name`: the packet's name, or its type number (named only when the flags are wrong: an enum lookup per
+    packet costs more than the check)."""
     if flags != expected:
-        raise malformed(f"invalid fixed header flags 0x{flags:X} for {name}")
+        packet = _T(name).name if isinstance(name, int) else name
+        raise malformed(f"invalid fixed header flags 0x{flags:X} for {packet}")
 
 
 _Decoder = Callable[["Parser", int, bytes, int, int, int], Packet]
@@ -64,7 +67,7 @@ class Parser:
     def __init__(self, max_packet_size: int = 268435460, *, protocol_level: int = 0) -> None:
         self.max_packet_size = max_packet_size
         self.protocol_level = protocol_level
-        self._buf = bytearray()
+        self._buf: bytearray | None = None  # a partial packet; made when one is first left over (most never are)
         # Bytes the buffered partial packet needs before it is worth parsing again.
         self._need = 0
 
@@ -76,7 +79,7 @@ class Parser:
                 return []
             # Each byte is copied here at most once per completed packet: no quadratic behaviour.
             data = bytes(buf)
-            buf.clear()
+            self._buf = None
         elif not isinstance(data, bytes):
             data = bytes(data)
         try:
@@ -186,7 +189,7 @@ class Parser:
         return out
 
     def _stash(self, data: bytes, pos: int, need: int) -> None:
-        self._buf += memoryview(data)[pos:]
+        self._buf = bytearray(memoryview(data)[pos:])
         self._need = need
 
     # -- per-type decoders: (first byte, data, body start, body end, level) -> packet --------------
@@ -257,7 +260,7 @@ class Parser:
 
     def _ack(self, b0: int, data: bytes, pos: int, end: int, level: int) -> Packet:
         ptype = b0 >> 4
-        _check_flags(b0 & 15, 2 if ptype == _T.PUBREL else 0, _T(ptype).name)
+        _check_flags(b0 & 15, 2 if ptype == _T.PUBREL else 0, ptype)
         pid, pos = read_u16(data, pos, end)
         code = 0
         props: Properties = {}
@@ -340,7 +343,7 @@ class Parser:
 
     def _reason_only(self, b0: int, data: bytes, pos: int, end: int, level: int) -> Packet:
         ptype = b0 >> 4
-        _check_flags(b0 & 15, 0, _T(ptype).name)
+        _check_flags(b0 & 15, 0, ptype)
         if level != 5 and ptype == _T.AUTH:
             raise malformed("AUTH is not an MQTT 3.1.1 packet")
         code = 0
