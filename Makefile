@@ -9,7 +9,7 @@ ARGS ?=
 SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub /usr/bin/redis-server \
 	/usr/bin/redis-cli
 
-.PHONY: run test install dev system-deps java-deps lint typecheck bench bench-deps bench-backends clean
+.PHONY: run test test-slow install dev system-deps java-deps lint typecheck bench bench-deps bench-backends clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -42,7 +42,11 @@ java-deps:
 test: dev system-deps java-deps
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/pytest -q -m "not slow" $(ARGS)
+
+# The benchmarks' smoke tests (tests/loadtest): CI runs them after `make test`.
+test-slow: dev system-deps java-deps
+	$(BIN)/pytest -q -m slow $(ARGS)
 
 lint: dev
 	$(BIN)/ruff check .

@@ -98,6 +98,8 @@ def consecutive_free_ports(n: int) -> int:
             for port in range(base, base + n):
                 s = socket.socket()
                 socks.append(s)
+                # As the servers bind (asyncio sets it): a port held only by old TIME_WAIT connections is free.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind(("127.0.0.1", port))
             return base
         except OSError:
