@@ -22,6 +22,7 @@ from store.base import Message, Slice, StaleWildcards
 from store.embedded_log import EmbeddedLog, lowest_hold
 from store.embedded_meta import MetaStore
 from store.embedded_records import RecordCalls
+from store.files import fsync_dir
 from store.groups import GroupCalls, GroupTable, KVDeletes, KVSets
 from store.memory_registry import MemoryRegistry
 from store.meta_options import DEFAULT_LIMITS, MetaLimits
@@ -34,14 +35,6 @@ FsyncPolicy = Literal["batch", "interval", "never"]
 _datasync = getattr(os, "fdatasync", os.fsync)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_all(fds: list[int], meta: MetaStore | None, dir_path: Path | None) -> None:
     """Runs in a worker thread: one hop for every file of the group."""
     for fd in fds:
@@ -49,7 +42,7 @@ def _fsync_all(fds: list[int], meta: MetaStore | None, dir_path: Path | None) ->
     if meta is not None:
         meta.sync_work()
     if dir_path is not None:
-        _fsync_dir(dir_path)
+        fsync_dir(dir_path)
 
 
 class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
@@ -117,7 +110,7 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
         self._groups.loaded()
         self._log.recover()
         self._indexer.kick()  # segments recovery had to scan get their index files
-        _fsync_dir(self.data_dir)
+        fsync_dir(self.data_dir)
         high = max(self._log.last_seq, self._groups.max_cursor(), self._meta.high_seq())
         # Subscribers may have seen seqs that were written but not synced before a crash: never reuse them.
         self._next_seq = high + 1

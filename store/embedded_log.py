@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from store.base import LogSlice, Message
+from store.files import fsync_dir
 from store.segments import CommitLog
 
 log = logging.getLogger("tidewire.store")
@@ -72,14 +73,6 @@ def holder_from_file_name(name: str) -> str | None:
         return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_hold(holds_dir: Path, holder: str, seq: int) -> None:
     """Set (seq >= 0) or drop (seq < 0) `holder`'s hold, durably. Blocking: callers run it in a thread."""
     name = hold_file_name(holder)
@@ -88,7 +81,7 @@ def write_hold(holds_dir: Path, holder: str, seq: int) -> None:
     if seq < 0:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-            _fsync_dir(holds_dir)
+            fsync_dir(holds_dir)
         return
     tmp = holds_dir / f"{_TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -101,7 +94,7 @@ def write_hold(holds_dir: Path, holder: str, seq: int) -> None:
         raise
     os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(holds_dir)
+    fsync_dir(holds_dir)
     _drop_stale_tmp(holds_dir)
 
 

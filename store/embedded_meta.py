@@ -21,7 +21,8 @@ from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from store import meta_keys as K
 from store.base import Message, SessionRecord, WillRecord
-from store.meta_options import DEFAULT_LIMITS, MetaLimits, fsync_dir, open_db
+from store.files import fsync_dir
+from store.meta_options import DEFAULT_LIMITS, MetaLimits, open_db
 from store.meta_retained import match_retained_values
 from store.records import UnsupportedRecord, decode_message_body, decode_will, encode_message_body, encode_will
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from struct import Struct
 
+from store.files import fsync_dir, write_all
 from store.records import FRAME_SIZE, CorruptRecord, frame_parts, iter_frames
-from store.segments import write_all
 
 log = logging.getLogger("tidewire.store")
 
@@ -35,14 +35,6 @@ _KV_HEADER_SIZE = _KV_HEADER.size
 
 COMPACT_MIN_BYTES = 2**20
 COMPACT_RATIO = 4
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class KVFile:
@@ -169,7 +161,7 @@ class KVFile:
         finally:
             os.close(fd)
         os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         os.close(self.fd)
         self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         self.size = size

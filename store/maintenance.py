@@ -10,11 +10,11 @@ it rather than read a directory that is changing.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from store.files import fsync_dir
 from store.records import CorruptRecord, UnsupportedRecord, iter_frames, peek_message
 from store.segment_index import IDX_SUFFIX, BadIndex, SegmentIndex, index_path
 
@@ -150,11 +150,7 @@ def rebuild_indexes(log_dir: Path) -> int:
             p.unlink()
             removed += 1
     if removed:
-        fd = os.open(log_dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(log_dir)
     return removed
 
 

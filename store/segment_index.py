@@ -59,6 +59,7 @@ from struct import Struct
 from struct import error as StructError
 from typing import Literal
 
+from store.files import fsync_dir, write_all
 from store.records import CorruptRecord, check_frame
 
 log = logging.getLogger("tidewire.store")
@@ -199,14 +200,6 @@ def encode_index(first_seq: int, records: int, segment_size: int, last_ts: int, 
     return [head + bytes(_HEADER_AREA - len(head)), *body]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_index(job: IndexJob) -> bool:
     """Write the job's index file durably. Blocking: runs in a worker thread. False when the segment's log is
     gone (retention deleted it meanwhile)."""
@@ -226,9 +219,7 @@ def write_index(job: IndexJob) -> bool:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         for part in parts:
-            view = memoryview(part)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, part)
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -237,7 +228,7 @@ def write_index(job: IndexJob) -> bool:
         raise
     os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return True
 
 

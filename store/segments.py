@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from store.base import Message
+from store.files import write_all
 from store.records import (
     FRAME_SIZE,
     CorruptRecord,
@@ -40,14 +41,6 @@ SUFFIX = ".log"
 _MAX_SPAN = 4 * 2**20
 # Record offsets are u32 in index files, so a segment stops growing before it reaches 4 GiB.
 MAX_SEGMENT_BYTES = U32_MAX
-
-
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """os.write until done: a regular-file write can in principle be short (e.g. near a quota)."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
 
 
 class CommitLog:
