@@ -63,6 +63,10 @@ def serve_command(
     acl_file: Annotated[Optional[Path], typer.Option(help="Mosquitto-syntax ACL file")] = None,
     max_keepalive: Annotated[Optional[int], typer.Option(help="cap on client keepalive (s)")] = None,
     log_level: Annotated[Optional[str], typer.Option(help="debug|info|warning|error")] = None,
+    admin_port: Annotated[Optional[int], typer.Option(help="HTTP port of metrics, admin API, dashboard and health "
+                                                      "(default 18083; 0 disables)")] = None,
+    api_token_file: Annotated[Optional[Path], typer.Option(
+        help="file holding the admin API token (or TIDEWIRE_API_TOKEN)")] = None,
 ) -> None:
     """Start one gateway node (settings: defaults < --config file < TIDEWIRE_* env < flags)."""
     settings = Settings.load(config, host=host, port=port, tls_port=tls_port, ws_port=ws_port,
@@ -74,7 +78,8 @@ def serve_command(
                              cluster_port=cluster_port, cluster_secret=cluster_secret, data_dir=data_dir,
                              amqp_port=amqp_port, amqps_port=amqps_port, rocketmq_port=rocketmq_port,
                              acl_file=acl_file, lake_dir=lake,
-                             max_keepalive=max_keepalive, log_level=log_level)
+                             max_keepalive=max_keepalive, log_level=log_level, admin_port=admin_port,
+                             api_token_file=api_token_file)
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     from gateway.server import StartupError, run, serve  # here, so `tidewire passwd` starts without them

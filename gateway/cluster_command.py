@@ -189,12 +189,12 @@ def _start_nodes(sup: _Supervisor, n: int, store: str, data_dir: Path, base_port
         # Backend listeners on their default ports plus the node's index: several nodes share one host here.
         cmd = [sys.executable, "-m", "gateway", "serve", "--host", sup.host, "--port", str(port),
                "--data-dir", str(ndir / "data"), "--store", store, "--amqp-port", str(5672 + i),
-               "--rocketmq-port", str(8081 + i)]
+               "--rocketmq-port", str(8081 + i), "--admin-port", str(18083 + i)]
         sup.nodes.append(sup.spawn(node_id, cmd, ndir / "gateway.log", env))
     for i, child in enumerate(sup.nodes):
         sup.wait_ready(child, lambda port=base_port + i: _accepts(sup.host, port))
-        typer.echo(f"{child.name}  mqtt://{sup.host}:{base_port + i}  cluster {sup.host}:{cluster_base_port + i}  "
-                   f"pid={child.proc.pid}  log {child.log}")
+        typer.echo(f"{child.name}  mqtt://{sup.host}:{base_port + i}  admin http://{sup.host}:{18083 + i}  "
+                   f"cluster {sup.host}:{cluster_base_port + i}  pid={child.proc.pid}  log {child.log}")
 
 
 @cluster_app.command("up")

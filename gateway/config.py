@@ -186,6 +186,20 @@ class Settings(BaseSettings):
     http_auth_headers: dict[str, str] = Field(default_factory=dict)
     http_auth_max_connections: int = Field(32, ge=1)
     acl_file: Path | None = None
+    # operations: one HTTP port per node serves /metrics, the admin API (/api/v1), the dashboard and health
+    admin_host: str | None = Field(None, description="address of the admin port; default: host")
+    admin_port: int | None = Field(18083, ge=0, le=65535, description="HTTP port of /metrics, /api/v1, the "
+                                   "dashboard, /healthz and /readyz; 0 disables")
+    api_token: str | None = Field(None, description="bearer token of the admin API (prefer the env var "
+                                  "TIDEWIRE_API_TOKEN or api_token_file); none: a random one is written to "
+                                  "<data_dir>/api_token (mode 0600)")
+    api_token_file: Path | None = Field(None, description="file whose first line is the admin API's token")
+    metrics: bool = Field(True, description="keep the counters /metrics shows (off: nothing extra is counted)")
+    drain_timeout: float = Field(10.0, gt=0, description="s a stopping node gives its clients and writes")
+    server_reference: str | None = Field(None, description="MQTT 5 Server Reference sent with DISCONNECT 0x9C "
+                                         "(use another server) when this node stops; None: 0x8B")
+    ban_refresh_interval: float = Field(2.0, gt=0, description="s between re-reads of the stored ban list "
+                                        "(bans made through another node)")
     # logging
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["logfmt", "json"] = "logfmt"

@@ -35,8 +35,8 @@ HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
 class ConnectionBase(asyncio.Protocol):
     __slots__ = (
         "_backlog", "_bucket", "_expiry_handle", "_holds", "_socket_full", "_state", "_subacks", "alias_max",
-        "aliases_in", "auth", "client_id", "expiry", "inbound_qos2", "info", "keepalive", "last_rx", "level",
-        "limiter", "listener", "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session",
+        "aliases_in", "auth", "client_id", "connected_at", "expiry", "inbound_qos2", "info", "keepalive", "last_rx",
+        "level", "limiter", "listener", "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session",
         "transport", "unacked_in", "will", "will_delay",
     )
 
@@ -51,6 +51,7 @@ class ConnectionBase(asyncio.Protocol):
         self.keepalive = 0
         self.expiry = 0
         self.last_rx = 0.0
+        self.connected_at = 0.0
         self.paused = False
         self._holds = 0
         self._subacks: asyncio.Task[None] | None = None  # SUBACKs waiting for the store, sent in order
@@ -81,6 +82,7 @@ class ConnectionBase(asyncio.Protocol):
             self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.transport.set_write_buffer_limits(high=self.node.settings.write_buffer_high)
         self.last_rx = now = time.monotonic()
+        self.connected_at = time.time()  # for operators (admin API, dashboard)
         self._bucket = self.listener.deadlines.file(self, now + self.node.settings.connect_timeout)
 
     def eof_received(self) -> bool | None:

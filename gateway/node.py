@@ -105,6 +105,7 @@ class Node:
         self._background: set[asyncio.Task[None]] = set()
         self.writes = RecordWrites(store)
         self.cluster: ClusterRole | None = None  # set by the server when the node joins a cluster
+        self.draining = False  # set when the node stops: /readyz answers 503, new connections are refused
         self.wills = DelayedWills(lambda message: self._enqueue(message, None, None, droppable=False), self.writes)
 
     # --- lifecycle ----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ the tests themselves). Tests that Mosquitto fails by design are marked `@pytest.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -116,7 +117,8 @@ class Gateway:
     """One broker process on a fixed port and data dir; restartable, always killed at teardown.
 
     Optional listeners get their own free ports: `tls_port` (when `tls` is given), `ws_port` (`ws=True`),
-    `wss_port` (`wss=True`, needs `tls`), `amqp_port` (`amqp=True`) and `rocketmq_port` (`rocketmq=True`).
+    `wss_port` (`wss=True`, needs `tls`), `amqp_port` (`amqp=True`), `rocketmq_port` (`rocketmq=True`) and
+    `admin_port` (`admin=True`; the API's bearer token is `api_token`, passed as TIDEWIRE_API_TOKEN).
     Authentication: `password_file`, `allow_anonymous` (None: the target's default, which is off once a password
     file is set).
     """
@@ -135,6 +137,7 @@ class Gateway:
         wss: bool = False,
         amqp: bool = False,
         rocketmq: bool = False,
+        admin: bool = False,
         extra_args: Sequence[str] = (),
     ) -> None:
         self.target = TARGET
@@ -158,6 +161,11 @@ class Gateway:
         # The backend listeners are on by default (5672, 8081): off here unless asked for, on free ports.
         self.amqp_port = free_port() if amqp else 0
         self.rocketmq_port = free_port() if rocketmq else 0
+        # The admin HTTP port (metrics, API, dashboard) is on by default (18083): off unless asked for.
+        self.admin_port = free_port() if admin else 0
+        self.api_token = secrets.token_urlsafe(16)
+        if admin:
+            self.env.setdefault("TIDEWIRE_API_TOKEN", self.api_token)
         self.extra_args = list(extra_args)
         self.log_path = workdir / "gateway.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -170,7 +178,7 @@ class Gateway:
             return [MOSQUITTO, "-c", str(self._write_mosquitto_conf())]
         cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port),
-               "--rocketmq-port", str(self.rocketmq_port)]
+               "--rocketmq-port", str(self.rocketmq_port), "--admin-port", str(self.admin_port)]
         if self.redis is not None:
             cmd += ["--store", self.redis.url]
         if self.acl_file is not None:
