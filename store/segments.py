@@ -23,16 +23,13 @@ from store.base import Message
 from store.files import write_all
 from store.records import (
     FRAME_SIZE,
-    CorruptRecord,
-    UnsupportedRecord,
     check_frame,
     decode_message_body,
     encode_message_body,
     frame_parts,
-    iter_frames,
-    peek_message,
 )
 from store.segment_index import IDX_SUFFIX, U32_MAX, BadIndex, IndexJob, Segment, SegmentIndex, index_path, queue_key
+from store.segment_scan import scan_segment
 
 log = logging.getLogger("tidewire.store")
 
@@ -118,52 +115,9 @@ class CommitLog:
             seg.attach(idx)
 
     def _scan(self, seg: Segment, start: int = 0) -> None:
-        """Index the records of `seg` from offset `start` (0, or the end of records indexed already)."""
-        with open(seg.path, "rb") as f:
-            f.seek(start)
-            buf = f.read()
-        self.scans += bool(buf or not start)
-        self.scan_bytes += len(buf)
-        # u64 offsets only in a segment of 4 GiB or more (an older build's): this build seals them before
-        positions = seg.positions if start else array("I" if len(buf) <= U32_MAX else "q")
-        assert isinstance(positions, array)
-        seg.positions = positions
-        index = seg.queues
-        expected = seg.next_seq
-        first = seg.first_seq
-        good_end = 0
-        newer: UnsupportedRecord | None = None
-        try:
-            for pos, body_start, body_end in iter_frames(buf):
-                try:
-                    seq, ts, queues = peek_message(buf, body_start)
-                except UnsupportedRecord as exc:
-                    # Written by a newer build: whole and in sequence, so it stays in the log (cutting it would
-                    # lose it and everything after); without its queues it is indexed nowhere.
-                    seq, ts, queues, newer = exc.seq, exc.timestamp_ms, (), exc
-                if seq != expected:
-                    raise CorruptRecord("unexpected seq", pos)
-                positions.append(start + pos)
-                for q in queues:
-                    arr = index.get(q)
-                    if arr is None:
-                        arr = index[q] = array("I")
-                    arr.append(seq - first)
-                seg.last_ts = ts
-                expected += 1
-                good_end = body_end
-        except CorruptRecord as exc:
-            reason, pos = exc.args
-            log.warning("store: cutting %d bytes at offset %d of %s (%s); %d records kept",
-                        len(buf) - pos, start + pos, seg.path.name, reason, len(positions))
-            os.ftruncate(seg.fd, start + pos)
-            os.fsync(seg.fd)
-            good_end = pos
-        seg.size = start + good_end
-        if newer is not None:
-            log.error("store: %s holds records of format version %d, newer than this build reads: kept in the "
-                      "log but in no queue, and reading them fails (last one: seq %d)",
-                      seg.path.name, newer.version, newer.seq)
+        read = scan_segment(seg, start)
+        self.scans += bool(read or not start)
+        self.scan_bytes += read
 
     def _add(self, seg: Segment) -> None:
         self.segments.append(seg)
