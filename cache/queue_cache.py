@@ -34,11 +34,16 @@ class _CachedQueue:
 
 
 class QueueCache:
-    def __init__(self, store: Store, per_queue: int = 4096, pull_batch: int = 1024) -> None:
+    """`hits`/`misses` count the reads `get` could / could not answer (kept only with `metrics`)."""
+
+    def __init__(self, store: Store, per_queue: int = 4096, pull_batch: int = 1024, *, metrics: bool = True) -> None:
         self._store = store
         self._per_queue = per_queue
         self._pull_batch = pull_batch
         self._queues: dict[str, _CachedQueue] = {}
+        self.metrics = metrics
+        self.hits = 0
+        self.misses = 0
 
     def track(self, queue: str) -> None:
         """Start caching `queue` from the store's current end (called per local subscriber)."""
@@ -153,7 +158,11 @@ class QueueCache:
         None if the cache can't answer completely."""
         cached = self._queues.get(queue)
         if cached is None or after_seq < cached.head:
+            if self.metrics:
+                self.misses += 1
             return None
+        if self.metrics:
+            self.hits += 1
         start = bisect_right(cached.seqs, after_seq)
         messages = cached.messages[start : start + limit]
         if len(messages) == limit and limit:

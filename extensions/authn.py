@@ -104,15 +104,30 @@ class AuthChain:
     When every source ignores the request: a client that presented no credentials is anonymous (accepted only
     when `allow_anonymous`); one that presented credentials nobody accepted is refused as bad credentials,
     since accepting them would make a claimed user name look proved.
+
+    `results` counts the answers by (deciding source, "success" | "failure") for the metrics; a chain without
+    sources counts nothing (its answer depends on `allow_anonymous` alone and callers keep it).
     """
 
-    __slots__ = ("allow_anonymous", "sources")
+    __slots__ = ("allow_anonymous", "results", "sources")
 
     def __init__(self, sources: Sequence[Authenticator], allow_anonymous: bool) -> None:
         self.sources = tuple(sources)
         self.allow_anonymous = allow_anonymous
+        self.results: dict[tuple[str, str], int] = {}
 
     async def authenticate(self, request: AuthRequest) -> Identity | Refused:
+        result = await self._decide(request)
+        if self.sources:
+            self.record(result)
+        return result
+
+    def record(self, result: Identity | Refused) -> None:
+        """Count an answer (also one decided outside the chain: a certificate's name, MQTT 5 enhanced auth)."""
+        key = (result.source, "success" if isinstance(result, Identity) else "failure")
+        self.results[key] = self.results.get(key, 0) + 1
+
+    async def _decide(self, request: AuthRequest) -> Identity | Refused:
         for source in self.sources:
             try:
                 decision = await source.authenticate(request)

@@ -10,6 +10,7 @@ import typer
 
 from gateway.cluster_command import cluster_app
 from gateway.config import Settings
+from gateway.ctl_command import ctl_app
 from gateway.logs import setup_logging
 from gateway.passwd_command import passwd_command
 from gateway.pipeline_command import lake_app, pipeline_app
@@ -96,6 +97,7 @@ app.add_typer(cluster_app, name="cluster")  # cluster up / status; see gateway/c
 app.add_typer(lake_app, name="lake")  # lake run; see gateway/pipeline_command.py
 app.add_typer(pipeline_app, name="pipeline")  # pipeline run <job>
 app.add_typer(store_app, name="store")  # store check|compact|dump; see gateway/store_command.py
+app.add_typer(ctl_app, name="ctl")  # a running node through its admin API; see gateway/ctl_command.py
 
 if __name__ == "__main__":
     app()

@@ -55,7 +55,7 @@ from gateway.lifecycle import (
 from gateway.listeners import certificate_name
 from gateway.ratelimit import InboundLimiter
 from gateway.session import Session
-from store.base import Message, WillRecord
+from store.base import Ban, Message, WillRecord
 
 log = logging.getLogger("tidewire.conn")
 _CONNACK_ACCEPTED_311 = encode(Connack(False, 0), 4)  # the answer to nearly every 3.1.1 CONNECT
@@ -131,6 +131,9 @@ class MqttConnection(ConnectionBase):
         except Refusal as refusal:
             return self._refuse(refusal.code311, refusal.code5, refusal.detail)
         self.client_id = terms.client_id
+        ban = node.bans.check(terms.client_id, None, self.peer)  # before any authentication work
+        if ban is not None:
+            return self._banned(ban)
         proof = self._credentials(packet, terms)
         if isinstance(proof, Refusal):
             return self._refuse(proof.code311, proof.code5, proof.detail)
@@ -180,6 +183,10 @@ class MqttConnection(ConnectionBase):
         if proof is not None:
             terms.info = ClientInfo(terms.client_id, proof.username, self.peer, self.level, proof.superuser,
                                     proof.acl)
+            # The user name only counts once proven; the id and address again: a ban may be newer than the CONNECT.
+            ban = node.bans.check(terms.client_id, proof.username, self.peer)
+            if ban is not None:
+                return self._banned(ban)
             if proof.expires_at is not None:
                 self.expiry_at(proof.expires_at)
             try:
@@ -232,6 +239,9 @@ class MqttConnection(ConnectionBase):
         assert terms is not None
         terms.ack_properties.update(props)
         terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level)
+        ban = self.node.bans.check(terms.client_id, result.username, self.peer)
+        if ban is not None:
+            return self._banned(ban)
         try:
             check_will(terms, self.node.authorizer)
         except Refusal as refusal:
@@ -240,12 +250,26 @@ class MqttConnection(ConnectionBase):
         self._open_session(connect, terms)
         return None
 
+    def _banned(self, ban: Ban) -> None:
+        self.node.bans.banned_refused += 1
+        return self._refuse(ConnackCode311.NOT_AUTHORIZED, ReasonCode.BANNED, f"banned ({ban.kind})")
+
+    def kick(self, detail: str) -> None:
+        """Closed by an operator (a ban): 5.0 gets DISCONNECT 0x98 Administrative action (0x8A Banned is not a
+        DISCONNECT code). The will is published, as for any end the client did not ask for."""
+        if self._state == CLOSED:
+            return
+        log.info("client.kicked", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
+        if self.level >= 5 and self._state == CONNECTED:
+            self._send(Disconnect(ReasonCode.ADMINISTRATIVE_ACTION, {PropertyId.REASON_STRING: detail[:200]}))
+        self._closed(will=True, reason=detail)
+
     def _open_session(self, packet: Connect, terms: Terms) -> None:
         """Authenticated: a clean session the node can start at once is answered now; any other (a session to
         restore or take over, a store to ask first) in a task."""
         self._take_terms(terms)
         if packet.clean_start and not terms.expiry:
-            opened = self.node.open_clean_session(self, terms.client_id, self.level, terms.window)
+            opened = self.node.sessions.open_clean(self, terms.client_id, self.level, terms.window)
             if opened is not None:
                 return self._established(packet, terms, opened, False, fresh=True)
         self._hold(HOLD_CONNECT)
@@ -255,17 +279,17 @@ class MqttConnection(ConnectionBase):
     async def _open(self, packet: Connect, terms: Terms) -> None:
         """Take over or restore the session (or start one), then answer."""
         client_id = terms.client_id
-        session, present = await self.node.open_session(self, client_id, self.level, packet.clean_start,
+        session, present = await self.node.sessions.open(self, client_id, self.level, packet.clean_start,
                                                         self.expiry, terms.window)
         if self._state == CLOSED:  # the socket died while we were restoring the session
-            self.node.close_session(self, session)
+            self.node.sessions.close(self, session)
             return None
         if self.will is not None and self.node.cluster is not None:
             # Stored before CONNACK: if this node dies from here on, a survivor publishes it.
             self.node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, self.node.node_id))
             await self.node.writes.will_settled(client_id)
             if self._state == CLOSED:
-                self.node.close_session(self, session)
+                self.node.sessions.close(self, session)
                 return None
         self._established(packet, terms, session, present)
         return None
@@ -276,6 +300,7 @@ class MqttConnection(ConnectionBase):
         node = self.node
         client_id = terms.client_id
         self.session = session
+        self.clean_start = packet.clean_start
         self.listener.connections += 1
         if self.will is not None and node.cluster is None:
             node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, node.node_id))
@@ -376,6 +401,7 @@ class MqttConnection(ConnectionBase):
                 return None
         if refused is not None:
             log.info("acl.denied", extra={"client_id": self.client_id, "topic": topic, "access": "publish"})
+            self.node.counters.drop("not_authorized")
             if self.node.events is not None:
                 self.node.events.add(DROPPED, int(time.time() * 1000), self.client_id, "mqtt", topic, None, qos,
                                      reason="not_authorized")

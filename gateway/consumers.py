@@ -115,6 +115,7 @@ class _Group:
                 self._taking.discard(id(consumer))
             if batch and consumer in self.consumers:
                 consumer.deliver(batch)
+                self.node.counters.consumed(self.name, batch)
                 delivered += len(batch)
             elif batch:  # it left while the claim was made: give them back at once
                 await self.node.store.set_visibility(self.name, [(d.claim.seq, d.claim.token) for d in batch], 0)

@@ -53,8 +53,8 @@ async def expire_sessions(node: Node) -> None:
             continue
         await node.writes.session_settled(client_id)  # the record saved at its disconnect, not an older one
         record = await node.store.get_session(client_id)
-        if record is not None and node.expired(record, now):
-            await node.drop_stored(record, record.epoch)  # not if a node claimed it since it was read
+        if record is not None and node.sessions.expired(record, now):
+            await node.sessions.drop_stored(record, record.epoch)  # not if a node claimed it since it was read
             log.info("session.expired", extra={"client_id": client_id})
 
 

@@ -35,9 +35,9 @@ HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
 class ConnectionBase(asyncio.Protocol):
     __slots__ = (
         "_backlog", "_bucket", "_expiry_handle", "_holds", "_socket_full", "_state", "_subacks", "alias_max",
-        "aliases_in", "auth", "client_id", "connected_at", "expiry", "inbound_qos2", "info", "keepalive", "last_rx",
-        "level", "limiter", "listener", "max_packet", "node", "parser", "paused", "peer", "pending_qos1", "session",
-        "transport", "unacked_in", "will", "will_delay",
+        "aliases_in", "auth", "clean_start", "client_id", "connected_at", "expiry", "inbound_qos2", "info",
+        "keepalive", "last_rx", "level", "limiter", "listener", "max_packet", "node", "parser", "paused", "peer",
+        "pending_qos1", "session", "transport", "unacked_in", "will", "will_delay",
     )
 
     def __init__(self, node: Node, listener: Listener, peer: tuple[str, int] | None = None) -> None:
@@ -52,6 +52,7 @@ class ConnectionBase(asyncio.Protocol):
         self.expiry = 0
         self.last_rx = 0.0
         self.connected_at = 0.0
+        self.clean_start = True  # as the CONNECT said (for operators: a 5.0 session's expiry is separate)
         self.paused = False
         self._holds = 0
         self._subacks: asyncio.Task[None] | None = None  # SUBACKs waiting for the store, sent in order
@@ -165,11 +166,17 @@ class ConnectionBase(asyncio.Protocol):
             self._send(Connack(False, reason))  # a malformed 5.0 CONNECT is answered with a CONNACK
         self._closed(will=True, reason=message)
 
-    def shutdown(self, reason: int) -> None:
-        """Server-initiated close (shutdown): the session is parked, the will stays for the next start."""
+    def shutdown(self, reason: int, properties: dict[int, Any] | None = None) -> None:
+        """The node stops (`gateway.drain`): 5.0 gets DISCONNECT `reason` with `properties` (0x8B, or 0x9C with a
+        Server Reference), 3.1.1 a closed connection; the session is parked. The client sent no DISCONNECT, so
+        its will is due (MQTT 5 3.1.2.5): published now when its delay is 0 or the session ends with the
+        connection; a delayed one stays stored, for the client to cancel by coming back in time (here or on
+        another node), else the next start publishes it."""
         if self.level >= 5 and self._state == CONNECTED:
-            self._send(Disconnect(reason, {PropertyId.REASON_STRING: "server shutting down"}))
-        self._closed(will=False, reason="server shutdown", keep_will=True)
+            self._send(Disconnect(reason, properties if properties is not None
+                                  else {PropertyId.REASON_STRING: "server shutting down"}))
+        delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
+        self._closed(will=delay <= 0, reason="server shutdown", keep_will=True)
 
     def take_over(self) -> Session | None:
         """Another connection claims this client id: close this one and hand its session over."""
@@ -199,7 +206,7 @@ class ConnectionBase(asyncio.Protocol):
             return
         self.listener.connections -= 1
         session, self.session = self.session, None
-        self.node.close_session(self, session, transfer=transfer)
+        self.node.sessions.close(self, session, transfer=transfer)
         if self.will is not None and will:
             delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
             self.node.wills.publish_after(self.client_id, self.will, delay)

@@ -142,9 +142,10 @@ def make_listeners(settings: Settings, now: float) -> list[tuple[Listener, int]]
 class Admission:
     """Node-wide admission state shared by the listeners."""
 
-    __slots__ = ("_sourceless", "lag_ms", "max_lag_ms", "max_pending", "pending")
+    __slots__ = ("_sourceless", "draining", "lag_ms", "max_lag_ms", "max_pending", "pending")
 
     def __init__(self, settings: Settings) -> None:
+        self.draining = False  # the node is stopping: /readyz answers 503 and new CONNECTs are refused
         self.pending = 0  # CONNECTs being authenticated right now
         self.max_pending = settings.max_pending_connects
         self.max_lag_ms = settings.overload_loop_lag_ms
@@ -174,6 +175,8 @@ class Admission:
     def check(self, listener: Listener, now: float, reconnecting: bool) -> None:
         """Raise `Refusal` when a new CONNECT on `listener` must be refused."""
         busy = ConnackCode311.SERVER_UNAVAILABLE
+        if self.draining:  # a client that got in before the listener closed: let it go to another node now
+            raise Refusal(busy, ReasonCode.SERVER_UNAVAILABLE, "the node is stopping")
         if self.overloaded:
             raise Refusal(busy, ReasonCode.SERVER_BUSY, f"overloaded (event loop lag {self.lag_ms:.0f} ms)")
         if self.pending >= self.max_pending:

@@ -25,16 +25,19 @@ from cache.queue_cache import QueueCache
 from extensions.auth import EnhancedAuth
 from extensions.authn import AuthChain
 from extensions.hooks import Authorizer, PerClient
+from gateway.bans import BanList
 from gateway.codec import ReasonCode, SubscriptionRequest
 from gateway.config import Settings
 from gateway.consumers import ConsumerGroups
 from gateway.dispatch import Dispatcher
+from gateway.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
 from gateway.events import EventBuffer
 from gateway.housekeeping import housekeeping_loop
 from gateway.ingress import DurableSink, tell_sinks
 from gateway.listeners import Admission
 from gateway.retry import Backoff, stop_if_cancelled
 from gateway.session import Session
+from gateway.session_open import SessionOpener
 from gateway.shared import SharedGroup
 from gateway.subscriptions import SubscriptionRegistry
 from gateway.sys_topics import Counters, SysTopics
@@ -42,7 +45,7 @@ from gateway.wills import DelayedWills
 from gateway.writes import RecordWrites
 from lookup.base import Lookup
 from notify.base import Notifier
-from store.base import Message, SessionRecord, StaleWildcards, Store, expiry_deadline
+from store.base import Message, StaleWildcards, Store
 
 if TYPE_CHECKING:
     from gateway.cluster import ClusterRole
@@ -71,17 +74,19 @@ class Node:
         self.notifier = notifier
         self.authorizer = PerClient(authorizer)
         # Cache refreshes read 4 pull batches at once: one round trip of a networked store serves more readers.
-        self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch * 4)
+        self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch * 4,
+                                metrics=settings.metrics)
         self.connections: dict[str, ConnectionBase] = {}
+        self.bans = BanList(self)  # cluster-wide bans, checked on connect (gateway.bans)
         self.subscriptions = SubscriptionRegistry(self)
         self.groups = ConsumerGroups(self)  # competing consumers of other protocols (AMQP queues, RocketMQ)
-        self.counters = Counters()
+        self.counters = Counters(settings.metrics)
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
         if settings.lake_dir is None:  # the lake exports the whole log: there every event goes into it
             self.sys.audience = self.subscriptions.routed  # no event nobody reads is stored
         # Session and delivery events for the lake (pipeline.lake.events drains them); None: not recorded.
         self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
-        self._client_locks: dict[str, asyncio.Lock] = {}
+        self.sessions = SessionOpener(self)  # open (takeover, claim, restore) and close client sessions
         # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
         self._batch: list[Message] = []  # published since the last append started
@@ -105,12 +110,21 @@ class Node:
         self._background: set[asyncio.Task[None]] = set()
         self.writes = RecordWrites(store)
         self.cluster: ClusterRole | None = None  # set by the server when the node joins a cluster
-        self.draining = False  # set when the node stops: /readyz answers 503, new connections are refused
         self.wills = DelayedWills(lambda message: self._enqueue(message, None, None, droppable=False), self.writes)
+
+    @property
+    def draining(self) -> bool:
+        """Set when the node stops (`gateway.drain`)."""
+        return self.admission.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.admission.draining = value
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.notifier.register(self.node_id, self.notified)
+        await self.bans.refresh()  # in force before the first client: a ban outlives a restart
         now = _now_ms()
         cluster = self.cluster
         # Only sessions marked online are read (not every stored one): expiry reads the store's index as it goes.
@@ -133,39 +147,67 @@ class Node:
                        loop.create_task(self._dispatch_loop()), loop.create_task(housekeeping_loop(self))]
         if cluster is not None:
             self._tasks += [loop.create_task(cluster.resync_loop()), loop.create_task(cluster.lease_loop())]
+        self._tasks.append(loop.create_task(self.bans.run()))
 
     @property
     def store_down(self) -> bool:
         """The publish pipeline's last store call failed (appends or syncs are being retried)."""
         return bool(self._flush_retry.failures or self._sync_retry.failures)
 
-    async def stop(self) -> None:
-        for conn in list(self.connections.values()):
-            conn.shutdown(ReasonCode.SERVER_SHUTTING_DOWN)
-        self.wills.cancel_all()
+    async def stop(self, reason: int = ReasonCode.SERVER_SHUTTING_DOWN, properties: dict[int, Any] | None = None,
+                   *, timeout: float = 10.0) -> None:
+        """Disconnect every client and flush, within `timeout` s (`gateway.drain` runs this as step 3). Clients
+        are first no longer read, so what they already sent is stored and acknowledged before their DISCONNECT
+        (`reason`, `properties`: 5.0 only) and is not sent again; the pipeline (still running) then stores their
+        wills, session records and offsets; what cannot be stored in time is logged, never acknowledged."""
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        async def flush() -> None:  # one last attempt, no retries: we are going away
+            await self._flush_once()
+            await self.store.sync()
+            tell_sinks(self._durable_acks)
+            self._durable_acks = []
+
+        conns = list(self.connections.values())
+        self._held.clear()  # else the pipeline, draining, would resume reading some of them
+        await quiesce(conns, min(QUIESCE_S, timeout / 4), lambda: self.store_down)
+        await disconnect_all(conns, reason, properties)
+        self.wills.cancel_all()  # wills in their delay stay stored: the next start publishes what is left
         await self.groups.stop()
+        if self._background:  # spawned one-off work (retained lookups, session opens): a bounded wait
+            await asyncio.wait(self._background, timeout=min(5.0, left()))
+        late = list(self.connections.values())  # a session opened meanwhile: its CONNACK went out after the drain
+        await disconnect_all(late, reason, properties)
+        conns += late
+        while (self._batch or self._appending or self._unretained or self._appended_acks) and left() > 0 and (
+                not self.store_down):  # the flush loop stores wills and last publishes: not cut mid-append
+            self._flush_wanted.set()
+            await asyncio.sleep(0.005)
         pending = set(self._tasks)
         for _ in range(20):  # a client library may swallow a cancel (redis-py can): ask again until they end
             for task in pending:
                 task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=0.25) if pending else (set(), set())
-            if not pending:
+            _, pending = await asyncio.wait(pending, timeout=min(0.25, left())) if pending else (set(), set())
+            if not pending or not left():
                 break
-        if self._background:  # spawned one-off work (retained lookups, session opens): a bounded wait
-            await asyncio.wait(self._background, timeout=5.0)
-        if cancelled := await self.writes.close(timeout=5.0):
+        if cancelled := await self.writes.close(timeout=min(5.0, left())):
             log.error("stop.writes_lost", extra={"writes": cancelled})
         try:
-            await self._flush_once()  # one last attempt, no retries: we are going away
-            await self.store.sync()
-            tell_sinks(self._durable_acks)
-            self._durable_acks = []
+            await asyncio.wait_for(flush(), max(left(), 0.001))
+        except TimeoutError:
+            log.error("stop.flush_timeout", extra={"unappended": len(self._batch) + len(self._appending)})
         except Exception:
             log.exception("stop.flush_failed", extra={"unappended": len(self._batch) + len(self._appending)})
         lost = self._appending_acks + self._acks
         self._appending_acks, self._acks = [], []
         if lost:
             tell_sinks(lost, "the node stopped before storing it")
+        transports = [conn.transport for conn in conns if conn.transport is not None]
+        if still := await wait_closed(transports, min(self.settings.close_drain_timeout, left())):
+            log.info("stop.clients_not_closed", extra={"connections": still})
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -177,116 +219,10 @@ class Node:
         if not task.cancelled() and task.exception() is not None:
             log.error("task.failed", exc_info=task.exception())
 
-    # --- sessions -----------------------------------------------------------------------------------------
-    def _lock(self, client_id: str) -> asyncio.Lock:
-        lock = self._client_locks.get(client_id)
-        if lock is None:
-            lock = self._client_locks[client_id] = asyncio.Lock()
-        return lock
-
-    async def open_session(self, conn: ConnectionBase, client_id: str, level: int, clean_start: bool,
-                           expiry: int, window: int) -> tuple[Session, bool]:
-        """Take over or restore the client's session (or start one); returns it and `session_present`."""
-        lock = self._lock(client_id)
-        async with lock:
-            session: Session | None = None
-            old = self.connections.get(client_id)
-            if old is not None:
-                log.info("client.takeover", extra={"client_id": client_id})
-                session = old.take_over()
-            self.wills.cancel(client_id)
-            self.writes.drop_will(client_id)
-            await self.writes.will_settled(client_id)
-            # Claim the session in the store: its epoch fences off any node that held it before (their late
-            # writes of its record and offsets are ignored); that node is told to close the connection.
-            await self.writes.session_settled(client_id)  # read what this node last wrote, not older
-            record, epoch = await self.store.claim_session(client_id, self.node_id)
-            if self.cluster is not None:
-                await self.cluster.kick_elsewhere(client_id, epoch)
-            if session is not None:
-                record = None
-            elif record is not None and self.expired(record, _now_ms()):
-                await self.drop_stored(record, epoch)
-                record = None
-            if clean_start:
-                if session is not None:
-                    self.subscriptions.forget(session.record)
-                    session = None
-                if record is not None:
-                    await self.drop_stored(record, epoch)
-                    record = None
-            present = session is not None or record is not None
-            if session is None:
-                if record is None:
-                    last = self.store.last_seq()
-                    record = SessionRecord(client_id, offset=last, sent_upto=last)
-                record.owner, record.epoch = self.node_id, epoch
-                session = Session(self, record, persistent=expiry > 0, window=window,
-                                  pull_batch=self.settings.pull_batch,
-                                  retry_interval=self.settings.retry_interval)
-            record = session.record
-            record.owner, record.epoch = self.node_id, epoch
-            record.protocol_level = session.level = level
-            record.expiry_interval = expiry
-            record.disconnected_at_ms = 0
-            session.persistent = expiry > 0
-            session.window = window
-            self.connections[client_id] = conn
-            self.lookup.set_client_location(client_id, self.node_id)
-            self.subscriptions.attach(session, conn.info)
-            if session.persistent:
-                self.writes.save_session(session.snapshot())
-                await self.writes.session_settled(client_id)
-        if not lock.locked() and self._client_locks.get(client_id) is lock:
-            del self._client_locks[client_id]
-        return session, present
-
-    def open_clean_session(self, conn: ConnectionBase, client_id: str, level: int, window: int) -> Session | None:
-        """A clean session (nothing kept after it ends) started at once, without a store call, when nothing of the
-        client's exists or is under way: one node, no connection, no open or write in flight (so no stored will),
-        and a store that knows at once it holds no session of the client. Else None: `open_session` does it."""
-        if (self.cluster is not None or client_id in self.connections or client_id in self._client_locks
-                or not self.writes.idle(client_id) or not self.store.session_absent(client_id)):
-            return None
-        last = self.store.last_seq()
-        record = SessionRecord(client_id, level, 0, offset=last, sent_upto=last, owner=self.node_id)
-        session = Session(self, record, persistent=False, window=window, pull_batch=self.settings.pull_batch,
-                          retry_interval=self.settings.retry_interval, stored=False)
-        self.connections[client_id] = conn
-        self.lookup.set_client_location(client_id, self.node_id)
-        self.subscriptions.attach(session, conn.info)
-        return session
-
-    def close_session(self, conn: ConnectionBase, session: Session, *, transfer: bool = False) -> None:
-        """The connection is gone. Unless the session moves to a new connection, park it in the store."""
-        if self.connections.get(session.client_id) is conn:
-            del self.connections[session.client_id]
-            self.lookup.remove_client_location(session.client_id, self.node_id)
-        self.subscriptions.detach(session)
-        session.detach()
+    def released(self, conn: ConnectionBase, session: Session) -> None:
+        """A connection ended (`SessionOpener.close`): no offsets of its session to save, no reading to resume."""
         self._dirty.discard(session)
         self._held.discard(conn)
-        if transfer:
-            return
-        if session.persistent:
-            record = session.snapshot()
-            record.disconnected_at_ms = _now_ms()
-            self.subscriptions.park(record)
-            self.writes.save_session(record)
-        else:
-            self.subscriptions.forget(session.record)
-            if session.stored:  # else there is nothing to delete
-                self.writes.drop_session(session.client_id)
-
-    @staticmethod
-    def expired(record: SessionRecord, now_ms: int) -> bool:
-        deadline = expiry_deadline(record)
-        return deadline is not None and deadline <= now_ms
-
-    async def drop_stored(self, record: SessionRecord, epoch: int = -1) -> None:
-        self.subscriptions.forget(record)
-        self.writes.drop_session(record.client_id, epoch)
-        await self.writes.session_settled(record.client_id)
 
     # --- subscriptions ----------------------------------------------------------------------------------
     def subscribe(self, session: Session, conn: ConnectionBase, requests: list[SubscriptionRequest],
@@ -316,11 +252,12 @@ class Node:
         if session.persistent:
             self._dirty.add(session)
 
-    def count_out(self, messages: int, nbytes: int, dropped: int) -> None:
+    def count_out(self, messages: int, nbytes: int, retried: int = 0) -> None:
+        """A session wrote `messages` MQTT PUBLISH packets (`retried` of them sent again), `nbytes` in all."""
         counters = self.counters
         counters.messages_out += messages
         counters.bytes_out += nbytes
-        counters.dropped += dropped
+        counters.retries += retried
 
     # --- publish pipeline ---------------------------------------------------------------------------------
     def publish(self, message: Message, sink: DurableSink | None = None, token: Any = None) -> None:
@@ -338,13 +275,16 @@ class Node:
         counters = self.counters
         counters.messages_in += 1
         counters.bytes_in += len(message.payload)
+        if message.protocol:  # MQTT's share is the rest (Counters.by_protocol): nothing more on its path
+            counters.in_messages[message.protocol] += 1
+            counters.in_bytes[message.protocol] += len(message.payload)
         if len(self._batch) + len(self._appending) >= self.max_pending:
             source = sink if sink is not None else self.connections.get(message.publisher)
             if source is not None and source not in self._held:
                 source.pause_publishes()
                 self._held.add(source)
             if droppable and self.store_down:
-                counters.dropped += 1
+                counters.drop("store_unavailable")
                 if not self._dropping:
                     self._dropping = True
                     log.warning("publish.dropping_qos0", extra={"pending": self.max_pending})
@@ -387,13 +327,18 @@ class Node:
         batch = self._appending
         if batch:
             subscriptions = self.subscriptions
+            counters = self.counters
             while True:
                 # Indexed here, not when published: the queues and the version they go with are read together.
                 queues_for = subscriptions.queues_for
                 for message in batch:
                     message.queues = queues_for(message.topic)
                 try:
+                    started = time.perf_counter()
                     await self.store.append(batch, subscriptions.wildcard_version)
+                    if counters.enabled:
+                        counters.append_seconds.observe(time.perf_counter() - started)
+                        counters.topics.add(batch)
                     break
                 except StaleWildcards:  # another node changed the set: index the batch with the current one
                     await subscriptions.refresh_wildcards()
@@ -448,12 +393,15 @@ class Node:
             while True:
                 acks.extend(self._durable_acks)
                 self._durable_acks = []
+                started = time.perf_counter()
                 try:
                     await self.store.sync()
                 except Exception as exc:
                     stop_if_cancelled()
                     await asyncio.sleep(retry.failed(exc))
                     continue
+                if self.counters.enabled:
+                    self.counters.fsync_seconds.observe(time.perf_counter() - started)
                 break
             retry.succeeded()
             tell_sinks(acks)

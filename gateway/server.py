@@ -18,6 +18,7 @@ from gateway.accept_loop import AcceptLoop
 from gateway.cluster import ClusterRole
 from gateway.config import Settings
 from gateway.connection import MqttConnection
+from gateway.drain import drain
 from gateway.listeners import Listener, make_listeners, reload_certificate, tls_context
 from gateway.node import Node
 from gateway.security import Security
@@ -296,13 +297,19 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)
     backends = build_backends(node, tls)
-    for backend in backends:
+    admin: Backend | None = None
+    if settings.admin_port:  # FastAPI and uvicorn are imported only then
+        from admin.server import AdminServer
+
+        admin = AdminServer(node, settings, servers=servers, backends=backends)
+    starting = [*backends, *([admin] if admin is not None else [])]  # the admin port last: it shows the others
+    for backend in starting:
         try:
             await backend.start()
         except OSError as exc:
             for server in servers:
                 server.close()
-            for started in backends[:backends.index(backend)]:
+            for started in starting[:starting.index(backend)]:
                 await started.stop()
             await node.stop()
             if fabric is not None:
@@ -342,17 +349,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     await stop.wait()
     log.info("stopping")
     loop.remove_signal_handler(signal.SIGHUP)
-    for server in servers:
-        server.close()
     lag_watch.cancel()
-    for backend in backends:
-        await backend.stop()
-    # Only our accept loops: a plain server's wait_closed also waits for its connections, closed below.
-    await asyncio.gather(*(server.wait_closed() for server in servers if isinstance(server, AcceptLoop)))
-    await node.stop()
-    if fabric is not None:
-        await fabric.stop()
-    await store.close()
+    # Listeners, backends, clients (DISCONNECT 0x8B/0x9C), flush, cluster leave, store: within drain_timeout.
+    # The admin port stays up meanwhile: /readyz answers 503 while the node drains.
+    await drain(node, servers, backends, fabric, store)
+    if admin is not None:
+        await admin.stop()
     await security.close()
     log.info("stopped")
 

@@ -89,9 +89,10 @@ class Session:
         self.aliases = {} if conn.alias_max else None  # aliases never outlive a connection
         self.p2p_pending = self.p2p_sub is not None and not fresh  # anything sent to it while it was away
         if self.inflight:
-            chunks = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id)
+            chunks, published = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id)
             if chunks:
                 conn.write_chunks(chunks)
+                self.owner.count_out(published, sum(map(len, chunks)), published)
             self._arm_retry()
         self.pull()
 
@@ -197,6 +198,7 @@ class Session:
                                 int(time.time() * 1000))
         if chunks:
             conn.write_chunks(chunks)
+            self.owner.count_out(1, sum(map(len, chunks)))
             self._arm_retry()
         return sent
 
@@ -331,7 +333,7 @@ class Session:
         simple = not (conn.alias_max or conn.max_packet)
         retain = False
         ids: tuple[int, ...] = ()
-        sent = dropped = 0
+        sent = retried = 0
         events = self.owner.events
         client_id = self.client_id
         for message in messages:
@@ -355,15 +357,20 @@ class Session:
                 else:
                     pid = self._next_pid()
                     inflight[pid] = Inflight(message, qos, True, now, retain, ids)
-                    chunks += (with_dup(head) if message.seq <= sent_upto else head, pid.to_bytes(2, "big"), tail)
+                    if message.seq <= sent_upto:  # sent before this connection (not acknowledged): again, as DUP
+                        chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
+                        retried += 1
+                    else:
+                        chunks += (head, pid.to_bytes(2, "big"), tail)
                 sent += 1
                 if events is not None:
                     events.add(DELIVERED, now_ms, client_id, "mqtt", message.topic, message.seq, qos,
                                message.seq <= sent_upto)
-            elif self._encode_one(chunks, message, qos, retain, ids, message.seq <= sent_upto, True, None, now_ms):
-                sent += 1
             else:
-                dropped += 1
+                dup = message.seq <= sent_upto
+                if self._encode_one(chunks, message, qos, retain, ids, dup, True, None, now_ms):
+                    sent += 1
+                    retried += dup and qos > 0
             cursor = message.seq
         if cursor != self.cursor:
             self.cursor = cursor
@@ -372,7 +379,7 @@ class Session:
             self.owner.session_dirty(self)
         if chunks:
             conn.write_chunks(chunks)
-            self.owner.count_out(sent, sum(map(len, chunks)), dropped)
+            self.owner.count_out(sent, sum(map(len, chunks)), retried)
             self._arm_retry()
         if blocked:
             self.pending = True
@@ -387,6 +394,7 @@ class Session:
         if message.expires_at_ms:
             remaining = message.expires_at_ms - now_ms
             if remaining <= 0:
+                self.owner.counters.drop("expired")
                 if events is not None:
                     events.add(DROPPED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup,
                                "expired")
@@ -405,6 +413,7 @@ class Session:
                 alias = len(aliases) + 1  # assigned below, once the packet is known to go out
         head, tail = encoded_publish_with(message, self.level, qos, retain, ids, expiry, alias, send_topic)
         if conn.max_packet and len(head) + len(tail) + (2 if qos else 0) > conn.max_packet:
+            self.owner.counters.drop("too_large")
             if events is not None:
                 events.add(DROPPED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup,
                            "too_large")
@@ -427,15 +436,17 @@ class Session:
         extra = self.extra
         assert extra is not None
         now_ms = int(time.time() * 1000)
+        sent = 0
         while extra:
             message, qos, ids = extra[0]
             if qos and len(self.inflight) >= self.window:
                 self.pending = True
                 break
             extra.popleft()
-            self._encode_one(chunks, message, qos, True, ids, False, False, None, now_ms)
+            sent += self._encode_one(chunks, message, qos, True, ids, False, False, None, now_ms)
         if chunks:
             conn.write_chunks(chunks)
+            self.owner.count_out(sent, sum(map(len, chunks)))
             self._arm_retry()
         if extra:
             return False
@@ -471,7 +482,8 @@ class Session:
         if conn is None:
             return
         deadline = time.monotonic() - self.retry_interval
-        chunks = resend(self.inflight, self.level, deadline, self.owner.events, self.client_id)
+        chunks, published = resend(self.inflight, self.level, deadline, self.owner.events, self.client_id)
         if chunks:
             conn.write_chunks(chunks)
+            self.owner.count_out(published, sum(map(len, chunks)), published)
         self._arm_retry()

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from cache.queue_cache import QueueCache
     from gateway.events import EventBuffer
     from gateway.session import Session
+    from gateway.sys_topics import Counters
 
 
 Delivery = tuple[int, bool, tuple[int, ...]]  # qos (-1: skip), retain flag, subscription identifiers
@@ -45,10 +46,12 @@ class SessionOwner(Protocol):
     cache: QueueCache
     store: Store
     events: EventBuffer | None  # session and delivery events for an exporter (None: not recorded)
+    counters: Counters  # drops by reason
 
     def session_dirty(self, session: Session) -> None: ...
 
-    def count_out(self, messages: int, nbytes: int, dropped: int) -> None: ...
+    def count_out(self, messages: int, nbytes: int, retried: int = 0) -> None:
+        """`messages` PUBLISH packets written (`retried` of them sent again), `nbytes` in all."""
 
 
 class Inflight:
@@ -67,10 +70,12 @@ class Inflight:
 
 
 def resend(inflight: dict[int, Inflight], level: int, deadline: float, events: EventBuffer | None,
-           client_id: str) -> list[bytes]:
+           client_id: str) -> tuple[list[bytes], int]:
     """PUBREL, or the PUBLISH with DUP, of every in-flight entry last sent at or before `deadline` (monotonic s),
-    which count as sent now: on a new connection (everything) and on 3.1.1's retry timer."""
+    which count as sent now: on a new connection (everything) and on 3.1.1's retry timer. Returns the packets
+    and how many of them are PUBLISH."""
     chunks: list[bytes] = []
+    published = 0
     now = time.monotonic()
     now_ms = int(time.time() * 1000)
     for pid, entry in inflight.items():
@@ -83,9 +88,10 @@ def resend(inflight: dict[int, Inflight], level: int, deadline: float, events: E
             continue
         head, tail = encoded_publish_with(message, level, entry.qos, entry.retain, entry.sub_ids, 0, 0, True)
         chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
+        published += 1
         if events is not None:
             events.add(DELIVERED, now_ms, client_id, "mqtt", message.topic, message.seq, entry.qos, True)
-    return chunks
+    return chunks, published
 
 
 def merge(lists: list[tuple[SubscriptionRecord, list[Message]]], horizon: int, client_id: str,

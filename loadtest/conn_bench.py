@@ -82,7 +82,18 @@ def pin_prefix(core: int | None) -> list[str]:
     return [taskset, "-c", str(core)]
 
 
-def _parse(line: str, what: str) -> dict[str, Any]:
+def end_process(proc: subprocess.Popen[str]) -> None:
+    """Kill the tool if it still runs, and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def parse_json_line(line: str, what: str) -> dict[str, Any]:
+    """One JSON object the C tool printed, or ToolError saying what came instead."""
     try:
         value = json.loads(line)
     except json.JSONDecodeError as e:
@@ -116,7 +127,7 @@ class Tool:
         lines = proc.stdout.strip().splitlines()
         if not lines:
             raise ToolError(f"{' '.join(cmd)} printed nothing (exit {proc.returncode}): {proc.stderr[-500:]}")
-        return _parse(lines[-1], mode)
+        return parse_json_line(lines[-1], mode)
 
     def hold_idle(self, n: int, concurrency: int, on_up: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         """Open n idle connections, call on_up(up line) while they are held, then release them; the up line
@@ -129,19 +140,14 @@ class Tool:
             first = proc.stdout.readline()  # the tool's deadline bounds this wait
             if not first:
                 raise ToolError(f"{' '.join(cmd)} printed nothing (exit {proc.wait(TOOL_SLACK_S)})")
-            up = _parse(first, "idle")
+            up = parse_json_line(first, "idle")
             on_up(up)
             out, _ = proc.communicate(input="", timeout=TOOL_SLACK_S)  # stdin EOF releases the connections
-            done = _parse(out.strip().splitlines()[-1], "idle done") if out.strip() else {}
+            done = parse_json_line(out.strip().splitlines()[-1], "idle done") if out.strip() else {}
             up.update({f"done_{k}": v for k, v in done.items() if k not in ("mode", "phase")})
             return up
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+            end_process(proc)
 
 
 @dataclass(slots=True)

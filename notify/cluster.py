@@ -22,7 +22,7 @@ from typing import Any
 from lookup.rpc import RpcNode
 from lookup.sharded import ShardedLookup
 from lookup.slots import route_key
-from notify.base import NotifyHandler
+from notify.base import NotifyCounts, NotifyHandler
 
 DEFAULT_MERGE_DELAY = 0.001  # seconds names are merged before routing; 0 = until the end of this tick
 RESEND_WINDOW = 1.0  # seconds: names routed to an owner this recently are broadcast if its connection breaks
@@ -45,7 +45,8 @@ class ClusterNotifier:
         self._incoming: set[str] = set()
         self._deliver_scheduled = False
         self.counters = {"notify_names": 0, "notify_merged": 0, "notify_route_msgs": 0, "notify_event_msgs": 0,
-                         "notify_broadcasts": 0, "notify_broadcast_msgs": 0, "notify_local_events": 0}
+                         "notify_broadcasts": 0, "notify_broadcast_msgs": 0, "notify_local_events": 0,
+                         "notify_unknown": 0}
         self._recent: dict[str, deque[tuple[float, list[str]]]] = {}
         rpc.handle("nt.route", self._on_route)
         rpc.handle("nt.ev", self._on_event)
@@ -82,18 +83,29 @@ class ClusterNotifier:
     def stats(self) -> dict[str, int]:
         return dict(self.counters)
 
+    @property
+    def counts(self) -> NotifyCounts:
+        """The metrics' view: events sent (frames to peers and local handler calls), merged names, broadcasts and
+        names the lookup could not place."""
+        c = self.counters
+        return NotifyCounts(c["notify_route_msgs"] + c["notify_event_msgs"] + c["notify_broadcast_msgs"]
+                            + c["notify_local_events"], c["notify_merged"], c["notify_broadcasts"], c["notify_unknown"])
+
     # --- publisher side ------------------------------------------------------------------------------------
     def _flush(self) -> None:
         self._flush_handle = None
         pending, self._pending = self._pending, set()
         table = self.lookup.table
         if table is None or self.always_broadcast:
+            if table is None:
+                self.counters["notify_unknown"] += len(pending)
             self._broadcast(pending)
             return
         per_owner: dict[str, set[str]] = {}
         for queue in pending:
             owner = table.owner_of(route_key(queue))
             if owner is None:
+                self.counters["notify_unknown"] += 1
                 self._broadcast({queue})
             else:
                 per_owner.setdefault(owner, set()).add(queue)
@@ -146,6 +158,7 @@ class ClusterNotifier:
                 self.counters["notify_event_msgs"] += 1
                 self.rpc.cast(node, "nt.ev", sorted(names))  # lost: that node's periodic re-read covers it
         if unknown:
+            self.counters["notify_unknown"] += len(unknown)
             self._broadcast(unknown)
 
     def _broadcast(self, queues: set[str]) -> None:

@@ -7,6 +7,7 @@ cursor can walk the merge of several queues, and seq gaps (after retention or a 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -101,6 +102,42 @@ class WillRecord:
     message: Message
     delay_interval: int = 0  # seconds (MQTT 5 will delay)
     owner: str = ""  # node id of the client's connection (a survivor publishes the wills of a dead node)
+
+
+BAN_KINDS = ("clientid", "username", "peerhost")
+
+
+@dataclass(slots=True, frozen=True)
+class Ban:
+    """A cluster-wide ban (kept in the store, so every node enforces it): connections whose client id, user name or
+    peer address (`who`: an address or a CIDR network for "peerhost") match are refused until `until`."""
+
+    kind: str  # one of BAN_KINDS
+    who: str
+    reason: str = ""
+    at: float = 0.0  # epoch seconds when it was made
+    until: float | None = None  # epoch seconds when it lapses; None: never
+
+    def expired(self, now: float) -> bool:
+        return self.until is not None and self.until <= now
+
+
+def encode_ban(ban: Ban) -> bytes:
+    """A ban as stored by every engine (JSON: the key an engine files it under is its own business)."""
+    return json.dumps({"kind": ban.kind, "who": ban.who, "reason": ban.reason, "at": ban.at, "until": ban.until},
+                      separators=(",", ":")).encode()
+
+
+def decode_ban(value: bytes) -> Ban | None:
+    """A stored ban; None for bytes that are not one (a newer build's, or damage: skipped, never raised)."""
+    try:
+        d = json.loads(value)
+        until = d.get("until")
+        ban = Ban(str(d["kind"]), str(d["who"]), str(d.get("reason", "")), float(d.get("at", 0.0)),
+                  None if until is None else float(until))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return ban if ban.kind in BAN_KINDS else None
 
 
 class Slice(NamedTuple):
@@ -266,6 +303,17 @@ class Store(Protocol):
 
     async def list_wills(self) -> list[WillRecord]:
         """Wills still stored (at startup: their connections died with the previous process)."""
+
+    # --- bans (cluster-wide: every node re-reads them; `gateway.bans`) ---------------------------------------
+    async def get_bans(self) -> list[Ban]:
+        """Every stored ban, lapsed ones included (the reader deletes those)."""
+
+    async def put_ban(self, ban: Ban) -> None:
+        """Create or replace the ban of (`ban.kind`, `ban.who`)."""
+
+    async def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
+        """Remove the ban of (kind, who); False if there was none. With `expired_before`, only if the stored ban
+        lapsed at or before that time, atomically: a lapsed ban's reader never deletes one renewed meanwhile."""
 
     # --- consumer groups: competing consumers of light queues (AMQP queues, RocketMQ consumer groups) ---------
     async def put_group(self, record: GroupRecord) -> None:

@@ -21,7 +21,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from store.base import Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
+from store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 T = TypeVar("T")
 
@@ -145,6 +145,16 @@ class DelayingStore:
 
     async def list_wills(self) -> list[WillRecord]:
         return await self._call(self.inner.list_wills)
+
+    # --- bans (a Ban is frozen: no snapshot needed) ---------------------------------------------------------
+    async def get_bans(self) -> list[Ban]:
+        return await self._call(self.inner.get_bans)
+
+    async def put_ban(self, ban: Ban) -> None:
+        await self._call(lambda: self.inner.put_ban(ban))
+
+    async def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
+        return await self._call(lambda: self.inner.delete_ban(kind, who, expired_before))
 
     # --- consumer groups (arguments snapshot when the call starts, as a networked engine serializes them) -------
     async def put_group(self, record: GroupRecord) -> None:

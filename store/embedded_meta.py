@@ -20,7 +20,7 @@ from typing import cast
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
 from store import meta_keys as K
-from store.base import Message, SessionRecord, WillRecord
+from store.base import Ban, Message, SessionRecord, WillRecord, decode_ban, encode_ban
 from store.files import fsync_dir
 from store.meta_options import DEFAULT_LIMITS, MetaLimits, open_db
 from store.meta_retained import match_retained_values
@@ -389,6 +389,30 @@ class MetaStore:
             except UnsupportedRecord as exc:
                 log.error("store: skipping a will of a newer format: %s", exc)
         return out
+
+    # --- bans -----------------------------------------------------------------------------------------------
+    def put_ban(self, ban: Ban) -> None:
+        ch = _Changes()
+        ch.batch.put(K.ban_key(ban.kind, ban.who), encode_ban(ban))
+        self._commit(ch)
+
+    def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
+        key = K.ban_key(kind, who)
+        value = self._db.get(key)
+        if value is None:
+            return False
+        if expired_before is not None:
+            ban = decode_ban(value)
+            if ban is None or ban.until is None or ban.until > expired_before:
+                return False
+        ch = _Changes()
+        ch.batch.delete(key)
+        self._commit(ch)
+        return True
+
+    def list_bans(self) -> list[Ban]:
+        bans = [decode_ban(value) for _key, value in self.scan(K.BAN)]
+        return [ban for ban in bans if ban is not None]
 
     # --- consumer groups (store.groups.GroupTable's persistence) --------------------------------------------
     def write(self, sets: Iterable[tuple[int, str, bytes]] = (), deletes: Iterable[tuple[int, str]] = ()) -> None:

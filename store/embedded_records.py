@@ -1,10 +1,10 @@
-"""The embedded engine's records (sessions, offsets, retained messages, wills): `Store` calls answered by the
+"""The embedded engine's records (sessions, offsets, retained messages, wills, bans): `Store` calls answered by the
 RocksDB metadata store (`store.embedded_meta`), off the heap. Each write is unsynced until the engine's next
 group-commit round, which fsyncs the metadata WAL with the log (`MetaStore.sync_work`)."""
 
 from __future__ import annotations
 
-from store.base import SHARED_PREFIX, Message, SessionRecord, WillRecord
+from store.base import SHARED_PREFIX, Ban, Message, SessionRecord, WillRecord
 from store.embedded_meta import MetaStore
 
 
@@ -78,3 +78,17 @@ class RecordCalls:
 
     async def list_wills(self) -> list[WillRecord]:
         return self._meta.list_wills()
+
+    # --- bans -----------------------------------------------------------------------------------------------
+    async def get_bans(self) -> list[Ban]:
+        return self._meta.list_bans()
+
+    async def put_ban(self, ban: Ban) -> None:
+        self._meta.put_ban(ban)
+        self._write_gen += 1
+
+    async def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
+        if not self._meta.delete_ban(kind, who, expired_before):
+            return False
+        self._write_gen += 1
+        return True

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from store.base import Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
+from store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "online_sessions", "due_sessions", "subscription_filters",
@@ -17,7 +17,7 @@ CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "pu
                    "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "wildcards", "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
                    "set_visibility", "release_owner", "group_position", "fetch", "read_log", "hold_log",
-                   "log_holds"})
+                   "log_holds", "get_bans", "put_ban", "delete_ban"})
 
 
 class FailingStore:
@@ -155,6 +155,18 @@ class FailingStore:
     async def list_wills(self) -> list[WillRecord]:
         self._check("list_wills")
         return await self.inner.list_wills()
+
+    async def get_bans(self) -> list[Ban]:
+        self._check("get_bans")
+        return await self.inner.get_bans()
+
+    async def put_ban(self, ban: Ban) -> None:
+        self._check("put_ban")
+        await self.inner.put_ban(ban)
+
+    async def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
+        self._check("delete_ban")
+        return await self.inner.delete_ban(kind, who, expired_before)
 
     async def put_group(self, record: GroupRecord) -> None:
         self._check("put_group")

@@ -11,6 +11,7 @@ One keyspace, ordered bytewise; the first byte names the namespace:
     R <topic>                        -> retained message (store.records message body)
     W <client id>                    -> will (store.records.encode_will)
     G <u8 namespace> <key>           -> consumer-group record (store.groups), value as GroupTable wrote it
+    B <kind> 0x00 <who>              -> ban (store.base.encode_ban, JSON)
     C <name>                         -> <q   counters: sessions, retained, wills, high_seq (see COUNTERS)
 
 Strings are UTF-8. Every index entry is written in the same WriteBatch as the record it derives from.
@@ -50,6 +51,7 @@ RETAINED = b"R"
 WILL = b"W"
 GROUP = b"G"
 COUNTER = b"C"
+BAN = b"B"
 
 COUNTERS = ("sessions", "retained", "wills", "high_seq")
 
@@ -122,6 +124,10 @@ def will_key(client_id: str) -> bytes:
 
 def group_key(ns: int, key: str) -> bytes:
     return GROUP + bytes((ns,)) + key.encode()
+
+
+def ban_key(kind: str, who: str) -> bytes:
+    return BAN + kind.encode() + b"\x00" + who.encode()
 
 
 def counter_key(name: str) -> bytes:

@@ -10,6 +10,7 @@ Layout (every key under `{prefix}`, so each multi-key script is valid on Redis C
     :on     set   client ids of sessions online       :exp   zset  client id by expiry deadline (ms, offline only)
     :wc     hash  wildcard filter -> holders;  :wv  the wildcard set version (copied into each partition)
     :lease:<key>  hash  {owner, until (server ms), epoch}: one holder at a time (a shared group's serving node)
+    :ban    hash  <kind> 0x00 <who> -> ban JSON (`store.base.encode_ban`)
 
 A session record's `epoch` and `owner` come from `:ep` / `:own` (the JSON keeps what the last put carried), so
 a claim changes them without rewriting the record. Offsets set after the last put live in `:off` and win over
@@ -21,7 +22,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from store.base import SHARED_PREFIX, Message, SessionRecord, WillRecord, expiry_deadline
+from store.base import (
+    SHARED_PREFIX,
+    Ban,
+    Message,
+    SessionRecord,
+    WillRecord,
+    decode_ban,
+    encode_ban,
+    expiry_deadline,
+)
 from store.records import (
     OFFSETS,
     decode_message_body,
@@ -61,6 +71,16 @@ _WILDCARDS_GET = Script("wildcards_get", WILDCARDS_GET)
 _STATS = Script("meta_stats", META_STATS)
 _LEASE = Script("lease", LEASE)
 _RELEASE = Script("release", RELEASE)
+# Delete a ban only if it lapsed by ARGV[2] (epoch s): a ban renewed since it was read stays.
+_DELETE_LAPSED_BAN = Script("delete_lapsed_ban", """
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+local ok, ban = pcall(cjson.decode, v)
+if not ok or type(ban) ~= 'table' or type(ban['until']) ~= 'number' or ban['until'] > tonumber(ARGV[2]) then
+  return 0
+end
+return redis.call('HDEL', KEYS[1], ARGV[1])
+""")
 
 
 def _text(v: bytes | str) -> str:
@@ -98,6 +118,7 @@ class RedisMeta:
         self._k_ret, self._k_levels, self._p_bucket = k + "ret", k + "rl", k + "rb:"
         self._wc_keys = [k + "wc", k + "wv"]
         self._p_lease = k + "lease:"
+        self._k_ban = k + "ban"
 
     # --- sessions -----------------------------------------------------------------------------------------
     async def get_session(self, client_id: str) -> SessionRecord | None:
@@ -180,6 +201,22 @@ class RedisMeta:
         flat = await self._conn.command("HGETALL", self._k_will)
         values = flat.values() if isinstance(flat, dict) else flat[1::2]
         return [decode_will(cast(bytes, v)) for v in values]
+
+    # --- bans -----------------------------------------------------------------------------------------------
+    async def get_bans(self) -> list[Ban]:
+        flat = await self._conn.command("HGETALL", self._k_ban)
+        values = flat.values() if isinstance(flat, dict) else flat[1::2]
+        bans = [decode_ban(cast(bytes, v)) for v in values]
+        return [ban for ban in bans if ban is not None]
+
+    async def put_ban(self, ban: Ban) -> None:
+        await self._conn.command("HSET", self._k_ban, f"{ban.kind}\x00{ban.who}", encode_ban(ban))
+
+    async def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
+        field = f"{kind}\x00{who}"
+        if expired_before is None:
+            return bool(await self._conn.command("HDEL", self._k_ban, field))
+        return bool(await self._conn.run((_DELETE_LAPSED_BAN, [self._k_ban], [field, repr(expired_before)])))
 
     # --- wildcard set ---------------------------------------------------------------------------------------
     async def change_wildcards(self, filters: Sequence[str], add: bool) -> int:

@@ -76,7 +76,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from store.base import SHARED_PREFIX, Message, SessionRecord, Slice, StaleWildcards, WillRecord, counted_filter
+from store.base import SHARED_PREFIX, Ban, Message, SessionRecord, Slice, StaleWildcards, WillRecord, counted_filter
 from store.records import decode_message_body, encode_message_body
 from store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script, StoreClosed
 from store.redis_groups import RedisGroups
@@ -456,6 +456,15 @@ class RedisStore(RedisGroups, RedisLog):
 
     async def list_wills(self) -> list[WillRecord]:
         return await self._meta.list_wills()
+
+    async def get_bans(self) -> list[Ban]:
+        return await self._meta.get_bans()
+
+    async def put_ban(self, ban: Ban) -> None:
+        await self._meta.put_ban(ban)
+
+    async def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
+        return await self._meta.delete_ban(kind, who, expired_before)
 
     # --- stats (the log for readers and retention: store.redis_log) ----------------------------------------
     async def stats(self) -> dict[str, Any]:

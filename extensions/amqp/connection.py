@@ -275,6 +275,12 @@ class AmqpConnection(asyncio.Protocol):
             self.core.auth_refused(REFUSED_TEXT)
             self._deadline = time.monotonic() + self.node.settings.close_drain_timeout
             return
+        if self.node.bans.check(None, result.username, self.peer) is not None:  # its user name or address
+            self.node.bans.banned_refused += 1
+            log.info("amqp.banned", extra={"conn": self.id, "peer": self.peer})
+            self.core.auth_refused(REFUSED_TEXT)
+            self._deadline = time.monotonic() + self.node.settings.close_drain_timeout
+            return
         self.info = ClientInfo(self.id, result.username, self.peer, superuser=result.superuser, acl=result.acl)
         self.expires_at = result.expires_at
         self.core.auth_accepted()

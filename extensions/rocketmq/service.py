@@ -85,6 +85,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         caller = self.auth.check(context.invocation_metadata() or (), context.peer() or "")
         if caller is None:
             log.info("rocketmq.unauthorized", extra={"peer": context.peer()})
+        elif self.consuming.node.bans.check(caller.client_id, caller.username, context.peer() or "") is not None:
+            self.consuming.node.bans.banned_refused += 1
+            log.info("rocketmq.banned", extra={"peer": context.peer()})
+            return None
         return caller
 
     def _queue(self, topic: Any, requested: Any) -> Any:

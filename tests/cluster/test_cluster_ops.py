@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.cluster.conftest import HEARTBEAT, MEMBER_TTL, Cluster, ClusterFactory, ClusterNode
 from tests.cluster.test_cluster import EXPIRY, connect
 from tests.integration.conftest import PahoClient, PahoFactory
@@ -44,6 +46,7 @@ def _collect_wills(watcher: PahoClient, want: set[str], timeout: float, c: Clust
     return topics, first
 
 
+@pytest.mark.slow  # long: `make test-slow` (CI runs it after `make test`)
 def test_wills_of_a_killed_node_are_published_once_by_one_survivor_after_it_is_declared_dead(
         cluster: ClusterFactory, paho_factory: PahoFactory) -> None:
     c = cluster()
@@ -69,6 +72,7 @@ def test_wills_of_a_killed_node_are_published_once_by_one_survivor_after_it_is_d
     assert live.disconnects.empty()
 
 
+@pytest.mark.slow  # long: `make test-slow` (CI runs it after `make test`)
 def test_wills_of_a_node_restarted_within_its_ttl_are_published_once(
         cluster: ClusterFactory, paho_factory: PahoFactory) -> None:
     c = cluster()

@@ -53,6 +53,11 @@ def test_admission_refuses_each_limit_with_its_code() -> None:
     admission.pending = 0
     admission.lag_ms = settings.overload_loop_lag_ms + 1
     assert "overloaded" in _refusal(admission, listener, 5.0, False).detail
+    admission.lag_ms = 0
+    admission.check(listener, 6.0, True)
+    admission.draining = True  # the node stops: even a reconnecting client goes elsewhere
+    stopping = _refusal(admission, listener, 7.0, True)
+    assert (stopping.code5, stopping.code311) == (ReasonCode.SERVER_UNAVAILABLE, ConnackCode311.SERVER_UNAVAILABLE)
 
 
 async def test_loop_lag_is_measured() -> None:

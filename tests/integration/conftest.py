@@ -280,9 +280,10 @@ class Gateway:
 
     @property
     def ports(self) -> list[int]:
-        """Every listening port: TCP first, then TLS, WebSocket, secure WebSocket, AMQP, RocketMQ (those on)."""
+        """Every listening port: TCP first, then TLS, WebSocket, secure WebSocket, AMQP, RocketMQ, admin (those
+        on)."""
         return [p for p in (self.port, self.tls_port, self.ws_port, self.wss_port, self.amqp_port,
-                            self.rocketmq_port) if p]
+                            self.rocketmq_port, self.admin_port) if p]
 
     def reload(self) -> None:
         """SIGHUP: re-read password, ACL and certificate files without dropping connections."""
@@ -309,6 +310,18 @@ class Gateway:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def __enter__(self) -> Gateway:
+        """Started (every port accepting, the admin port too), closed on exit."""
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Teardown: the broker and its store server."""

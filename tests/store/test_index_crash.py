@@ -16,6 +16,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from store.embedded import EmbeddedStore
 from store.records import iter_frames, peek_message
 from store.segment_index import SegmentIndex
@@ -99,6 +101,7 @@ def scan_model(log_dir: Path) -> dict[str, list[int]]:
     return model
 
 
+@pytest.mark.slow  # long: `make test-slow` (CI runs it after `make test`)
 async def test_acknowledged_messages_survive_kills_during_index_writes(tmp_path: Path) -> None:
     data = tmp_path / "data"
     seed = int.from_bytes(os.urandom(4), "little")

@@ -1,0 +1,179 @@
+"""Prometheus metrics of one node, one job: turn the node's counters into metric families at scrape time.
+
+Nothing here runs on the hot path: the node keeps plain int counters (`gateway.sys_topics.Counters`, the cache's
+hits and misses, the notifier's `counts`, the auth chain's `results`), and `NodeCollector` reads them only when
+`/metrics` is scraped. Levels (connections, sessions, subscriptions, in-flight, cluster members) are counted
+from the node's live state at that moment. Each node has its own `CollectorRegistry` (never the process-wide
+default one), with prometheus_client's process collector on it. `top_topics` serves the dashboard.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections import Counter
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from admin.app import Endpoints
+from gateway.node import Node
+from gateway.sys_topics import LATENCY_BOUNDS, Latency
+from notify.base import NotifyCounts
+from store.base import P2P_PREFIX
+
+PREFIX = "tidewire"
+MAX_TOP_TOPICS = 100  # top_topics answers at most this many
+_MQTT_LISTENERS = ("mqtt", "mqtts", "ws", "wss")
+_AMQP_LISTENERS = ("amqp", "amqps")
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("tidewire")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def top_topics(node: Node, n: int) -> list[tuple[str, int]]:
+    """The `n` (at most `MAX_TOP_TOPICS`) most published topics since the node started, with their estimated
+    message counts (sampled under load: `gateway.sys_topics.TopicTally`); empty with metrics off."""
+    return node.counters.topics.top(max(0, min(n, MAX_TOP_TOPICS)))
+
+
+def _histogram(name: str, doc: str, latency: Latency) -> HistogramMetricFamily:
+    buckets: list[tuple[str, float]] = []
+    total = 0
+    for bound, count in zip(LATENCY_BOUNDS, latency.counts, strict=False):
+        total += count
+        buckets.append((repr(bound), total))
+    buckets.append(("+Inf", total + latency.counts[-1]))
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=latency.total)
+
+
+class NodeCollector(Collector):
+    """Yields the node's metric families (names: the issue 11 contract) each time the registry is scraped.
+    `endpoints`: the listeners and the AMQP backend the admin app knows of (None: MQTT connections only)."""
+
+    def __init__(self, node: Node, endpoints: Endpoints | None = None) -> None:
+        self.node = node
+        self.endpoints = endpoints
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.node
+        yield from self._levels(node)
+        yield from self._traffic(node)
+        yield from self._internals(node)
+
+    def _levels(self, node: Node) -> Iterator[Metric]:
+        info = GaugeMetricFamily(f"{PREFIX}_info", "The node's id and version (value 1).",
+                                 labels=["node_id", "version"])
+        info.add_metric([node.node_id, version()], 1)
+        yield info
+        connections = GaugeMetricFamily(f"{PREFIX}_connections", "Open client connections, by listener and protocol.",
+                                        labels=["listener", "protocol"])
+        for (listener, protocol), count in sorted(self._connections(node).items()):
+            connections.add_metric([listener, protocol], count)
+        yield connections
+        sessions = [conn.session for conn in node.connections.values() if conn.session is not None]
+        yield GaugeMetricFamily(f"{PREFIX}_sessions_online", "MQTT sessions with a connection on this node.",
+                                value=len(sessions))
+        yield GaugeMetricFamily(f"{PREFIX}_subscriptions", "Subscriptions of the sessions online on this node.",
+                                value=sum(1 for s in sessions for f in s.subscriptions if not f.startswith(P2P_PREFIX)))
+        yield GaugeMetricFamily(f"{PREFIX}_inflight", "QoS 1/2 messages sent to MQTT clients and not acknowledged.",
+                                value=sum(len(s.inflight) for s in sessions))
+        yield GaugeMetricFamily(f"{PREFIX}_draining", "1 while the node is stopping (drain).", value=int(node.draining))
+        members, epoch = 1, 0
+        if node.cluster is not None:
+            fabric = node.cluster.fabric
+            members, epoch = len(fabric.members), int(fabric.stats().get("epoch", 0))
+        yield GaugeMetricFamily(f"{PREFIX}_cluster_members", "Nodes in the cluster as this node sees it.",
+                                value=members)
+        yield GaugeMetricFamily(f"{PREFIX}_cluster_epoch", "Cluster membership epoch (0: not clustered).", value=epoch)
+
+    def _connections(self, node: Node) -> Counter[tuple[str, str]]:
+        counts: Counter[tuple[str, str]] = Counter((conn.listener.name, "mqtt") for conn in node.connections.values())
+        found = self.endpoints
+        if found is None:
+            return counts
+        for spec in found.listeners:
+            if spec.name in _MQTT_LISTENERS:
+                counts[(spec.name, "mqtt")] += 0  # an idle listener shows as 0, not as missing
+            elif spec.name in _AMQP_LISTENERS:
+                live = found.amqp.connections.get(spec.name, ()) if found.amqp is not None else ()
+                counts[(spec.name, "amqp")] += len(live)
+        return counts
+
+    def _traffic(self, node: Node) -> Iterator[Metric]:
+        counters = node.counters
+        families = [CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["protocol"]) for name, doc in (
+            ("messages_received", "Messages published to this node, by the protocol they came by."),
+            ("bytes_received", "Payload bytes published to this node, by protocol."),
+            ("messages_sent", "Messages written to receivers (retries included), by protocol."),
+            ("bytes_sent", "Bytes written to receivers: MQTT packet bytes, payload bytes for other protocols."))]
+        for protocol, values in sorted(counters.by_protocol().items()):
+            for family, value in zip(families, values if protocol != "api" else values[:2], strict=False):
+                family.add_metric([protocol], value)  # the admin API only publishes: nothing "sent" by it
+        yield from families
+        yield CounterMetricFamily(f"{PREFIX}_deliveries", "Messages handed to a receiver for the first time "
+                                  "(every protocol).", value=counters.messages_out - counters.retries)
+        yield CounterMetricFamily(f"{PREFIX}_retries", "Messages sent again: MQTT DUP resends, AMQP and RocketMQ "
+                                  "redeliveries.", value=counters.retries)
+        dropped = CounterMetricFamily(f"{PREFIX}_dropped", "Messages that will not reach a receiver, by reason.",
+                                      labels=["reason"])
+        for reason, count in sorted(counters.drops.items()):
+            dropped.add_metric([reason], count)
+        yield dropped
+
+    def _internals(self, node: Node) -> Iterator[Metric]:
+        counters = node.counters
+        yield _histogram(f"{PREFIX}_store_append_seconds", "One store append of the publish pipeline (one batch).",
+                         counters.append_seconds)
+        yield _histogram(f"{PREFIX}_store_fsync_seconds", "One store sync of the publish pipeline (a group-commit "
+                         "round, what publishers' acks wait for).", counters.fsync_seconds)
+        counts = getattr(node.notifier, "counts", None)
+        notify = counts if isinstance(counts, NotifyCounts) else NotifyCounts()
+        events = CounterMetricFamily(f"{PREFIX}_notify_events", "Notify events: sent to a node, names merged into "
+                                     "a pending one, broadcast to every node.", labels=["kind"])
+        for kind, value in (("sent", notify.sent), ("merged", notify.merged), ("broadcast", notify.broadcast)):
+            events.add_metric([kind], value)
+        yield events
+        yield CounterMetricFamily(f"{PREFIX}_cache_hits", "Reads the queue cache answered.", value=node.cache.hits)
+        yield CounterMetricFamily(f"{PREFIX}_cache_misses", "Reads the queue cache could not answer (read from the "
+                                  "store).", value=node.cache.misses)
+        unknown = notify.unknown
+        if node.cluster is not None:
+            unknown += node.cluster.fabric.stats().get("lookup_reads_unknown", 0)
+        yield CounterMetricFamily(f"{PREFIX}_lookup_fallbacks", "Lookups that could not answer (table changing, "
+                                  "shard missing): a notify or kick broadcast instead.", value=unknown)
+        auth = CounterMetricFamily(f"{PREFIX}_auth", "Authentication answers, by deciding source and result.",
+                                   labels=["source", "result"])
+        for (source, result), count in sorted(node.auth.results.items()):
+            auth.add_metric([source, result], count)
+        yield auth
+        yield CounterMetricFamily(f"{PREFIX}_banned_refused", "Connections refused because of a ban.",
+                                  value=node.bans.banned_refused)
+
+
+def node_registry(collector: NodeCollector) -> CollectorRegistry:
+    """A registry of the node's own metrics plus the process collector (never the global default registry)."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def metrics_router(node: Node) -> APIRouter:
+    """`GET /metrics` in the Prometheus text format; no token (scrapers and the Kubernetes HPA read it)."""
+    api = APIRouter(tags=["metrics"])
+    collector = NodeCollector(node)
+    registry = node_registry(collector)
+
+    @api.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        collector.endpoints = getattr(request.app.state, "endpoints", None)  # the app's listeners, when it has them
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return api

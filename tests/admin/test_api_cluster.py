@@ -1,0 +1,76 @@
+"""The admin API of two real nodes sharing one redis-server: status and nodes show the cluster, each node is
+ready once its lookup is complete, listeners include the backends (RocketMQ without a connection count), and a
+session online on the other node is not deleted from here (409)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.admin.conftest import http
+from tests.cluster.conftest import Cluster, ClusterNode
+from tests.integration.conftest import PahoClient, free_port, wait_until
+
+
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    made = Cluster(tmp_path_factory.mktemp("admin-cluster"), 2)
+    for node in made.nodes:  # ClusterNode has no admin port of its own: turned on here
+        node.admin_port = free_port()
+        node.env["TIDEWIRE_API_TOKEN"] = node.api_token
+    try:
+        made.start()
+        yield made
+    finally:
+        made.close()
+
+
+def _ready(node: ClusterNode) -> bool:
+    with http(node, "") as client:
+        return client.get("/readyz").status_code == 200
+
+
+def test_status_nodes_and_readiness(two_nodes: Cluster) -> None:
+    n1, n2 = two_nodes.nodes
+    for node in (n1, n2):
+        wait_until(lambda node=node: _ready(node), timeout=10, what=f"{node.node_id} ready")  # type: ignore[misc]
+    with http(n1) as api:
+        status = api.get("/api/v1/status").json()
+        assert status["node_id"] == "n1" and status["store"] == "redis"
+        cluster = status["cluster"]
+        assert sorted(m["node_id"] for m in cluster["members"]) == ["n1", "n2"] and cluster["epoch"] >= 1
+        nodes = api.get("/api/v1/nodes").json()["data"]
+        assert [(n["node_id"], n["self"]) for n in nodes] == [("n1", True), ("n2", False)]
+        assert all(n["address"] for n in nodes)
+        listeners = {e["name"]: e for e in api.get("/api/v1/listeners").json()["data"]}
+        assert set(listeners) == {"mqtt", "amqp", "rocketmq"}
+        assert listeners["rocketmq"]["port"] == n1.rocketmq_port and listeners["rocketmq"]["connections"] is None
+        assert api.get("/api/v1/config").json()["cluster_secret"] == "******"
+
+
+def test_session_online_elsewhere_is_not_deleted_here(two_nodes: Cluster) -> None:
+    n1, n2 = two_nodes.nodes
+    device = PahoClient(n2.port, "cl-dev", 5, False)
+    try:
+        device.connect(session_expiry=600)
+        device.subscribe("cl/#", 1)
+        with http(n1) as api1, http(n2) as api2:
+            on_n1 = api1.get("/api/v1/sessions/cl-dev")
+            assert on_n1.status_code == 200 and on_n1.json()["online"] is True and on_n1.json()["node"] == "n2"
+            assert api1.get("/api/v1/clients/cl-dev").status_code == 404  # not connected to this node
+            r = api1.delete("/api/v1/sessions/cl-dev")
+            assert r.status_code == 409 and "n2" in r.json()["error"]
+            assert api2.delete("/api/v1/sessions/cl-dev").status_code == 204
+            assert device.wait_disconnect() == 0x98
+            wait_until(lambda: api1.get("/api/v1/sessions/cl-dev").status_code == 404, what="session deleted")
+    finally:
+        device.close()
+
+
+def test_each_node_has_its_own_token(two_nodes: Cluster) -> None:
+    n1, n2 = two_nodes.nodes
+    with httpx.Client(base_url=f"http://127.0.0.1:{n1.admin_port}", timeout=5.0,
+                      headers={"Authorization": f"Bearer {n2.api_token}"}) as wrong:
+        assert wrong.get("/api/v1/status").status_code == 401
