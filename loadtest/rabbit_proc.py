@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from loadtest.ports import free_port
 from loadtest.redis_proc import terminate
 
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"  # the unwrapped script (the /usr/sbin one su's)
@@ -50,12 +51,6 @@ def epmd_path() -> str | None:
 def available() -> bool:
     """Whether a RabbitMQ node can be started here (Debian's rabbitmq-server package, with epmd)."""
     return rabbitmq_server_path() is not None and epmd_path() is not None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def amqp_answers(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> bool:

@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.ports import free_port
+
 REDIS_SERVER_FALLBACK = "/usr/bin/redis-server"
 START_TIMEOUT = 10.0  # s until PING must answer
 IO_TIMEOUT = 5.0  # s for one INFO round trip
@@ -29,9 +31,7 @@ def redis_server_path() -> str | None:
 
 
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_port(host)
 
 
 def _command(*args: str) -> bytes:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.client import DISCONNECT, Endpoint, connect_packet
+from loadtest.ports import free_port
 from loadtest.redis_proc import RedisProc, terminate
 from loadtest.security import Security
 
@@ -29,12 +30,6 @@ REDIS_CORE = 1  # a Redis store's redis-server; on a 2-core machine it shares th
 MOSQUITTO_FALLBACK = "/usr/sbin/mosquitto"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 TLS_READY_TIMEOUT = 5.0  # s for the TLS listener once the plain one answers (both open at start-up)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def mosquitto_path() -> str | None:

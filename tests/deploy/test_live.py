@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import httpx
 import pytest
 import yaml
 
+from loadtest.ports import free_port
 from tests.deploy import (
     GATEWAY_SERVICES,
     KUBERNETES,
@@ -49,12 +49,6 @@ pytestmark = [
     pytest.mark.skipif(not Path(PROMETHEUS_BIN).exists(), reason="prometheus is not installed"),
     pytest.mark.timeout(120),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import base64
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,6 +18,7 @@ from extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
 from extensions.hooks import ClientInfo, SubscribeAccess
 from extensions.http_auth import HttpAuthenticator
 from gateway.config import Settings
+from loadtest.ports import free_port
 
 PASSWORD = "s3cr3t-Pa55word-xyzzy"
 Answer = Callable[[dict[str, Any]], tuple[int, bytes]]
@@ -128,9 +128,7 @@ def request(client_id: str = "dev1", username: str | None = "alice", password: b
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 async def test_request_body_headers_and_pool(hook: HookServer, make: Callable[..., HttpAuthenticator]) -> None:

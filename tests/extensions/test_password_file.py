@@ -27,6 +27,7 @@ from extensions.password_file import (
     verify_mosquitto,
 )
 from extensions.passwords import credential_line
+from loadtest.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -150,13 +151,6 @@ async def test_file_from_tidewire_passwd_is_accepted_by_mosquitto(
     await assert_allows(auth, "alice", b"secret")
     await assert_denies(auth, "alice", b"wrong")
     assert auth.scram_credentials.lookup("alice") is not None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_for_port(port: int, process: subprocess.Popen[str]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from loadtest.ports import free_port
 from tests.integration.paho import ConnResult, PahoClient, PahoFactory, Received, props_dict, v5_props
 from tests.store.redis_server import RedisServer
 
@@ -53,12 +54,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("tidewire_only") is not None:
             item.add_marker(skip)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_password_file(path: Path, users: dict[str, str], create: bool = True) -> Path:

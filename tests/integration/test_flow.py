@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from gateway.codec import Suback, Subscribe, SubscriptionRequest
 from tests.integration.conftest import Gateway, PahoClient, PahoFactory
 from tests.integration.rawmqtt import RawClient
@@ -62,6 +64,7 @@ def test_slow_consumer_does_not_slow_other_subscribers(gateway: Gateway, paho_fa
         s.close()
 
 
+@pytest.mark.slow  # long: `make test-slow` (CI runs it after `make test`)
 def test_memory_bounded_while_messages_pile_up(gateway: Gateway, paho_factory: PahoFactory) -> None:
     n = 20_000
     payload = b"m" * 1024

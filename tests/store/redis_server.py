@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from loadtest.ports import free_port
+
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 START_TIMEOUT = 10.0  # seconds until PING must answer
@@ -42,9 +44,7 @@ def _bindable(port: int) -> bool:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 def _free_cluster_port() -> int:

@@ -1,0 +1,15 @@
+"""Suite-wide: the Redis Cluster variants of engine-parametrized tests are `slow` (a 3-master cluster and its
+restarts take seconds per test). `make test` covers every engine's code with one redis-server; CI runs the
+Redis Cluster variants after it (`make test-slow`)."""
+
+from __future__ import annotations
+
+import pytest
+
+_CLUSTER_VARIANTS = ("[redis_cluster", "[redis-cluster")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(variant in item.nodeid for variant in _CLUSTER_VARIANTS):
+            item.add_marker(pytest.mark.slow)
