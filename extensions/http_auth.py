@@ -49,8 +49,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import httpx
-
 from extensions.acl import AclFile
 from extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
 from gateway.config import Settings
@@ -114,6 +112,8 @@ class HttpAuthenticator:
         error_log_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        import httpx  # here: a node without an HTTP auth service does not pay for importing it at start
+
         parsed = httpx.URL(url)
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ValueError("http_auth_url must be an http:// or https:// URL with a host")
@@ -194,6 +194,8 @@ class HttpAuthenticator:
     # -- the call ---------------------------------------------------------------------------------------------
 
     async def _ask(self, key: bytes, request: AuthRequest) -> AuthDecision:
+        import httpx
+
         try:
             async with asyncio.timeout(self._timeout):  # one deadline for pool wait, connect, send and read
                 status, body = await self._post(_request_body(request))

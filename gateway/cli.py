@@ -3,20 +3,43 @@ inspects a local cluster, `tidewire store` checks a data directory."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer._click.core import Command, Context  # typer carries its own click: its group's signatures use these
+from typer.core import TyperGroup
 
-from gateway.cluster_command import cluster_app
 from gateway.config import Settings
-from gateway.ctl_command import ctl_app
 from gateway.logs import setup_logging
 from gateway.passwd_command import passwd_command
-from gateway.pipeline_command import lake_app, pipeline_app
-from gateway.store_command import store_app
 
-app = typer.Typer(add_completion=False, help="Tidewire MQTT gateway.")
+# Command groups imported only when used: a node's start (and every `tidewire ctl` call) skips the others' imports
+# (httpx, RocksDB, ...). name -> (module, its Typer app)
+LAZY_GROUPS = {
+    "cluster": ("gateway.cluster_command", "cluster_app"),  # cluster up / status
+    "lake": ("gateway.pipeline_command", "lake_app"),  # lake run
+    "pipeline": ("gateway.pipeline_command", "pipeline_app"),  # pipeline run <job>
+    "store": ("gateway.store_command", "store_app"),  # store check|compact|dump
+    "ctl": ("gateway.ctl_command", "ctl_app"),  # a running node through its admin API
+}
+
+
+class _LazyGroup(TyperGroup):
+    def list_commands(self, ctx: Context) -> list[str]:
+        return [*super().list_commands(ctx), *LAZY_GROUPS]
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        if cmd_name not in LAZY_GROUPS:
+            return super().get_command(ctx, cmd_name)
+        module, attribute = LAZY_GROUPS[cmd_name]
+        command = typer.main.get_group(getattr(importlib.import_module(module), attribute))
+        command.name = cmd_name
+        return command
+
+
+app = typer.Typer(add_completion=False, help="Tidewire MQTT gateway.", cls=_LazyGroup)
 
 
 @app.callback()
@@ -93,11 +116,6 @@ def serve_command(
 
 
 app.command("passwd")(passwd_command)  # mosquitto_passwd-compatible; see gateway/passwd_command.py
-app.add_typer(cluster_app, name="cluster")  # cluster up / status; see gateway/cluster_command.py
-app.add_typer(lake_app, name="lake")  # lake run; see gateway/pipeline_command.py
-app.add_typer(pipeline_app, name="pipeline")  # pipeline run <job>
-app.add_typer(store_app, name="store")  # store check|compact|dump; see gateway/store_command.py
-app.add_typer(ctl_app, name="ctl")  # a running node through its admin API; see gateway/ctl_command.py
 
 if __name__ == "__main__":
     app()

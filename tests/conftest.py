@@ -1,12 +1,12 @@
-"""Suite-wide: the Redis Cluster variants of engine-parametrized tests are `slow` (a 3-master cluster and its
-restarts take seconds per test). `make test` covers every engine's code with one redis-server; CI runs the
-Redis Cluster variants after it (`make test-slow`)."""
+"""Suite-wide: the Redis Cluster tests (the Redis Cluster variants of engine-parametrized tests, and the tests of
+Redis Cluster itself) are `slow`: a 3-master cluster and its restarts take seconds per test. `make test` covers
+every engine's code with one redis-server; CI runs the Redis Cluster tests after it (`make test-slow`)."""
 
 from __future__ import annotations
 
 import pytest
 
-_CLUSTER_VARIANTS = ("[redis_cluster", "[redis-cluster")
+_CLUSTER_VARIANTS = ("redis_cluster", "redis-cluster")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

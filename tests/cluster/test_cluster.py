@@ -285,6 +285,7 @@ def test_kill9_node_persistent_clients_resume_on_another_node_with_every_acked_m
 # --- 4. the lookup owner of a busy shard killed -------------------------------------------------------------
 
 
+@pytest.mark.slow  # long: `make test-slow` (CI runs it after `make test`)
 def test_kill9_of_the_lookup_owner_of_busy_queues_loses_nothing(
         cluster: ClusterFactory, paho_factory: PahoFactory) -> None:
     """Every queue of the stream (exact, wildcard, first level, a P2P client) has its lookup slot on n2, which
@@ -348,6 +349,7 @@ def test_client_id_connecting_to_another_node_takes_over_the_one_session(
 # --- 6. Redis restarted mid-stream ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # long: `make test-slow` (CI runs it after `make test`)
 def test_redis_kill9_and_restart_mid_stream_loses_no_acked_message(
         cluster: ClusterFactory, paho_factory: PahoFactory) -> None:
     c = cluster()
