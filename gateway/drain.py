@@ -24,8 +24,9 @@ is published during the drain and stored by its flush, as Mosquitto 2.0 (`contex
 at shutdown) and EMQX (a channel ended for any reason but a client DISCONNECT, a kick or a takeover) do.
 A delayed will of a persistent session is not published now (Mosquitto publishes it too, with a FIXME saying it
 should instead be kept and restored): its stored record stays, the client has its delay to come back, here or on
-another node (which deletes it); what is still stored when a node next starts is published then (`Node.start`,
-at once: it does not keep what was left of the delay).
+another node (which deletes it). A single node's next start publishes it once what is left of its delay has
+passed, counted from the disconnect (`gateway.wills.delay_left`); in a cluster, a survivor or the next start
+publishes it at once, as the client may come back on any node.
 """
 
 from __future__ import annotations

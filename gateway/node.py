@@ -41,7 +41,7 @@ from gateway.session_open import SessionOpener
 from gateway.shared import SharedGroup
 from gateway.subscriptions import SubscriptionRegistry
 from gateway.sys_topics import Counters, SysTopics
-from gateway.wills import DelayedWills
+from gateway.wills import DelayedWills, delay_left
 from gateway.writes import RecordWrites
 from lookup.base import Lookup
 from notify.base import Notifier
@@ -138,8 +138,9 @@ class Node:
         await self.groups.load()
         await self.subscriptions.refresh_wildcards()
         for will in await self.store.list_wills():
-            if cluster is None or cluster.stale_owner(will.owner):
-                # Its connection died with the process that held it, without a DISCONNECT.
+            if cluster is None:  # its connection ended with this node's last run: what is left of its delay
+                self.wills.publish_after(will.client_id, will.message, await delay_left(self.store, will, now))
+            elif cluster.stale_owner(will.owner):  # the client may come back on any node: no timer here
                 self._enqueue(will.message, None, None, droppable=False)
                 await self.store.delete_will(will.client_id)
         loop = asyncio.get_running_loop()

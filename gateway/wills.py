@@ -4,10 +4,11 @@ comes back first; the stored will record is deleted once it is published."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 from gateway.writes import RecordWrites
-from store.base import Message
+from store.base import Message, Store, WillRecord, expiry_deadline
 
 
 class DelayedWills:
@@ -41,3 +42,19 @@ class DelayedWills:
         self._timers.pop(client_id, None)
         self._publish(message)
         self._writes.drop_will(client_id)
+
+
+async def delay_left(store: Store, will: WillRecord, now_ms: int) -> int:
+    """Seconds left of a stored will's delay (MQTT 5 3.1.2.5), for a will whose connection ended in a process that
+    is gone: counted from its session's disconnect, and no later than the session's end; 0 when the session is
+    gone or ends with its connection."""
+    if will.delay_interval <= 0:
+        return 0
+    record = await store.get_session(will.client_id)
+    if record is None or not record.disconnected_at_ms:
+        return 0
+    left_ms = will.delay_interval * 1000 - (now_ms - record.disconnected_at_ms)
+    deadline = expiry_deadline(record)
+    if deadline is not None:
+        left_ms = min(left_ms, deadline - now_ms)
+    return max(0, math.ceil(left_ms / 1000))
