@@ -271,8 +271,6 @@ class BanList:
     # --- enforcement on connected clients ------------------------------------------------------------------
     def kick(self, bans: list[Ban]) -> int:
         """Close this node's connected clients that `bans` match; returns how many."""
-        from gateway.connection import MqttConnection  # here: gateway.connection imports the node, which imports us
-
         connections = self._node.connections
         if not connections or not bans:
             return 0
@@ -283,10 +281,7 @@ class BanList:
                        if view.check(c.client_id, c.info.username, c.peer, now) is not None]
         else:  # client ids only: one lookup each, no scan of the connections
             targets = [c for b in bans if (c := connections.get(b.who)) is not None and not b.expired(now)]
-        kicked = 0
         for conn in targets:
-            if isinstance(conn, MqttConnection):
-                conn.kick(KICK_REASON)
-                kicked += 1
-        self.kicked += kicked
-        return kicked
+            conn.kick(KICK_REASON)
+        self.kicked += len(targets)
+        return len(targets)

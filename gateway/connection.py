@@ -254,16 +254,6 @@ class MqttConnection(ConnectionBase):
         self.node.bans.banned_refused += 1
         return self._refuse(ConnackCode311.NOT_AUTHORIZED, ReasonCode.BANNED, f"banned ({ban.kind})")
 
-    def kick(self, detail: str) -> None:
-        """Closed by an operator (a ban): 5.0 gets DISCONNECT 0x98 Administrative action (0x8A Banned is not a
-        DISCONNECT code). The will is published, as for any end the client did not ask for."""
-        if self._state == CLOSED:
-            return
-        log.info("client.kicked", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
-        if self.level >= 5 and self._state == CONNECTED:
-            self._send(Disconnect(ReasonCode.ADMINISTRATIVE_ACTION, {PropertyId.REASON_STRING: detail[:200]}))
-        self._closed(will=True, reason=detail)
-
     def _open_session(self, packet: Connect, terms: Terms) -> None:
         """Authenticated: a clean session the node can start at once is answered now; any other (a session to
         restore or take over, a store to ask first) in a task."""

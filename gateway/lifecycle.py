@@ -178,6 +178,16 @@ class ConnectionBase(asyncio.Protocol):
         delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
         self._closed(will=delay <= 0, reason="server shutdown", keep_will=True)
 
+    def kick(self, detail: str) -> None:
+        """Closed by an operator (a ban): 5.0 gets DISCONNECT 0x98 Administrative action (0x8A Banned is not a
+        DISCONNECT code). The will is published, as for any end the client did not ask for."""
+        if self._state == CLOSED:
+            return
+        log.info("client.kicked", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
+        if self.level >= 5 and self._state == CONNECTED:
+            self._send(Disconnect(ReasonCode.ADMINISTRATIVE_ACTION, {PropertyId.REASON_STRING: detail[:200]}))
+        self._closed(will=True, reason=detail)
+
     def take_over(self) -> Session | None:
         """Another connection claims this client id: close this one and hand its session over."""
         session = self.session
