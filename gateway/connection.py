@@ -55,7 +55,7 @@ from gateway.lifecycle import (
 from gateway.listeners import certificate_name
 from gateway.ratelimit import InboundLimiter
 from gateway.session import Session
-from store.base import Ban, Message, WillRecord
+from store.base import Message, WillRecord
 
 log = logging.getLogger("tidewire.conn")
 _CONNACK_ACCEPTED_311 = encode(Connack(False, 0), 4)  # the answer to nearly every 3.1.1 CONNECT
@@ -249,10 +249,6 @@ class MqttConnection(ConnectionBase):
         self._state = CONNECTING
         self._open_session(connect, terms)
         return None
-
-    def _banned(self, ban: Ban) -> None:
-        self.node.bans.banned_refused += 1
-        return self._refuse(ConnackCode311.NOT_AUTHORIZED, ReasonCode.BANNED, f"banned ({ban.kind})")
 
     def _open_session(self, packet: Connect, terms: Terms) -> None:
         """Authenticated: a clean session the node can start at once is answered now; any other (a session to

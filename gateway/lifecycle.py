@@ -21,7 +21,7 @@ from gateway.listeners import Bucket, Listener
 from gateway.node import Node
 from gateway.ratelimit import InboundLimiter
 from gateway.session import Session
-from store.base import NEVER_EXPIRES, Message
+from store.base import NEVER_EXPIRES, Ban, Message
 
 log = logging.getLogger("tidewire.conn")
 
@@ -255,6 +255,11 @@ class ConnectionBase(asyncio.Protocol):
         log.info("client.refused", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
         self._send(Connack(False, code5 if self.level >= 5 else code311))
         self._closed(will=False, reason=detail)
+
+    def _banned(self, ban: Ban) -> None:
+        """Refused by a ban (`gateway.bans`): 5.0 CONNACK 0x8A, 3.1.1 code 5."""
+        self.node.bans.banned_refused += 1
+        return self._refuse(ConnackCode311.NOT_AUTHORIZED, ReasonCode.BANNED, f"banned ({ban.kind})")
 
     def _take_terms(self, terms: Terms) -> None:
         """What CONNECT negotiated, for the life of the connection."""
