@@ -31,15 +31,32 @@ _SPAN = _HIGHEST - LOWEST + 1
 _turns = itertools.count(random.Random(os.getpid()).randrange(_SPAN))
 
 
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port no server listens on now, outside the ephemeral range, not handed out before by this process."""
     for _ in range(_SPAN):
         port = LOWEST + next(_turns) % _SPAN
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
+        if _bindable(host, port):
             return port
     raise RuntimeError(f"no free port in {LOWEST}..{_HIGHEST}")
+
+
+def free_port_pair(offset: int, host: str = "127.0.0.1") -> int:
+    """A free port whose `port + offset` is free too, both below the ephemeral range (Redis Cluster's bus port is
+    the port + 10000)."""
+    if LOWEST + offset > _HIGHEST:
+        raise RuntimeError(f"no port pair {offset} apart below {_HIGHEST}")
+    for _ in range(_SPAN):
+        port = free_port(host)
+        if port + offset <= _HIGHEST and _bindable(host, port + offset):
+            return port
+    raise RuntimeError(f"no free port pair {offset} apart in {LOWEST}..{_HIGHEST}")

@@ -10,14 +10,13 @@ Tests only; talks RESP over plain sockets so it needs no client library.
 
 from __future__ import annotations
 
-import random
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from loadtest.ports import free_port
+from loadtest.ports import free_port, free_port_pair
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
@@ -48,12 +47,8 @@ def _free_port() -> int:
 
 
 def _free_cluster_port() -> int:
-    """A free port whose bus port (+10000) is free too (the kernel's ephemeral range may end too high)."""
-    for _ in range(200):
-        port = random.randrange(20000, 55000)
-        if _bindable(port) and _bindable(port + CLUSTER_BUS_OFFSET):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
+    """A free port whose bus port (+10000) is free too, both below the ephemeral range (`loadtest.ports`)."""
+    return free_port_pair(CLUSTER_BUS_OFFSET)
 
 
 def command(port: int, *args: str, timeout: float = 2.0) -> bytes:
