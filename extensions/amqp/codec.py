@@ -75,7 +75,7 @@ class FrameReader:
     __slots__ = ("_buffer", "frame_max")
 
     def __init__(self, frame_max: int) -> None:
-        self.frame_max = frame_max  # the largest frame accepted (the negotiated frame-max once tuned)
+        self.frame_max = frame_max  # the negotiated frame-max once tuned; frames up to it + FRAME_OVERHEAD pass
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> tuple[list[tuple[int, FrameValue]], Fault | None]:
@@ -90,7 +90,10 @@ class FrameReader:
                 kind, channel, size = struct.unpack_from(">BHI", buf, pos)
                 if kind not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
                     return frames, Fault(FRAME_ERROR, f"unknown frame type {kind}")
-                if size + FRAME_OVERHEAD > self.frame_max:
+                # One frame overhead beyond frame-max is tolerated, as RabbitMQ's reader does (rabbit_reader.erl,
+                # FRAME_SIZE_FUDGE = EMPTY_FRAME_SIZE): some clients (AMQPStorm) take frame-max as the payload size
+                # and work against RabbitMQ. What we send stays within frame-max (`content_frames`).
+                if size > self.frame_max:
                     return frames, Fault(FRAME_ERROR, f"frame size {size + FRAME_OVERHEAD} larger than negotiated "
                                                       f"maximum {self.frame_max}")
                 stop = pos + 7 + size + 1

@@ -124,6 +124,18 @@ def test_framing_faults_close_the_connection_with_their_code() -> None:
         assert [c.reply_code for c in closes] == [code], data
 
 
+def test_a_frame_of_frame_max_plus_its_overhead_is_tolerated_one_more_byte_is_not() -> None:
+    # frame_max is 4096: a body frame with a 4096-byte payload is 4104 bytes, as AMQPStorm sends them
+    core = open_core()
+    events = core.receive(m(1, commands.Channel.Open()) + publish_bytes(1, b"a" * 4096, 4096), 0.0)
+    assert [e.body for e in events if isinstance(e, Command)] == [b"a" * 4096] and core.open
+    core.data_to_send()
+    assert core.receive(publish_bytes(1, b"b" * 4097, 4097), 0.0) == []
+    closes = [v for _, v in decode_all(core.data_to_send()) if isinstance(v, commands.Connection.Close)]
+    assert [(c.reply_code, c.reply_text) for c in closes] == [
+        (501, "FRAME_ERROR - frame size 4105 larger than negotiated maximum 4096")]
+
+
 def test_channel_close_waits_for_cleanup_then_confirms() -> None:
     core = open_core()
     core.receive(m(2, commands.Channel.Open()), 0.0)

@@ -3,6 +3,7 @@ implemented methods, heartbeats, and the Connection.Close every client gets when
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from pathlib import Path
@@ -10,11 +11,11 @@ from pathlib import Path
 import pika
 import pika.exceptions
 import pytest
-from pamqp import commands
+from pamqp import commands, header
 
 from tests.extensions.amqp.conftest import AmqpGateway, PikaFactory
 from tests.extensions.amqp.rawamqp import RawAmqp
-from tests.integration.conftest import write_password_file
+from tests.integration.conftest import PahoFactory, write_password_file
 
 
 def test_bad_credentials_are_refused_good_ones_accepted(tmp_path: Path, amqp_gateway: AmqpGateway,
@@ -54,6 +55,46 @@ def test_a_malformed_frame_closes_only_its_connection(amqp_gateway: AmqpGateway,
         raw.close()
         channel.basic_publish("amq.topic", "still.working", b"%d" % code)  # confirmed: the gateway lives on
     assert [channel.basic_get(queue, auto_ack=True)[2] for _ in cases] == [b"501", b"501", b"502", b"501"]
+
+
+def test_one_frame_overhead_over_frame_max_is_tolerated_not_more(amqp_gateway: AmqpGateway,
+                                                                  pika_factory: PikaFactory,
+                                                                  paho_factory: PahoFactory) -> None:
+    frame_max = 16384
+    gw = amqp_gateway(env={"TIDEWIRE_AMQP_FRAME_MAX": str(frame_max)})
+    device = paho_factory(gw.port, "edge-dev")
+    device.connect()
+    device.subscribe("edge/#", qos=1)
+    bystander = pika_factory(gw.amqp_port).channel()  # connected all along, must not notice
+    bystander.confirm_delivery()
+    raw = RawAmqp(gw.amqp_port)
+    raw.handshake()  # takes the frame_max the gateway tunes
+    raw.send_frame(1, commands.Channel.Open())
+    assert isinstance(raw.read_method()[1], commands.Channel.OpenOk)
+    raw.send_frame(1, commands.Confirm.Select())
+    assert isinstance(raw.read_method()[1], commands.Confirm.SelectOk)
+
+    def publish(key: str, body: bytes) -> None:
+        raw.send_frame(1, commands.Basic.Publish(exchange="amq.topic", routing_key=key))
+        raw.send_frame(1, header.ContentHeader(0, len(body), commands.Basic.Properties()))
+        raw.send(struct.pack(">BHI", 3, 1, len(body)) + body + b"\xce")  # the whole body in one frame
+
+    fits = os.urandom(frame_max)  # a frame of frame_max + 8 bytes, as AMQPStorm sends: RabbitMQ takes it
+    publish("edge.fits", fits)
+    _, ack = raw.read_method()
+    assert isinstance(ack, commands.Basic.Ack) and ack.delivery_tag == 1, ack
+    got = device.get(5)
+    assert (got.topic, got.payload) == ("edge/fits", fits)
+    publish("edge.over", os.urandom(frame_max + 1))  # frame_max + 9: one byte beyond the tolerance
+    _, closing = raw.read_method()
+    assert isinstance(closing, commands.Connection.Close) and closing.reply_code == 501, closing
+    assert closing.reply_text == f"FRAME_ERROR - frame size {frame_max + 9} larger than negotiated maximum " \
+                                 f"{frame_max}"
+    raw.wait_closed()
+    raw.close()
+    bystander.basic_publish("amq.topic", "edge.after", b"still here")  # confirmed: the gateway lives on
+    got = device.get(5)  # the refused body was never routed: the next message is the bystander's
+    assert (got.topic, got.payload) == ("edge/after", b"still here")
 
 
 def test_wrong_protocol_header_gets_ours_back(amqp_gateway: AmqpGateway) -> None:
