@@ -39,7 +39,6 @@ from gateway.codec import (
     pubrec,
 )
 from gateway.connect import Refusal, Terms, check_will, expires_at, negotiate, refusal_codes, stored_properties
-from gateway.events import DROPPED
 from gateway.ingress import INVALID_TOPIC, refuse_publish
 from gateway.lifecycle import (
     AUTHENTICATING,
@@ -55,6 +54,7 @@ from gateway.lifecycle import (
 from gateway.listeners import certificate_name
 from gateway.ratelimit import InboundLimiter
 from gateway.session import Session
+from pipeline.lake.event_names import DROPPED
 from store.base import Message, WillRecord
 
 log = logging.getLogger("tidewire.conn")

@@ -7,17 +7,9 @@ beyond the bound, or slows a delivery down waiting for the exporter.
 
 from __future__ import annotations
 
-# (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail); the names and the meaning
-# of each field per event are those of pipeline.lake.schema.EVENTS_SCHEMA.
+# (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail); the event names are
+# pipeline.lake.event_names, the meaning of each field per event that of pipeline.lake.schema.EVENTS_SCHEMA.
 Event = tuple[str, int, str, str, str | None, int | None, int | None, bool, str | None, str | None]
-
-CONNECTED = "connected"
-DISCONNECTED = "disconnected"
-SUBSCRIBED = "subscribed"
-UNSUBSCRIBED = "unsubscribed"
-DELIVERED = "delivered"
-ACKED = "acked"
-DROPPED = "dropped"
 
 
 class EventBuffer:

@@ -1,9 +1,15 @@
-"""`tidewire lake run ...` and `tidewire pipeline run <job> ...`: thin forwards to the pipeline's own argument
-parsers (`pipeline.lake.command`, `pipeline.cli`), imported only when used so the gateway starts without Spark."""
+"""`tidewire lake run ...`, `tidewire pipeline run <job> ...` and `tidewire pipeline package`: thin forwards to the
+pipeline's own argument parsers (`pipeline.lake.command`, `pipeline.cli`) and artifact builder
+(`pipeline.artifact`), imported only when used so the gateway starts without Spark."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from pipeline.artifact import DEFAULT_OUTPUT, ArtifactError, build  # the standard library only: no Spark
 
 _FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
@@ -25,3 +31,21 @@ def pipeline_run(ctx: typer.Context) -> None:
     from pipeline.cli import main
 
     raise typer.Exit(main(["run", *ctx.args]))
+
+
+@pipeline_app.command("package")
+def pipeline_package(
+    output: Annotated[Path, typer.Option("--output", "-o", help="the zip for --py-files")] = DEFAULT_OUTPUT,
+    master: Annotated[str, typer.Option(help="the master in the printed lines")] = "spark://SPARK-MASTER:7077",
+    lake: Annotated[str, typer.Option(help="the lake in the printed lines")] = "/shared/lake",
+) -> None:
+    """Build the jobs' zip for spark-submit --py-files (and a launcher per job beside it); print the lines."""
+    try:
+        artifact = build(output)
+    except ArtifactError as e:
+        typer.echo(f"tidewire pipeline package: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {artifact.zip_path} ({len(artifact.modules)} modules) and "
+               f"{len(artifact.launchers)} launchers in {artifact.zip_path.parent / 'jobs'}", err=True)
+    for line in artifact.submit_lines(master, lake):
+        typer.echo(line)

@@ -14,10 +14,10 @@ from collections import deque
 from collections.abc import Callable
 
 from gateway.codec import pubrel
-from gateway.events import ACKED, DELIVERED, DROPPED
 from gateway.outbound import encoded_publish, encoded_publish_with, with_dup
 from gateway.retry import STORE_RETRY_S
 from gateway.session_parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
+from pipeline.lake.event_names import ACKED, DELIVERED, DROPPED
 from store.base import P2P_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
 
 _NO_HORIZON = 1 << 62

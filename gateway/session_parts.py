@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from gateway.codec import pubrel
-from gateway.events import DELIVERED
 from gateway.outbound import encoded_publish_with, with_dup
+from pipeline.lake.event_names import DELIVERED
 from store.base import Message, Store, SubscriptionRecord
 
 if TYPE_CHECKING:

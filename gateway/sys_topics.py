@@ -23,8 +23,9 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
-from gateway.events import SUBSCRIBED, UNSUBSCRIBED, EventBuffer
+from gateway.events import EventBuffer
 from gateway.logs import Sampled
+from pipeline.lake.event_names import SUBSCRIBED, UNSUBSCRIBED
 from store.base import PROTOCOL_AMQP, PROTOCOL_ROCKETMQ, Claim, Message
 
 EVENTS = ("connected", "disconnected", "subscribed", "unsubscribed", "takeover")

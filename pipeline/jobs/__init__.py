@@ -2,33 +2,30 @@
 `alerts` (a threshold rule whose alerts go back through the gateway as MQTT).
 
 Run them locally with `tidewire pipeline run <job> --lake DIR [options]` (or `python -m pipeline.cli run ...`),
-or on a cluster with spark-submit: each job module is also a script. The script imports `pipeline` from the
-zip given to `--py-files`, built from a checkout with the standard library only:
+or on a cluster with spark-submit. For that, build the artifact from the installed package:
 
-    python -m zipfile -c tidewire-pipeline.zip pipeline/
+    tidewire pipeline package -o dist/tidewire-pipeline.zip [--master spark://HOST:7077] [--lake DIR]
 
-What runs where: the jobs use no Python UDFs, so executors need only Spark itself; the driver needs Python
-3.11+, pyarrow (the lake's schemas) and, for `alerts`, paho-mqtt. Nothing is downloaded at run time: no
-`--packages`; jars (e.g. hadoop-aws for s3a://) must already be in the image or `$SPARK_HOME/jars`. The lake
-must be visible at the same path or URI to the driver and every executor: a shared filesystem (NFS, a
-ReadWriteMany volume) or an object store.
+It writes the zip for `--py-files` (exactly the modules the jobs import: `pipeline.artifact`) and one launcher
+per job, spark-submit's application file, in `dist/jobs/`; it prints the spark-submit line of each job.
 
 Standalone cluster (Python apps run in client deploy mode there; the driver is the submitting machine):
 
     spark-submit --master spark://spark-master:7077 --deploy-mode client \\
       --conf spark.sql.shuffle.partitions=64 \\
-      --py-files tidewire-pipeline.zip \\
-      pipeline/jobs/aggregates.py --lake /shared/lake
+      --py-files dist/tidewire-pipeline.zip \\
+      dist/jobs/aggregates.py --lake /shared/lake
 
-    spark-submit --master spark://spark-master:7077 --py-files tidewire-pipeline.zip \\
-      pipeline/jobs/reports.py --lake /shared/lake --top 20
+    spark-submit --master spark://spark-master:7077 --py-files dist/tidewire-pipeline.zip \\
+      dist/jobs/reports.py --lake /shared/lake --top 20
 
     TIDEWIRE_MQTT_URL=mqtt://alerts:PASSWORD@gateway:1883 \\
-    spark-submit --master spark://spark-master:7077 --py-files tidewire-pipeline.zip \\
-      pipeline/jobs/alerts.py --lake /shared/lake --rule 'temperature > 80 for 1 minute'
+    spark-submit --master spark://spark-master:7077 --py-files dist/tidewire-pipeline.zip \\
+      dist/jobs/alerts.py --lake /shared/lake --rule 'temperature > 80 for 1 minute'
 
 Kubernetes (cluster deploy mode; an image FROM apache/spark with python3, pyarrow and paho-mqtt installed and
-this checkout's zip and `pipeline/jobs/*.py` copied to /opt/tidewire; the lake on a ReadWriteMany claim):
+the output of `tidewire pipeline package -o /opt/tidewire/tidewire-pipeline.zip` in it; the lake on a
+ReadWriteMany claim):
 
     spark-submit --master k8s://https://KUBE-API:6443 --deploy-mode cluster --name tidewire-aggregates \\
       --conf spark.kubernetes.container.image=REGISTRY/tidewire-spark:4 \\
@@ -38,9 +35,9 @@ this checkout's zip and `pipeline/jobs/*.py` copied to /opt/tidewire; the lake o
       --conf spark.kubernetes.executor.volumes.persistentVolumeClaim.lake.options.claimName=tidewire-lake \\
       --conf spark.kubernetes.executor.volumes.persistentVolumeClaim.lake.mount.path=/lake \\
       --py-files local:///opt/tidewire/tidewire-pipeline.zip \\
-      local:///opt/tidewire/pipeline/jobs/aggregates.py --lake /lake --every 30s
+      local:///opt/tidewire/jobs/aggregates.py --lake /lake --every 30s
 
-    (alerts: the same with `local:///opt/tidewire/pipeline/jobs/alerts.py --lake /lake --rule '...'` and the
+    (alerts: the same with `local:///opt/tidewire/jobs/alerts.py --lake /lake --rule '...'` and the
     gateway URL from a secret, never on the command line:
       --conf spark.kubernetes.driver.secretKeyRef.TIDEWIRE_MQTT_URL=tidewire-mqtt:url)
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -218,9 +217,3 @@ def main_job(spark: SparkSession, lake: str, args: argparse.Namespace) -> int:
     print(f"aggregates: {res.rows} rows in {res.batches} batches ({res.busy:.1f} s of {res.seconds:.1f} s), "
           f"{res.rows_per_second:,.0f} rows/s -> {output_path(lake, 'device')}, {output_path(lake, 'topic')}")
     return 0
-
-
-if __name__ == "__main__":  # spark-submit pipeline/jobs/aggregates.py --lake DIR ... (see pipeline.jobs)
-    from pipeline.cli import main
-
-    sys.exit(main(["run", "aggregates", *sys.argv[1:]]))

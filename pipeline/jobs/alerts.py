@@ -435,9 +435,3 @@ def main_job(spark: SparkSession, lake: str, args: argparse.Namespace) -> int:
         print(f"alerts: {res.error}", file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":  # spark-submit pipeline/jobs/alerts.py --lake DIR --rule ... (see pipeline.jobs)
-    from pipeline.cli import main
-
-    sys.exit(main(["run", "alerts", *sys.argv[1:]]))

@@ -25,7 +25,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipeline.jobs.alerts import positive_int
-from pipeline.lake.schema import ACKED, CONNECTED, DELIVERED, DISCONNECTED, DROPPED
+from pipeline.lake.event_names import ACKED, CONNECTED, DELIVERED, DISCONNECTED, DROPPED
 from pipeline.spark import read_events, read_messages, table_path
 
 REPORTS = "reports"
@@ -169,9 +169,3 @@ def main_job(spark: SparkSession, lake: str, args: argparse.Namespace) -> int:
         print(f"== {name} ({report_path(lake, name)})")
         df.show(args.rows, truncate=False)
     return 0
-
-
-if __name__ == "__main__":  # spark-submit pipeline/jobs/reports.py --lake DIR ... (see pipeline.jobs)
-    from pipeline.cli import main
-
-    sys.exit(main(["run", "reports", *sys.argv[1:]]))

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from gateway.events import ACKED, CONNECTED, DELIVERED, DISCONNECTED, DROPPED, SUBSCRIBED, UNSUBSCRIBED
-
 FORMAT_VERSION = 1  # in each file's metadata as b"tidewire.lake.version"
 MESSAGES = "messages"
 EVENTS = "events"
@@ -48,13 +46,12 @@ MESSAGES_SCHEMA = pa.schema([
     ("expires_at", _TS),  # null: never
 ])
 
-# Event names (`event` column), as the gateway records them (gateway.events):
+# Event names (`event` column, pipeline.lake.event_names), as the gateway records them:
 # connected: detail = the proven user name or the address; disconnected: reason = why (normal, keepalive,
 # session taken over, protocol error, ...); subscribed: topic = the filter, qos = granted (a refusal's reason
 # code in reason); unsubscribed: topic = the filter; delivered: position, topic, qos, dup = a resend (a retry);
 # acked: PUBACK / PUBCOMP for that delivery; dropped: position, topic, reason = expired, too_large,
 # not_authorized (a refused publish: no position).
-EVENT_NAMES = (CONNECTED, DISCONNECTED, SUBSCRIBED, UNSUBSCRIBED, DELIVERED, ACKED, DROPPED)
 
 EVENTS_SCHEMA = pa.schema([
     ("time", _TS),
