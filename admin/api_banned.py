@@ -9,11 +9,11 @@ from fastapi import APIRouter, Depends, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from admin.app import API_PREFIX, error, require_token
-from admin.models import Page, Paging, paging
-from gateway.bans import MAX_REASON, MAX_WHO, new_ban, normalize_who
-from gateway.node import Node
-from store.base import BAN_KINDS, Ban
+from tidewire.admin.app import API_PREFIX, error, require_token
+from tidewire.admin.models import Page, Paging, paging
+from tidewire.gateway.bans import MAX_REASON, MAX_WHO, new_ban, normalize_who
+from tidewire.gateway.node import Node
+from tidewire.store.base import BAN_KINDS, Ban
 
 MAX_DURATION = 100 * 365 * 86400.0  # s: longer is "for ever" (until null)
 MAX_UNTIL = 4_102_444_800.0  # 2100-01-01 in epoch s

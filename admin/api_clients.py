@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import APIRouter, Depends, Query, Response
 from starlette.exceptions import HTTPException
 
-from admin.app import API_PREFIX, Endpoints, endpoints, require_token
-from admin.models import (
+from tidewire.admin.app import API_PREFIX, Endpoints, endpoints, require_token
+from tidewire.admin.models import (
     MAX_TOPIC_CHARS,
     Client,
     ClientDetail,
@@ -23,17 +23,17 @@ from admin.models import (
     SubscriptionAdd,
     paging,
 )
-from gateway.codec import ReasonCode, SubscriptionRequest
-from gateway.connection import MqttConnection
-from gateway.lifecycle import ConnectionBase
-from gateway.node import Node
-from gateway.session import SHARED_PREFIX
-from gateway.shared import parse_shared
-from gateway.topics import valid_topic_filter
-from store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord
+from tidewire.gateway.codec import ReasonCode, SubscriptionRequest
+from tidewire.gateway.connection import MqttConnection
+from tidewire.gateway.lifecycle import ConnectionBase
+from tidewire.gateway.node import Node
+from tidewire.gateway.session import SHARED_PREFIX
+from tidewire.gateway.shared import parse_shared
+from tidewire.gateway.topics import valid_topic_filter
+from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord
 
 if TYPE_CHECKING:
-    from extensions.amqp.connection import AmqpConnection
+    from tidewire.extensions.amqp.connection import AmqpConnection
 
 KICK_DETAIL = "kicked by an administrator"  # the reason string a kicked MQTT 5 client reads
 MAX_QUERY_CHARS = 1024  # of a substring filter in a query
@@ -204,7 +204,7 @@ def router(node: Node) -> APIRouter:
             return Response(status_code=204)
         for amqp in _amqp_connections(found):
             if amqp.id == client_id:
-                from extensions.amqp.codec import CONNECTION_FORCED, Fault
+                from tidewire.extensions.amqp.codec import CONNECTION_FORCED, Fault
 
                 amqp.shutdown(Fault(CONNECTION_FORCED, f"CONNECTION_FORCED - {KICK_DETAIL}"))
                 return Response(status_code=204)

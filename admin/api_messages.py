@@ -12,14 +12,21 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Response
 from starlette.exceptions import HTTPException
 
-from admin.app import API_PREFIX, require_token
-from admin.models import MAX_TOPIC_CHARS, Page, Paging, PublishRequest, PublishResult, Retained, paging
-from extensions.hooks import ClientInfo
-from gateway.ingress import INVALID_TOPIC, Properties, PublishFailed, neutral_message, publish_future, refuse_publish
-from gateway.node import Node
-from gateway.session import SHARED_PREFIX
-from gateway.topics import valid_topic_filter, valid_topic_name
-from store.base import Message
+from tidewire.admin.app import API_PREFIX, require_token
+from tidewire.admin.models import MAX_TOPIC_CHARS, Page, Paging, PublishRequest, PublishResult, Retained, paging
+from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.ingress import (
+    INVALID_TOPIC,
+    Properties,
+    PublishFailed,
+    neutral_message,
+    publish_future,
+    refuse_publish,
+)
+from tidewire.gateway.node import Node
+from tidewire.gateway.session import SHARED_PREFIX
+from tidewire.gateway.topics import valid_topic_filter, valid_topic_name
+from tidewire.store.base import Message
 
 PUBLISH_TIMEOUT_S = 10.0  # a QoS 1/2 publish not durable by then is answered 503 (it may still be stored)
 MAX_LISTED_PAYLOAD = 64 * 1024  # bytes of a retained payload a list carries; bigger ones: GET the topic

@@ -15,11 +15,20 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 
-from admin.app import API_PREFIX, Endpoints, endpoints, require_token
-from admin.models import ClusterMember, ClusterState, ListenerEntry, Listing, NodeEntry, Stats, Status, TopTopic
-from gateway.config import Settings
-from gateway.node import Node
-from store.base import P2P_PREFIX
+from tidewire.admin.app import API_PREFIX, Endpoints, endpoints, require_token
+from tidewire.admin.models import (
+    ClusterMember,
+    ClusterState,
+    ListenerEntry,
+    Listing,
+    NodeEntry,
+    Stats,
+    Status,
+    TopTopic,
+)
+from tidewire.gateway.config import Settings
+from tidewire.gateway.node import Node
+from tidewire.store.base import P2P_PREFIX
 
 MASK = "******"
 TOP_TOPICS = 10
@@ -70,9 +79,10 @@ def other_connections(found: Endpoints) -> int:
 
 def _top_topics_source() -> Callable[[Node, int], Any] | None:
     """`admin.metrics.top_topics(node, n)` once the metrics module provides it."""
-    if importlib.util.find_spec("admin.metrics") is None:
+    if importlib.util.find_spec("tidewire.admin.metrics") is None:
         return None
-    source: Callable[[Node, int], Any] | None = getattr(importlib.import_module("admin.metrics"), "top_topics", None)
+    metrics = importlib.import_module("tidewire.admin.metrics")
+    source: Callable[[Node, int], Any] | None = getattr(metrics, "top_topics", None)
     return source
 
 

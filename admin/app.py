@@ -21,10 +21,10 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from gateway.node import Node
+from tidewire.gateway.node import Node
 
 if TYPE_CHECKING:
-    from extensions.amqp.server import AmqpServer
+    from tidewire.extensions.amqp.server import AmqpServer
 
 log = logging.getLogger("tidewire.admin")
 
@@ -159,9 +159,9 @@ def build_app(node: Node, token: str, endpoints: Endpoints | None = None) -> Fas
     if not token:
         raise ValueError("the admin API needs a non-empty token")
     # Here: they import `require_token` from this module.
-    import admin.api_clients as api_clients
-    import admin.api_messages as api_messages
-    import admin.api_node as api_node
+    import tidewire.admin.api_clients as api_clients
+    import tidewire.admin.api_messages as api_messages
+    import tidewire.admin.api_node as api_node
 
     app = FastAPI(title="Tidewire admin API", version=api_node.version(), openapi_url=f"{API_PREFIX}/openapi.json",
                   docs_url=None, redoc_url=None, swagger_ui_oauth2_redirect_url=None)
@@ -190,8 +190,8 @@ def build_app(node: Node, token: str, endpoints: Endpoints | None = None) -> Fas
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     for router in (api_node.router(node), api_clients.router(node), api_messages.router(node),
-                   _optional_router("admin.api_banned", "router", node),
-                   _optional_router("admin.metrics", "metrics_router", node)):
+                   _optional_router("tidewire.admin.api_banned", "router", node),
+                   _optional_router("tidewire.admin.metrics", "metrics_router", node)):
         if router is not None:
             app.include_router(router)
     return app

@@ -18,11 +18,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from admin.app import Endpoints
-from gateway.node import Node
-from gateway.sys_topics import LATENCY_BOUNDS, Latency
-from notify.base import NotifyCounts
-from store.base import P2P_PREFIX
+from tidewire.admin.app import Endpoints
+from tidewire.gateway.node import Node
+from tidewire.gateway.sys_topics import LATENCY_BOUNDS, Latency
+from tidewire.notify.base import NotifyCounts
+from tidewire.store.base import P2P_PREFIX
 
 PREFIX = "tidewire"
 MAX_TOP_TOPICS = 100  # top_topics answers at most this many

@@ -11,7 +11,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.config import Settings
+from tidewire.gateway.config import Settings
 
 log = logging.getLogger("tidewire.admin")
 

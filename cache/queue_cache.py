@@ -14,7 +14,7 @@ import asyncio
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from store.base import Message, Store
+from tidewire.store.base import Message, Store
 
 
 class _CachedQueue:

@@ -37,8 +37,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from extensions.hooks import ClientInfo, SubscribeAccess
-from gateway.topics import FilterTrie, filter_covers_levels, filters_overlap_levels, valid_topic_filter
+from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
+from tidewire.gateway.topics import FilterTrie, filter_covers_levels, filters_overlap_levels, valid_topic_filter
 
 READ = 1
 WRITE = 2

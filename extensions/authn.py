@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from extensions.hooks import Authorizer
+from tidewire.extensions.hooks import Authorizer
 
 log = logging.getLogger("tidewire.auth")
 

@@ -49,9 +49,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from extensions.acl import AclFile
-from extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
-from gateway.config import Settings
+from tidewire.extensions.acl import AclFile
+from tidewire.extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.gateway.config import Settings
 
 log = logging.getLogger("tidewire.auth.http")
 

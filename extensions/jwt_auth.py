@@ -53,11 +53,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from jwt.utils import base64url_decode
 
-from extensions.acl import AclFile
-from extensions.authn import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.acl import AclFile
+from tidewire.extensions.authn import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
 
 if TYPE_CHECKING:
-    from gateway.config import Settings
+    from tidewire.gateway.config import Settings
 
 MAX_TOKEN_BYTES = 16384  # a token with a few hundred ACL rules fits; bigger ones are refused
 MAX_HEADER_CHARS = 2048  # base64url characters of the header segment we are willing to decode

@@ -37,8 +37,8 @@ from enum import Enum
 from functools import partial
 from pathlib import Path
 
-from extensions.authn import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
-from extensions.passwords import KEY_SIZE, CredentialEntry, Credentials, is_scram_line, parse_line, saslprep
+from tidewire.extensions.authn import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.passwords import KEY_SIZE, CredentialEntry, Credentials, is_scram_line, parse_line, saslprep
 
 SALT_LEN = 12  # Mosquitto drops entries whose salt is any other length
 HASH_LEN = 64  # SHA-512 digest size

@@ -23,8 +23,8 @@ import hmac
 import secrets
 from collections.abc import Callable
 
-from extensions.auth import AuthResult, auth_failed
-from extensions.passwords import KEY_SIZE, MECHANISM, CredentialEntry, Credentials
+from tidewire.extensions.auth import AuthResult, auth_failed
+from tidewire.extensions.passwords import KEY_SIZE, MECHANISM, CredentialEntry, Credentials
 
 DEFAULT_MAX_MESSAGE = 4096  # bytes of Authentication Data accepted per step
 _FAILED_PROOF = "authentication failed"  # one reason for unknown user and wrong password alike

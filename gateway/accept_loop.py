@@ -13,7 +13,7 @@ import socket
 import ssl as ssl_module
 from collections.abc import Callable, Sequence
 
-from gateway.proxy_protocol import (
+from tidewire.gateway.proxy_protocol import (
     DEFAULT_MAX_V2_LENGTH,
     MIN_MAX_V2_LENGTH,
     V1_MAX_LENGTH,

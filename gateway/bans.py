@@ -24,11 +24,11 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from gateway.retry import Backoff, stop_if_cancelled
-from store.base import BAN_KINDS, Ban
+from tidewire.gateway.retry import Backoff, stop_if_cancelled
+from tidewire.store.base import BAN_KINDS, Ban
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.bans")
 

@@ -11,18 +11,18 @@ import typer
 from typer._click.core import Command, Context  # typer carries its own click: its group's signatures use these
 from typer.core import TyperGroup
 
-from gateway.config import Settings
-from gateway.logs import setup_logging
-from gateway.passwd_command import passwd_command
+from tidewire.gateway.config import Settings
+from tidewire.gateway.logs import setup_logging
+from tidewire.gateway.passwd_command import passwd_command
 
 # Command groups imported only when used: a node's start (and every `tidewire ctl` call) skips the others' imports
 # (httpx, RocksDB, ...). name -> (module, its Typer app)
 LAZY_GROUPS = {
-    "cluster": ("gateway.cluster_command", "cluster_app"),  # cluster up / status
-    "lake": ("gateway.pipeline_command", "lake_app"),  # lake run
-    "pipeline": ("gateway.pipeline_command", "pipeline_app"),  # pipeline run <job>
-    "store": ("gateway.store_command", "store_app"),  # store check|compact|dump
-    "ctl": ("gateway.ctl_command", "ctl_app"),  # a running node through its admin API
+    "cluster": ("tidewire.gateway.cluster_command", "cluster_app"),  # cluster up / status
+    "lake": ("tidewire.gateway.pipeline_command", "lake_app"),  # lake run
+    "pipeline": ("tidewire.gateway.pipeline_command", "pipeline_app"),  # pipeline run <job>
+    "store": ("tidewire.gateway.store_command", "store_app"),  # store check|compact|dump
+    "ctl": ("tidewire.gateway.ctl_command", "ctl_app"),  # a running node through its admin API
 }
 
 
@@ -106,7 +106,7 @@ def serve_command(
                              api_token_file=api_token_file)
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    from gateway.server import StartupError, run, serve  # here, so `tidewire passwd` starts without them
+    from tidewire.gateway.server import StartupError, run, serve  # here, so `tidewire passwd` starts without them
 
     try:
         run(serve(settings))

@@ -187,7 +187,7 @@ def _start_nodes(sup: _Supervisor, n: int, store: str, data_dir: Path, base_port
         env = {**os.environ, "TIDEWIRE_NODE_ID": node_id, "TIDEWIRE_CLUSTER_PORT": str(cport),
                "TIDEWIRE_CLUSTER_SECRET": secret}
         # Backend listeners on their default ports plus the node's index: several nodes share one host here.
-        cmd = [sys.executable, "-m", "gateway", "serve", "--host", sup.host, "--port", str(port),
+        cmd = [sys.executable, "-m", "tidewire", "serve", "--host", sup.host, "--port", str(port),
                "--data-dir", str(ndir / "data"), "--store", store, "--amqp-port", str(5672 + i),
                "--rocketmq-port", str(8081 + i), "--admin-port", str(18083 + i)]
         sup.nodes.append(sup.spawn(node_id, cmd, ndir / "gateway.log", env))
@@ -265,7 +265,7 @@ def _redis_client(url: str) -> Any:
 def read_status(client: Any, prefix: str = MEMBERS_PREFIX) -> dict[str, Any]:
     """The membership as stored by `lookup.membership`: epoch and, per member, its address, how long it has been
     live, when its entry expires, and how many of the 4096 lookup slots it owns."""
-    from lookup.slots import SlotTable
+    from tidewire.lookup.slots import SlotTable
 
     tag = "{" + prefix + "}:members"
 

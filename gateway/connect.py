@@ -8,12 +8,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from extensions.authn import Failure
-from extensions.hooks import Authorizer, ClientInfo
-from gateway.codec import ConnackCode311, Connect, PropertyId, ReasonCode, encode_properties
-from gateway.config import Settings
-from gateway.topics import valid_topic_name
-from store.base import NEVER_EXPIRES, Message
+from tidewire.extensions.authn import Failure
+from tidewire.extensions.hooks import Authorizer, ClientInfo
+from tidewire.gateway.codec import ConnackCode311, Connect, PropertyId, ReasonCode, encode_properties
+from tidewire.gateway.config import Settings
+from tidewire.gateway.topics import valid_topic_name
+from tidewire.store.base import NEVER_EXPIRES, Message
 
 # Properties that depend on the receiver or the clock: never stored with the message.
 PER_HOP = (PropertyId.TOPIC_ALIAS, PropertyId.MESSAGE_EXPIRY_INTERVAL, PropertyId.SUBSCRIPTION_IDENTIFIER)

@@ -11,9 +11,9 @@ import logging
 import time
 from typing import Any
 
-from extensions.authn import AuthRequest, Identity, Refused
-from extensions.hooks import ClientInfo
-from gateway.codec import (
+from tidewire.extensions.authn import AuthRequest, Identity, Refused
+from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.codec import (
     PINGRESP,
     Auth,
     Connack,
@@ -38,9 +38,9 @@ from gateway.codec import (
     pubcomp,
     pubrec,
 )
-from gateway.connect import Refusal, Terms, check_will, expires_at, negotiate, refusal_codes, stored_properties
-from gateway.ingress import INVALID_TOPIC, refuse_publish
-from gateway.lifecycle import (
+from tidewire.gateway.connect import Refusal, Terms, check_will, expires_at, negotiate, refusal_codes, stored_properties
+from tidewire.gateway.ingress import INVALID_TOPIC, refuse_publish
+from tidewire.gateway.lifecycle import (
     AUTHENTICATING,
     CLOSED,
     CONNECTED,
@@ -51,11 +51,11 @@ from gateway.lifecycle import (
     NEW,
     ConnectionBase,
 )
-from gateway.listeners import certificate_name
-from gateway.ratelimit import InboundLimiter
-from gateway.session import Session
-from pipeline.lake.event_names import DROPPED
-from store.base import Message, WillRecord
+from tidewire.gateway.listeners import certificate_name
+from tidewire.gateway.ratelimit import InboundLimiter
+from tidewire.gateway.session import Session
+from tidewire.pipeline.lake.event_names import DROPPED
+from tidewire.store.base import Message, WillRecord
 
 log = logging.getLogger("tidewire.conn")
 _CONNACK_ACCEPTED_311 = encode(Connack(False, 0), 4)  # the answer to nearly every 3.1.1 CONNECT

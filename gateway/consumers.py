@@ -18,12 +18,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from gateway.retry import Backoff, stop_if_cancelled
-from gateway.topics import FilterTrie
-from store.base import Claim, GroupRecord, Message
+from tidewire.gateway.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.topics import FilterTrie
+from tidewire.store.base import Claim, GroupRecord, Message
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.consumers")
 

@@ -90,7 +90,7 @@ def _options(ctx: typer.Context, json_out: bool) -> CtlOptions:
 
 def default_token_file() -> Path:
     """`<data_dir>/api_token`, data_dir as the node's Settings default it (TIDEWIRE_DATA_DIR, else ./data)."""
-    from gateway.config import Settings  # here: pydantic-settings is a third of a command's start time
+    from tidewire.gateway.config import Settings  # here: pydantic-settings is a third of a command's start time
 
     data_dir = os.environ.get("TIDEWIRE_DATA_DIR") or Settings.model_fields["data_dir"].default
     return Path(data_dir) / TOKEN_FILE_NAME

@@ -18,12 +18,12 @@ import types
 from collections.abc import Coroutine, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gateway.retry import Backoff, stop_if_cancelled
-from store.base import P2P_PREFIX
+from tidewire.gateway.retry import Backoff, stop_if_cancelled
+from tidewire.store.base import P2P_PREFIX
 
 if TYPE_CHECKING:
-    from gateway.node import Node
-    from gateway.session import Session
+    from tidewire.gateway.node import Node
+    from tidewire.gateway.session import Session
 
 log = logging.getLogger("tidewire.node")
 

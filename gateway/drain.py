@@ -37,13 +37,13 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.accept_loop import AcceptLoop
-from gateway.codec import PropertyId, ReasonCode
+from tidewire.gateway.accept_loop import AcceptLoop
+from tidewire.gateway.codec import PropertyId, ReasonCode
 
 if TYPE_CHECKING:
-    from gateway.config import Settings
-    from gateway.lifecycle import ConnectionBase
-    from gateway.node import Node
+    from tidewire.gateway.config import Settings
+    from tidewire.gateway.lifecycle import ConnectionBase
+    from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.drain")
 

@@ -7,11 +7,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gateway.retry import Backoff, stop_if_cancelled
-from store.base import P2P_PREFIX
+from tidewire.gateway.retry import Backoff, stop_if_cancelled
+from tidewire.store.base import P2P_PREFIX
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.node")
 

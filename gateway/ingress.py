@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.codec import PropertyId
-from gateway.codec.errors import PacketType, ProtocolError
-from gateway.codec.properties import ALLOWED, decode_block, encode_properties
-from store.base import PROTOCOL_MQTT, Message
+from tidewire.gateway.codec import PropertyId
+from tidewire.gateway.codec.errors import PacketType, ProtocolError
+from tidewire.gateway.codec.properties import ALLOWED, decode_block, encode_properties
+from tidewire.store.base import PROTOCOL_MQTT, Message
 
 if TYPE_CHECKING:
-    from extensions.hooks import Authorizer, ClientInfo
-    from gateway.config import Settings
+    from tidewire.extensions.hooks import Authorizer, ClientInfo
+    from tidewire.gateway.config import Settings
 
 log = logging.getLogger("tidewire.ingress")
 

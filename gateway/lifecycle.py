@@ -13,15 +13,15 @@ import logging
 import time
 from typing import Any, cast
 
-from extensions.auth import AuthSession
-from extensions.hooks import ClientInfo
-from gateway.codec import Connack, ConnackCode311, Connect, Disconnect, Parser, PropertyId, ReasonCode, encode
-from gateway.connect import Terms
-from gateway.listeners import Bucket, Listener
-from gateway.node import Node
-from gateway.ratelimit import InboundLimiter
-from gateway.session import Session
-from store.base import NEVER_EXPIRES, Ban, Message
+from tidewire.extensions.auth import AuthSession
+from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.codec import Connack, ConnackCode311, Connect, Disconnect, Parser, PropertyId, ReasonCode, encode
+from tidewire.gateway.connect import Terms
+from tidewire.gateway.listeners import Bucket, Listener
+from tidewire.gateway.node import Node
+from tidewire.gateway.ratelimit import InboundLimiter
+from tidewire.gateway.session import Session
+from tidewire.store.base import NEVER_EXPIRES, Ban, Message
 
 log = logging.getLogger("tidewire.conn")
 

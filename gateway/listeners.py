@@ -21,11 +21,11 @@ from typing import Any, Literal, Protocol
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from extensions.authn import AuthChain, AuthRequest, Identity, Refused
-from gateway.codec import ConnackCode311, ReasonCode
-from gateway.config import ListenerName, Settings
-from gateway.connect import Refusal
-from gateway.ratelimit import TokenBucket
+from tidewire.extensions.authn import AuthChain, AuthRequest, Identity, Refused
+from tidewire.gateway.codec import ConnackCode311, ReasonCode
+from tidewire.gateway.config import ListenerName, Settings
+from tidewire.gateway.connect import Refusal
+from tidewire.gateway.ratelimit import TokenBucket
 
 log = logging.getLogger("tidewire.listener")
 

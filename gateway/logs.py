@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Any
 
-from gateway.ratelimit import TokenBucket
+from tidewire.gateway.ratelimit import TokenBucket
 
 _RESERVED = frozenset(vars(logging.makeLogRecord({})))
 

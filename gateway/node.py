@@ -21,35 +21,35 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from cache.queue_cache import QueueCache
-from extensions.auth import EnhancedAuth
-from extensions.authn import AuthChain
-from extensions.hooks import Authorizer, PerClient
-from gateway.bans import BanList
-from gateway.codec import ReasonCode, SubscriptionRequest
-from gateway.config import Settings
-from gateway.consumers import ConsumerGroups
-from gateway.dispatch import Dispatcher
-from gateway.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
-from gateway.events import EventBuffer
-from gateway.housekeeping import housekeeping_loop
-from gateway.ingress import DurableSink, tell_sinks
-from gateway.listeners import Admission
-from gateway.retry import Backoff, stop_if_cancelled
-from gateway.session import Session
-from gateway.session_open import SessionOpener
-from gateway.shared import SharedGroup
-from gateway.subscriptions import SubscriptionRegistry
-from gateway.sys_topics import Counters, SysTopics
-from gateway.wills import DelayedWills, delay_left
-from gateway.writes import RecordWrites
-from lookup.base import Lookup
-from notify.base import Notifier
-from store.base import Message, StaleWildcards, Store
+from tidewire.cache.queue_cache import QueueCache
+from tidewire.extensions.auth import EnhancedAuth
+from tidewire.extensions.authn import AuthChain
+from tidewire.extensions.hooks import Authorizer, PerClient
+from tidewire.gateway.bans import BanList
+from tidewire.gateway.codec import ReasonCode, SubscriptionRequest
+from tidewire.gateway.config import Settings
+from tidewire.gateway.consumers import ConsumerGroups
+from tidewire.gateway.dispatch import Dispatcher
+from tidewire.gateway.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
+from tidewire.gateway.events import EventBuffer
+from tidewire.gateway.housekeeping import housekeeping_loop
+from tidewire.gateway.ingress import DurableSink, tell_sinks
+from tidewire.gateway.listeners import Admission
+from tidewire.gateway.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.session import Session
+from tidewire.gateway.session_open import SessionOpener
+from tidewire.gateway.shared import SharedGroup
+from tidewire.gateway.subscriptions import SubscriptionRegistry
+from tidewire.gateway.sys_topics import Counters, SysTopics
+from tidewire.gateway.wills import DelayedWills, delay_left
+from tidewire.gateway.writes import RecordWrites
+from tidewire.lookup.base import Lookup
+from tidewire.notify.base import Notifier
+from tidewire.store.base import Message, StaleWildcards, Store
 
 if TYPE_CHECKING:
-    from gateway.cluster import ClusterRole
-    from gateway.lifecycle import ConnectionBase
+    from tidewire.gateway.cluster import ClusterRole
+    from tidewire.gateway.lifecycle import ConnectionBase
 
 log = logging.getLogger("tidewire.node")
 

@@ -6,8 +6,8 @@ remaining message expiry and a topic alias widen the key only for the deliveries
 
 from __future__ import annotations
 
-from gateway.codec import PropertyId, encode_properties, publish_parts
-from store.base import Message
+from tidewire.gateway.codec import PropertyId, encode_properties, publish_parts
+from tidewire.store.base import Message
 
 # Stop caching rarely shared variants (e.g. one per second of remaining expiry) once a message has this many.
 _MAX_VARIANTS = 16

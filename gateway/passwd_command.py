@@ -26,7 +26,7 @@ from typing import Annotated
 
 import typer
 
-from extensions.password_file import (
+from tidewire.extensions.password_file import (
     DEFAULT_ITERATIONS,
     MAX_ITERATIONS,
     HashKind,
@@ -34,8 +34,8 @@ from extensions.password_file import (
     line_username,
     mosquitto_hash,
 )
-from extensions.passwords import DEFAULT_ITERATIONS as SCRAM_ITERATIONS
-from extensions.passwords import credential_line
+from tidewire.extensions.passwords import DEFAULT_ITERATIONS as SCRAM_ITERATIONS
+from tidewire.extensions.passwords import credential_line
 
 _HASHES = {"sha512-pbkdf2": HashKind.PBKDF2_SHA512, "sha512": HashKind.SHA512}
 MAX_PASSWORD = 65535  # mosquitto_passwd's limit, in bytes
@@ -216,5 +216,5 @@ def passwd_command(
         raise typer.Exit(1) from None
 
 
-if __name__ == "__main__":  # `python -m gateway.passwd_command`, without loading the server
+if __name__ == "__main__":  # `python -m tidewire.gateway.passwd_command`, without loading the server
     typer.run(passwd_command)

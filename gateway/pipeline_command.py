@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.artifact import DEFAULT_OUTPUT, ArtifactError, build  # the standard library only: no Spark
+from tidewire.pipeline.artifact import DEFAULT_OUTPUT, ArtifactError, build  # the standard library only: no Spark
 
 _FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
@@ -20,7 +20,7 @@ pipeline_app = typer.Typer(add_completion=False, help="PySpark jobs over the lak
 @lake_app.command("run", context_settings=_FORWARD)
 def lake_run(ctx: typer.Context) -> None:
     """Export the log to the lake as its own process (`tidewire lake run --help` for the options)."""
-    from pipeline.lake.command import main
+    from tidewire.pipeline.lake.command import main
 
     raise typer.Exit(main(list(ctx.args)))
 
@@ -28,7 +28,7 @@ def lake_run(ctx: typer.Context) -> None:
 @pipeline_app.command("run", context_settings=_FORWARD)
 def pipeline_run(ctx: typer.Context) -> None:
     """Run a job: aggregates, reports or alerts (`tidewire pipeline run --help` for the options)."""
-    from pipeline.cli import main
+    from tidewire.pipeline.cli import main
 
     raise typer.Exit(main(["run", *ctx.args]))
 

@@ -7,17 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from extensions.acl import AclFile
-from extensions.authn import AuthChain, Authenticator
-from extensions.hooks import AllowAll, Authorizer
-from extensions.http_auth import HttpAuthenticator
-from extensions.jwt_auth import JwtAuthenticator
-from extensions.password_file import PasswordFileAuthenticator
-from extensions.scram import ScramSha256
-from gateway.config import Settings
+from tidewire.extensions.acl import AclFile
+from tidewire.extensions.authn import AuthChain, Authenticator
+from tidewire.extensions.hooks import AllowAll, Authorizer
+from tidewire.extensions.http_auth import HttpAuthenticator
+from tidewire.extensions.jwt_auth import JwtAuthenticator
+from tidewire.extensions.password_file import PasswordFileAuthenticator
+from tidewire.extensions.scram import ScramSha256
+from tidewire.gateway.config import Settings
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 
 @dataclass(slots=True)

@@ -14,25 +14,25 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.accept_loop import AcceptLoop
-from gateway.cluster import ClusterRole
-from gateway.config import Settings
-from gateway.connection import MqttConnection
-from gateway.drain import drain
-from gateway.listeners import Listener, make_listeners, reload_certificate, tls_context
-from gateway.node import Node
-from gateway.security import Security
-from gateway.websocket import WebSocketProtocol
-from gateway.websocket_core import WebSocketOptions
-from lookup.base import InProcessLookup, Lookup
-from notify.base import LocalNotifier, Notifier
-from store.base import Store
-from store.delaying import DelayingStore
-from store.embedded import EmbeddedStore
-from store.meta_options import MetaLimits
+from tidewire.gateway.accept_loop import AcceptLoop
+from tidewire.gateway.cluster import ClusterRole
+from tidewire.gateway.config import Settings
+from tidewire.gateway.connection import MqttConnection
+from tidewire.gateway.drain import drain
+from tidewire.gateway.listeners import Listener, make_listeners, reload_certificate, tls_context
+from tidewire.gateway.node import Node
+from tidewire.gateway.security import Security
+from tidewire.gateway.websocket import WebSocketProtocol
+from tidewire.gateway.websocket_core import WebSocketOptions
+from tidewire.lookup.base import InProcessLookup, Lookup
+from tidewire.notify.base import LocalNotifier, Notifier
+from tidewire.store.base import Store
+from tidewire.store.delaying import DelayingStore
+from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.meta_options import MetaLimits
 
 if TYPE_CHECKING:
-    from lookup.fabric import ClusterFabric
+    from tidewire.lookup.fabric import ClusterFabric
 
 log = logging.getLogger("tidewire.server")
 
@@ -61,15 +61,15 @@ def build_backends(node: Node, tls: ssl.SSLContext | None) -> list[Backend]:
     settings = node.settings
     backends: list[Backend] = []
     if settings.amqp_port or settings.amqps_port:
-        from extensions.amqp.server import AmqpServer
+        from tidewire.extensions.amqp.server import AmqpServer
 
         backends.append(AmqpServer(node, tls if settings.amqps_port else None))
     if settings.rocketmq_port:
-        from extensions.rocketmq.server import RocketMQServer
+        from tidewire.extensions.rocketmq.server import RocketMQServer
 
         backends.append(RocketMQServer(node))
     if settings.lake_dir is not None:
-        from pipeline.lake.command import Lake
+        from tidewire.pipeline.lake.command import Lake
 
         # This node's events are exported in-process (they exist only here); the log's bridge runs as a child
         # process: building Arrow tables holds the GIL, which would stall this loop's deliveries for as long.
@@ -80,11 +80,12 @@ def build_backends(node: Node, tls: ssl.SSLContext | None) -> list[Backend]:
 
 
 def bridge_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
-    """argv and environment of this node's log bridge (`python -m pipeline.lake`): the embedded store's
+    """argv and environment of this node's log bridge (`python -m tidewire.pipeline.lake`): the embedded store's
     directory read-only, or the shared store's URL through the environment (it may hold a password)."""
     assert settings.lake_dir is not None
-    argv = [sys.executable, "-m", "pipeline.lake", "--lake", str(settings.lake_dir), "--owner", settings.node_id,
-            "--parent-pid", str(os.getpid()), "--nice", str(BRIDGE_NICE), "--flush-rows", str(settings.lake_flush_rows),
+    argv = [sys.executable, "-m", "tidewire.pipeline.lake", "--lake", str(settings.lake_dir),
+            "--owner", settings.node_id, "--parent-pid", str(os.getpid()), "--nice", str(BRIDGE_NICE),
+            "--flush-rows", str(settings.lake_flush_rows),
             "--flush-bytes", str(settings.lake_flush_bytes), "--flush-seconds", str(settings.lake_flush_seconds),
             "--log-level", settings.log_level.upper()]
     env = dict(os.environ)
@@ -166,7 +167,7 @@ def build_fabric(settings: Settings) -> ClusterFabric | None:
         raise StartupError("cluster_port needs a shared store: --store redis://... or redis-cluster://...")
     if not settings.cluster_secret:
         raise StartupError("cluster_port needs cluster_secret: every node must prove it to the others")
-    from lookup.fabric import ClusterFabric
+    from tidewire.lookup.fabric import ClusterFabric
 
     return ClusterFabric(settings.node_id, redis_client(settings.store), host=settings.host,
                          cluster_port=settings.cluster_port, secret=settings.cluster_secret,
@@ -179,7 +180,7 @@ def redis_client(url: str) -> Any:
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    from store.redis_conn import CLUSTER_SCHEMES, parse_cluster_url
+    from tidewire.store.redis_conn import CLUSTER_SCHEMES, parse_cluster_url
 
     if url.startswith(CLUSTER_SCHEMES):
         nodes, username, password, tls = parse_cluster_url(url)
@@ -191,7 +192,7 @@ def redis_client(url: str) -> Any:
 def build_store(settings: Settings) -> Store:
     store: Store
     if settings.store.startswith(REDIS_SCHEMES):
-        from store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
+        from tidewire.store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
 
         store = RedisStore(settings.store, retention_bytes=settings.retention_bytes,
                            retention_seconds=settings.retention_seconds,
@@ -299,7 +300,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     backends = build_backends(node, tls)
     admin: Backend | None = None
     if settings.admin_port:  # FastAPI and uvicorn are imported only then
-        from admin.server import AdminServer
+        from tidewire.admin.server import AdminServer
 
         admin = AdminServer(node, settings, servers=servers, backends=backends)
     starting = [*backends, *([admin] if admin is not None else [])]  # the admin port last: it shows the others

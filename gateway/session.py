@@ -13,12 +13,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from gateway.codec import pubrel
-from gateway.outbound import encoded_publish, encoded_publish_with, with_dup
-from gateway.retry import STORE_RETRY_S
-from gateway.session_parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
-from pipeline.lake.event_names import ACKED, DELIVERED, DROPPED
-from store.base import P2P_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
+from tidewire.gateway.codec import pubrel
+from tidewire.gateway.outbound import encoded_publish, encoded_publish_with, with_dup
+from tidewire.gateway.retry import STORE_RETRY_S
+from tidewire.gateway.session_parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
+from tidewire.pipeline.lake.event_names import ACKED, DELIVERED, DROPPED
+from tidewire.store.base import P2P_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
 
 _NO_HORIZON = 1 << 62
 SHARED_PREFIX = "$share/"

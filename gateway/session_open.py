@@ -9,12 +9,12 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from gateway.session import Session
-from store.base import SessionRecord, expiry_deadline
+from tidewire.gateway.session import Session
+from tidewire.store.base import SessionRecord, expiry_deadline
 
 if TYPE_CHECKING:
-    from gateway.lifecycle import ConnectionBase
-    from gateway.node import Node
+    from tidewire.gateway.lifecycle import ConnectionBase
+    from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.node")
 

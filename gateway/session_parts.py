@@ -7,16 +7,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.codec import pubrel
-from gateway.outbound import encoded_publish_with, with_dup
-from pipeline.lake.event_names import DELIVERED
-from store.base import Message, Store, SubscriptionRecord
+from tidewire.gateway.codec import pubrel
+from tidewire.gateway.outbound import encoded_publish_with, with_dup
+from tidewire.pipeline.lake.event_names import DELIVERED
+from tidewire.store.base import Message, Store, SubscriptionRecord
 
 if TYPE_CHECKING:
-    from cache.queue_cache import QueueCache
-    from gateway.events import EventBuffer
-    from gateway.session import Session
-    from gateway.sys_topics import Counters
+    from tidewire.cache.queue_cache import QueueCache
+    from tidewire.gateway.events import EventBuffer
+    from tidewire.gateway.session import Session
+    from tidewire.gateway.sys_topics import Counters
 
 
 Delivery = tuple[int, bool, tuple[int, ...]]  # qos (-1: skip), retain flag, subscription identifiers

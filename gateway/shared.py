@@ -20,13 +20,13 @@ from collections.abc import Callable
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.retry import STORE_RETRY_S
-from store.base import Message, SessionRecord, SubscriptionRecord
+from tidewire.gateway.retry import STORE_RETRY_S
+from tidewire.store.base import Message, SessionRecord, SubscriptionRecord
 
 if TYPE_CHECKING:
-    from cache.queue_cache import QueueCache
-    from gateway.session import Session
-    from store.base import Store
+    from tidewire.cache.queue_cache import QueueCache
+    from tidewire.gateway.session import Session
+    from tidewire.store.base import Store
 
 STRATEGIES = ("least_inflight", "round_robin", "random", "sticky", "hash_clientid", "hash_topic")
 Member = tuple["Session", SubscriptionRecord]

@@ -14,11 +14,11 @@ from typing import Annotated, Any
 
 import typer
 
-from store.base import SessionRecord
-from store.embedded_meta import MetaStore
-from store.maintenance import check_log, queue_counts, rebuild_indexes, segments
-from store.meta_maint import check as check_meta
-from store.meta_options import DEFAULT_LIMITS, open_db
+from tidewire.store.base import SessionRecord
+from tidewire.store.embedded_meta import MetaStore
+from tidewire.store.maintenance import check_log, queue_counts, rebuild_indexes, segments
+from tidewire.store.meta_maint import check as check_meta
+from tidewire.store.meta_options import DEFAULT_LIMITS, open_db
 
 store_app = typer.Typer(add_completion=False, help="Check, compact or dump an embedded data directory.")
 

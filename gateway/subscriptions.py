@@ -15,16 +15,16 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol
 
-from extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
-from gateway.codec import ReasonCode, SubscriptionRequest
-from gateway.session import SHARED_PREFIX, Session
-from gateway.shared import SharedGroup, parse_shared, strategy_for
-from gateway.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
-from store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
+from tidewire.extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
+from tidewire.gateway.codec import ReasonCode, SubscriptionRequest
+from tidewire.gateway.session import SHARED_PREFIX, Session
+from tidewire.gateway.shared import SharedGroup, parse_shared, strategy_for
+from tidewire.gateway.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
+from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
-    from gateway.node import Node
-    from store.base import Store
+    from tidewire.gateway.node import Node
+    from tidewire.store.base import Store
 
 log = logging.getLogger("tidewire.subscriptions")
 

@@ -23,10 +23,10 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
-from gateway.events import EventBuffer
-from gateway.logs import Sampled
-from pipeline.lake.event_names import SUBSCRIBED, UNSUBSCRIBED
-from store.base import PROTOCOL_AMQP, PROTOCOL_ROCKETMQ, Claim, Message
+from tidewire.gateway.events import EventBuffer
+from tidewire.gateway.logs import Sampled
+from tidewire.pipeline.lake.event_names import SUBSCRIBED, UNSUBSCRIBED
+from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_ROCKETMQ, Claim, Message
 
 EVENTS = ("connected", "disconnected", "subscribed", "unsubscribed", "takeover")
 # Connect and disconnect lines: this many per second at info; past that, counted in a `clients.activity` line

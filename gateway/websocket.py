@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from gateway.websocket_core import (
+from tidewire.gateway.websocket_core import (
     CLOSE_NORMAL,
     OP_CLOSE,
     OP_FAIL,

@@ -7,8 +7,8 @@ import asyncio
 import math
 from collections.abc import Callable
 
-from gateway.writes import RecordWrites
-from store.base import Message, Store, WillRecord, expiry_deadline
+from tidewire.gateway.writes import RecordWrites
+from tidewire.store.base import Message, Store, WillRecord, expiry_deadline
 
 
 class DelayedWills:

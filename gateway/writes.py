@@ -14,8 +14,8 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 
-from gateway.retry import Backoff, stop_if_cancelled
-from store.base import SessionRecord, Store, WillRecord
+from tidewire.gateway.retry import Backoff, stop_if_cancelled
+from tidewire.store.base import SessionRecord, Store, WillRecord
 
 Write = Callable[[], Awaitable[None]]
 

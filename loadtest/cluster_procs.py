@@ -1,7 +1,7 @@
 """A local Tidewire cluster for the benchmarks: one private redis-server and N gateway node subprocesses, plus a
 reader of the nodes' `$SYS/brokers/<node>/stats/...` counters.
 
-Node k (1-based) is `python -m gateway serve --host H --port P --data-dir D --store redis://...` with
+Node k (1-based) is `python -m tidewire serve --host H --port P --data-dir D --store redis://...` with
 `TIDEWIRE_NODE_ID=n<k>`, `TIDEWIRE_CLUSTER_PORT=<free>`, `TIDEWIRE_CLUSTER_SECRET` and a short
 `TIDEWIRE_SYS_INTERVAL`, so the counters can be read over MQTT while a benchmark runs. `store="embedded"` (one
 node only) gives the same harness without Redis, for restart measurements and tests.

@@ -9,7 +9,7 @@ Modes, each run once per round so their numbers are comparable:
 - `none`: the gateway without a lake (the baseline: the bridge must never slow the gateway). After the load,
   the log is exported by a bridge in this process (`--once`): the bridge's catch-up capacity in rows/s.
 - `in-node`: `serve --lake` (settings through TIDEWIRE_LAKE_*): bridge and events exporter share core 0.
-- `process`: `python -m pipeline.lake --data-dir D --lake L` (a read-only tail of the gateway's log), pinned to
+- `process`: `python -m tidewire.pipeline.lake --data-dir D --lake L` (a read-only tail of the gateway's log), pinned to
   core 2 when there is one, else to core 1 beside the load generator.
 Measured: the gateway's ingest rate (telemetry rows / their received-time span, from the lake), its CPU and
 the bridge process's; exported rows/s; lag = now - received time of the newest exported row (the checkpoint's
@@ -46,7 +46,7 @@ from loadtest.client import Counters
 from loadtest.lake_clients import JsonPublisher, LatencySubscriber, subscribe_latency
 from loadtest.redis_proc import terminate
 from loadtest.scenarios import _paced, close_all, open_many, percentiles
-from pipeline.lake.schema import MESSAGES, STATE_DIR
+from tidewire.pipeline.lake.schema import MESSAGES, STATE_DIR
 
 TOPIC_PREFIX = "tele/"
 SAMPLE_S = 0.5  # lag sampling period
@@ -162,7 +162,7 @@ class LakeScan:
 
 async def count_log(data_dir: Path, upto: int) -> tuple[int, int]:
     """(records, telemetry records) with seq <= upto in the gateway's log, read with a read-only tail."""
-    from store.embedded_tail import EmbeddedLogTail
+    from tidewire.store.embedded_tail import EmbeddedLogTail
 
     tail = EmbeddedLogTail(data_dir)
     await tail.open()
@@ -183,8 +183,8 @@ async def count_log(data_dir: Path, upto: int) -> tuple[int, int]:
 
 async def catch_up(data_dir: Path, lake: Path, cfg: Config) -> float:
     """Export the whole log with a bridge in this process (`--once`); returns its rows/s."""
-    from pipeline.lake.command import run_lake
-    from store.embedded_tail import EmbeddedLogTail
+    from tidewire.pipeline.lake.command import run_lake
+    from tidewire.store.embedded_tail import EmbeddedLogTail
 
     tail = EmbeddedLogTail(data_dir)
     await tail.open()
@@ -291,7 +291,7 @@ def flush_opts(cfg: Config) -> dict[str, Any]:
 
 
 def start_bridge(data_dir: Path, lake: Path, cfg: Config, core: int | None, out: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "pipeline.lake", "--data-dir", str(data_dir), "--lake", str(lake),
+    cmd = [sys.executable, "-m", "tidewire.pipeline.lake", "--data-dir", str(data_dir), "--lake", str(lake),
            "--owner", "lake-bench", "--log-level", "WARNING"]
     for k, v in flush_opts(cfg).items():
         cmd += ["--" + k.replace("_", "-"), str(v)]

@@ -23,11 +23,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gateway.config import Settings
-from gateway.server import serve
 from loadtest.client import Counters, Publisher, connect
 from loadtest.scenarios import percentiles
 from loadtest.servers import free_port
+from tidewire.gateway.config import Settings
+from tidewire.gateway.server import serve
 
 TOPIC = "bench/latency_path"
 WARMUP = 200  # messages before the measured ones: first-use costs (caches, encoders) are not per message

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from store.base import NEVER_EXPIRES, Message, SessionRecord, SubscriptionRecord
-from store.embedded_meta import MetaLimits, MetaStore
+from tidewire.store.base import NEVER_EXPIRES, Message, SessionRecord, SubscriptionRecord
+from tidewire.store.embedded_meta import MetaLimits, MetaStore
 
 BATCH = 1000
 SYNC_EVERY = 10  # batches per sync_work

@@ -239,7 +239,7 @@ def start_mosquitto(host: str = "127.0.0.1", port: int | None = None, *, core: i
 
 def tidewire_command(host: str, port: int, data_dir: Path, security: Security | None = None,
                      tls_port: int | None = None, store: str | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "gateway", "serve", "--host", host, "--port", str(port),
+    cmd = [sys.executable, "-m", "tidewire", "serve", "--host", host, "--port", str(port),
            "--data-dir", str(data_dir), "--amqp-port", "0", "--rocketmq-port", "0", "--admin-port", "0"]
     if store:
         cmd += ["--store", store]
@@ -254,7 +254,7 @@ def tidewire_command(host: str, port: int, data_dir: Path, security: Security | 
 def start_tidewire(host: str = "127.0.0.1", port: int | None = None, *, core: int | None = SERVER_CORE,
                    fsync: str | None = None, extra_env: dict[str, str] | None = None,
                    security: Security | None = None, store: str | None = None) -> Server:
-    """`python -m gateway serve` on a fresh data dir; fsync None keeps the gateway's own default; `store` is
+    """`python -m tidewire serve` on a fresh data dir; fsync None keeps the gateway's own default; `store` is
     passed as `--store` (None: the embedded default)."""
     sec = security or Security()
     port = port or free_port(host)

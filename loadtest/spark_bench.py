@@ -29,8 +29,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
-from pipeline.lake.writer import hour_dir, message_file_name, publish_file, split_by_hour, write_tmp
+from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
+from tidewire.pipeline.lake.writer import hour_dir, message_file_name, publish_file, split_by_hour, write_tmp
 
 T0_MS = 1_714_557_600_000  # 2024-05-01T10:00:00Z, an hour boundary
 HOUR_MS = 3_600_000
@@ -167,9 +167,9 @@ def run_jobs(lake: Path, r: BenchResult, master: str, conf: dict[str, str], shuf
              reports: bool) -> None:
     from pyspark.sql import functions as F
 
-    from pipeline.jobs import aggregates
-    from pipeline.jobs import reports as reports_job
-    from pipeline.spark import spark_session
+    from tidewire.pipeline.jobs import aggregates
+    from tidewire.pipeline.jobs import reports as reports_job
+    from tidewire.pipeline.spark import spark_session
 
     t = time.perf_counter()
     spark = spark_session(master, app="tidewire-spark-bench", conf=conf, shuffle_partitions=shuffle_partitions)

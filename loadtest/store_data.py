@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from store.base import Message, SessionRecord, Store, SubscriptionRecord
+from tidewire.store.base import Message, SessionRecord, Store, SubscriptionRecord
 
 REPO = Path(__file__).resolve().parent.parent
 WILDCARD_EVERY = 100  # one topic in this many is also indexed into its `dev/<i>/+` wildcard queue
@@ -215,8 +215,8 @@ def run_child(cmd: Sequence[str], timeout: float, pin: Sequence[str] = ()) -> di
 # --- child-process steps -----------------------------------------------------------------------------------
 def make_store(data_dir: Path, **overrides: Any) -> Store:
     """The store the gateway would open on `data_dir` (retention off: a cached data set must survive)."""
-    from gateway.config import Settings
-    from gateway.server import build_store
+    from tidewire.gateway.config import Settings
+    from tidewire.gateway.server import build_store
 
     return build_store(Settings(data_dir=data_dir, retention_seconds=0, retention_bytes=0, **overrides))
 

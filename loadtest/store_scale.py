@@ -4,7 +4,7 @@
         [--sessions 1M] [--runs 3] [--dir /tmp/store_scale] [--cold] [--rebuild] [--json PATH]
 
 - `restart`: a log of N messages (1k topics, see `loadtest.store_data`) is built once per N and cached. Then,
-  each `--runs` times: `Store.open()` in a fresh process, and a real gateway (`python -m gateway serve` pinned to
+  each `--runs` times: `Store.open()` in a fresh process, and a real gateway (`python -m tidewire serve` pinned to
   core 0) from process start until an MQTT CONNECT gets its CONNACK, with its RSS then. Medians.
 - `queues`: a log of `--queues` messages on as many distinct topics (written through the store API, not a
   gateway), then a gateway started on it: its RSS and start time; also the RSS of the process that built it.

@@ -4,6 +4,6 @@ The cluster issue adds a sharded in-memory KV across nodes behind the same inter
 rebuilt from live connections, and `None` ("don't know") makes notify fall back to broadcast.
 """
 
-from lookup.base import InProcessLookup, Lookup
+from tidewire.lookup.base import InProcessLookup, Lookup
 
 __all__ = ["InProcessLookup", "Lookup"]

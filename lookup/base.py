@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from store.base import P2P_PREFIX
+from tidewire.store.base import P2P_PREFIX
 
 
 class Lookup(Protocol):

@@ -12,10 +12,10 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from lookup.membership import Membership
-from lookup.rpc import DEFAULT_MAX_FRAME, RpcError, RpcNode
-from lookup.sharded import ShardedLookup
-from notify.cluster import DEFAULT_MERGE_DELAY, ClusterNotifier
+from tidewire.lookup.membership import Membership
+from tidewire.lookup.rpc import DEFAULT_MAX_FRAME, RpcError, RpcNode
+from tidewire.lookup.sharded import ShardedLookup
+from tidewire.notify.cluster import DEFAULT_MERGE_DELAY, ClusterNotifier
 
 log = logging.getLogger("tidewire.cluster")
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
-from lookup.rpc_wire import Call, Cast, Challenge, FrameCodec, Hello, Message, Proof, Reply, Welcome, proof
+from tidewire.lookup.rpc_wire import Call, Cast, Challenge, FrameCodec, Hello, Message, Proof, Reply, Welcome, proof
 
 log = logging.getLogger("tidewire.cluster.rpc")
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lookup.rpc import RpcError, RpcNode
-from lookup.slots import SlotTable, route_key
-from store.base import P2P_PREFIX
+from tidewire.lookup.rpc import RpcError, RpcNode
+from tidewire.lookup.slots import SlotTable, route_key
+from tidewire.store.base import P2P_PREFIX
 
 log = logging.getLogger("tidewire.cluster.lookup")
 

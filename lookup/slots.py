@@ -11,7 +11,7 @@ import hashlib
 import zlib
 from collections.abc import Iterable
 
-from store.base import P2P_PREFIX
+from tidewire.store.base import P2P_PREFIX
 
 SLOTS = 4096
 _MASK = (1 << 64) - 1

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-from lookup.base import Lookup
+from tidewire.lookup.base import Lookup
 
 NotifyHandler = Callable[[set[str]], None]
 

@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from lookup.rpc import RpcNode
-from lookup.sharded import ShardedLookup
-from lookup.slots import route_key
-from notify.base import NotifyCounts, NotifyHandler
+from tidewire.lookup.rpc import RpcNode
+from tidewire.lookup.sharded import ShardedLookup
+from tidewire.lookup.slots import route_key
+from tidewire.notify.base import NotifyCounts, NotifyHandler
 
 DEFAULT_MERGE_DELAY = 0.001  # seconds names are merged before routing; 0 = until the end of this tick
 RESEND_WINDOW = 1.0  # seconds: names routed to an owner this recently are broadcast if its connection breaks

@@ -1,8 +1,8 @@
 """What a Spark cluster runs the jobs from: `tidewire pipeline package [-o FILE]`.
 
 spark-submit wants a zip for `--py-files` and a Python file as the application. The zip holds exactly the modules
-the jobs import, found by following their import statements from the installed `pipeline` package (so it cannot
-drift from the code); one launcher per job, the application file, is written beside it in `jobs/`. A job that
+the jobs import, found by following their import statements from the installed `tidewire.pipeline` package (so it
+cannot drift from the code); one launcher per job, the application file, is written beside it in `jobs/`. A job that
 imports anything a driver lacks (another Tidewire package, a library outside the driver requirements) fails the
 build with the chain of imports that reaches it, not a cluster run with a ModuleNotFoundError.
 
@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = "pipeline"
-ENTRY = "pipeline.cli"  # the jobs' command line: every job is reached from it
-JOBS_PACKAGE = "pipeline.jobs"
+PACKAGE = "tidewire.pipeline"
+ENTRY = "tidewire.pipeline.cli"  # the jobs' command line: every job is reached from it
+JOBS_PACKAGE = "tidewire.pipeline.jobs"
 # The driver's documented requirements (import name -> distribution): what a job may import besides the standard
 # library and the artifact. Executors need Spark only (the jobs run no Python UDFs).
 DRIVER_REQUIREMENTS = {"pyspark": "pyspark", "pyarrow": "pyarrow", "paho": "paho-mqtt"}
@@ -30,12 +30,12 @@ _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry holds: a repr
 
 _LAUNCHER = '''"""spark-submit's application file for Tidewire's `{job}` job (written by `tidewire pipeline package`).
 
-`pipeline` comes from the zip given to --py-files; the arguments are the job's own (`--lake DIR ...`).
+`tidewire.pipeline` comes from the zip given to --py-files; the arguments are the job's own (`--lake DIR ...`).
 """
 
 import sys
 
-from pipeline.cli import main
+from tidewire.pipeline.cli import main
 
 sys.exit(main(["run", "{job}", *sys.argv[1:]]))
 '''
@@ -63,7 +63,7 @@ class Artifact:
 
 
 def _module_file(root: Path, name: str) -> Path | None:
-    """The source of module `name` under `root` (the directory holding the `pipeline` package), or None."""
+    """The source of module `name` under `root` (the directory holding the `tidewire` package), or None."""
     base = root.joinpath(*name.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
@@ -102,7 +102,7 @@ def job_names(root: Path) -> list[str]:
 
 
 def closure(root: Path) -> tuple[str, ...]:
-    """The `pipeline` modules the jobs' command line imports, with the packages that hold them."""
+    """The `tidewire.pipeline` modules the jobs' command line imports, with the packages that hold them."""
     found: dict[str, str | None] = {ENTRY: None}  # module -> the module that imported it (for the error)
     stack = [ENTRY]
     while stack:
@@ -110,13 +110,14 @@ def closure(root: Path) -> tuple[str, ...]:
         path = _module_file(root, module)
         assert path is not None
         for name in _imports(path, module):
-            if name.partition(".")[0] != PACKAGE:
+            if name != PACKAGE and not name.startswith(f"{PACKAGE}."):
                 if not _allowed_outside(name):
                     chain = [module]
                     while (parent := found[chain[-1]]) is not None:
                         chain.append(parent)
-                    raise ArtifactError(f"{' <- '.join([name, *chain])}: {name.partition('.')[0]!r} is neither in "
-                                        f"the artifact nor a driver requirement ({', '.join(DRIVER_REQUIREMENTS)})")
+                    raise ArtifactError(f"{' <- '.join([name, *chain])}: {name} is in neither the artifact "
+                                        f"({PACKAGE}), the standard library nor the driver requirements "
+                                        f"({', '.join(DRIVER_REQUIREMENTS)})")
                 continue
             if name in found or _module_file(root, name) is None:
                 continue  # an attribute of a module (`from pipeline.spark import read_messages`), not a module
@@ -133,8 +134,9 @@ def closure(root: Path) -> tuple[str, ...]:
 
 
 def package_root() -> Path:
-    """The directory holding the installed `pipeline` package (no import of it: its __init__ is empty anyway)."""
-    return Path(__file__).resolve().parents[1]
+    """The directory holding the installed `tidewire` package (not resolved: in a checkout `tidewire/pipeline` is a
+    link to the top-level `pipeline/`, and the zip must hold the paths the code imports)."""
+    return Path(__file__).parents[2]
 
 
 def build(output: Path = DEFAULT_OUTPUT, root: Path | None = None) -> Artifact:

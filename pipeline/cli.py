@@ -15,8 +15,8 @@ import threading
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from pipeline.jobs import aggregates, alerts, reports
-from pipeline.spark import DEFAULT_MASTER, DEFAULT_SHUFFLE_PARTITIONS, spark_session
+from tidewire.pipeline.jobs import aggregates, alerts, reports
+from tidewire.pipeline.spark import DEFAULT_MASTER, DEFAULT_SHUFFLE_PARTITIONS, spark_session
 
 JOBS: dict[str, ModuleType] = {"aggregates": aggregates, "reports": reports, "alerts": alerts}
 LAKE_ENV = "TIDEWIRE_LAKE_DIR"

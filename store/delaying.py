@@ -21,7 +21,7 @@ import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
+from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 T = TypeVar("T")
 

@@ -18,16 +18,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from store.base import Message, Slice, StaleWildcards
-from store.embedded_log import EmbeddedLog, lowest_hold
-from store.embedded_meta import MetaStore
-from store.embedded_records import RecordCalls
-from store.files import fsync_dir
-from store.groups import GroupCalls, GroupTable, KVDeletes, KVSets
-from store.memory_registry import MemoryRegistry
-from store.meta_options import DEFAULT_LIMITS, MetaLimits
-from store.segment_index import IndexWriter
-from store.segments import CommitLog
+from tidewire.store.base import Message, Slice, StaleWildcards
+from tidewire.store.embedded_log import EmbeddedLog, lowest_hold
+from tidewire.store.embedded_meta import MetaStore
+from tidewire.store.embedded_records import RecordCalls
+from tidewire.store.files import fsync_dir
+from tidewire.store.groups import GroupCalls, GroupTable, KVDeletes, KVSets
+from tidewire.store.memory_registry import MemoryRegistry
+from tidewire.store.meta_options import DEFAULT_LIMITS, MetaLimits
+from tidewire.store.segment_index import IndexWriter
+from tidewire.store.segments import CommitLog
 
 log = logging.getLogger("tidewire.store")
 

@@ -24,9 +24,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from store.base import LogSlice, Message
-from store.files import fsync_dir
-from store.segments import CommitLog
+from tidewire.store.base import LogSlice, Message
+from tidewire.store.files import fsync_dir
+from tidewire.store.segments import CommitLog
 
 log = logging.getLogger("tidewire.store")
 

@@ -19,12 +19,12 @@ from typing import cast
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from store import meta_keys as K
-from store.base import Ban, Message, SessionRecord, WillRecord, decode_ban, encode_ban
-from store.files import fsync_dir
-from store.meta_options import DEFAULT_LIMITS, MetaLimits, open_db
-from store.meta_retained import match_retained_values
-from store.records import UnsupportedRecord, decode_message_body, decode_will, encode_message_body, encode_will
+from tidewire.store import meta_keys as K
+from tidewire.store.base import Ban, Message, SessionRecord, WillRecord, decode_ban, encode_ban
+from tidewire.store.files import fsync_dir
+from tidewire.store.meta_options import DEFAULT_LIMITS, MetaLimits, open_db
+from tidewire.store.meta_retained import match_retained_values
+from tidewire.store.records import UnsupportedRecord, decode_message_body, decode_will, encode_message_body, encode_will
 
 log = logging.getLogger("tidewire.store")
 
@@ -82,7 +82,7 @@ class MetaStore:
     @classmethod
     def _import(cls, path: Path, legacy_kv: Path, limits: MetaLimits) -> None:
         # Built under a temporary name and renamed once durable: a crash mid-import leaves no half database.
-        from store.meta_maint import import_kv
+        from tidewire.store.meta_maint import import_kv
 
         tmp = path.with_name(path.name + ".importing")
         shutil.rmtree(tmp, ignore_errors=True)

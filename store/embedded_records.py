@@ -4,8 +4,8 @@ group-commit round, which fsyncs the metadata WAL with the log (`MetaStore.sync_
 
 from __future__ import annotations
 
-from store.base import SHARED_PREFIX, Ban, Message, SessionRecord, WillRecord
-from store.embedded_meta import MetaStore
+from tidewire.store.base import SHARED_PREFIX, Ban, Message, SessionRecord, WillRecord
+from tidewire.store.embedded_meta import MetaStore
 
 
 class RecordCalls:

@@ -33,9 +33,9 @@ from pathlib import Path
 from struct import error as StructError
 from zlib import crc32
 
-from store.base import LogSlice, Message
-from store.embedded_log import HOLDS_DIR, FileLeases, check_partition, hold_file_name, read_holds, write_hold
-from store.records import (
+from tidewire.store.base import LogSlice, Message
+from tidewire.store.embedded_log import HOLDS_DIR, FileLeases, check_partition, hold_file_name, read_holds, write_hold
+from tidewire.store.records import (
     FRAME,
     FRAME_SIZE,
     MAX_RECORD,
@@ -44,7 +44,7 @@ from store.records import (
     decode_message_body,
     peek_message,
 )
-from store.segments import SUFFIX
+from tidewire.store.segments import SUFFIX
 
 log = logging.getLogger("tidewire.store.tail")
 

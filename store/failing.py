@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
+from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "online_sessions", "due_sessions", "subscription_filters",

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, fields
 from struct import Struct
 
-from store.base import Claim, GroupRecord
-from store.kv import GROUP_CLAIM, GROUP_CURSOR, GROUP_DEF
+from tidewire.store.base import Claim, GroupRecord
+from tidewire.store.kv import GROUP_CLAIM, GROUP_CURSOR, GROUP_DEF
 
 GROUP_NAMESPACES = (GROUP_DEF, GROUP_CURSOR, GROUP_CLAIM)
 

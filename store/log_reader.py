@@ -18,8 +18,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from gateway.ingress import Properties
-from store.base import PROTOCOL_NAMES, LogSource, Message
+from tidewire.gateway.ingress import Properties
+from tidewire.store.base import PROTOCOL_NAMES, LogSource, Message
 
 log = logging.getLogger("tidewire.store.reader")
 

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from store.files import fsync_dir
-from store.records import CorruptRecord, UnsupportedRecord, iter_frames, peek_message
-from store.segment_index import IDX_SUFFIX, BadIndex, SegmentIndex, index_path
+from tidewire.store.files import fsync_dir
+from tidewire.store.records import CorruptRecord, UnsupportedRecord, iter_frames, peek_message
+from tidewire.store.segment_index import IDX_SUFFIX, BadIndex, SegmentIndex, index_path
 
 LOG_SUFFIX = ".log"
 MAX_PROBLEMS = 100

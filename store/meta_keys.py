@@ -32,14 +32,14 @@ from __future__ import annotations
 from struct import Struct
 from struct import error as StructError
 
-from store.base import (
+from tidewire.store.base import (
     SHARED_PREFIX,
     SessionRecord,
     SubscriptionRecord,
     counted_filter,
     expiry_deadline,
 )
-from store.records import decode_session
+from tidewire.store.records import decode_session
 
 SESSION = b"S"
 OFFSETS = b"O"

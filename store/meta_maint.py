@@ -8,13 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from store import meta_keys as K
-from store.groups import GROUP_NAMESPACES
-from store.kv import OFFSET, RETAINED, SESSION, WILL, KVFile
-from store.records import OFFSETS, UnsupportedRecord, decode_message_body, decode_session, decode_will
+from tidewire.store import meta_keys as K
+from tidewire.store.groups import GROUP_NAMESPACES
+from tidewire.store.kv import OFFSET, RETAINED, SESSION, WILL, KVFile
+from tidewire.store.records import OFFSETS, UnsupportedRecord, decode_message_body, decode_session, decode_will
 
 if TYPE_CHECKING:
-    from store.embedded_meta import MetaStore
+    from tidewire.store.embedded_meta import MetaStore
 
 log = logging.getLogger("tidewire.store")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rocksdict import Rdict, RdictIter, ReadOptions
 
-from store.meta_keys import RETAINED, prefix_end
+from tidewire.store.meta_keys import RETAINED, prefix_end
 
 _SLASH = b"/"
 _AFTER_SLASH = b"0"

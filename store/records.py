@@ -58,7 +58,7 @@ from dataclasses import asdict
 from struct import Struct
 from struct import error as StructError
 
-from store.base import PROTOCOL_MQTT, Message, SessionRecord, SubscriptionRecord, WillRecord
+from tidewire.store.base import PROTOCOL_MQTT, Message, SessionRecord, SubscriptionRecord, WillRecord
 
 # u32 body length, u32 crc32 of the body
 FRAME = Struct("<II")

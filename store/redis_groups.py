@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from store.base import Claim, GroupRecord, Message
-from store.groups import check_group_name, decode_group, encode_group
-from store.records import decode_message_body
-from store.redis_conn import Call, RedisConn, Script
+from tidewire.store.base import Claim, GroupRecord, Message
+from tidewire.store.groups import check_group_name, decode_group, encode_group
+from tidewire.store.records import decode_message_body
+from tidewire.store.redis_conn import Call, RedisConn, Script
 
 FETCH_CHUNK = 1000  # seqs per fetch script call (pipelined)
 

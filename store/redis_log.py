@@ -37,10 +37,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.base import LogSlice, Message
-from store.records import decode_message_body
-from store.redis_conn import RedisConn, Script
-from store.redis_scripts import RETENTION
+from tidewire.store.base import LogSlice, Message
+from tidewire.store.records import decode_message_body
+from tidewire.store.redis_conn import RedisConn, Script
+from tidewire.store.redis_scripts import RETENTION
 
 READ_LOG_VISITS = 20_000  # candidate seqs one read_log script call may visit
 READ_LOG_CHUNK = 1000  # candidates per HMGET inside that script

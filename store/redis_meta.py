@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from store.base import (
+from tidewire.store.base import (
     SHARED_PREFIX,
     Ban,
     Message,
@@ -32,7 +32,7 @@ from store.base import (
     encode_ban,
     expiry_deadline,
 )
-from store.records import (
+from tidewire.store.records import (
     OFFSETS,
     decode_message_body,
     decode_session,
@@ -41,8 +41,8 @@ from store.records import (
     encode_session,
     encode_will,
 )
-from store.redis_conn import RedisConn, Script
-from store.redis_scripts import (
+from tidewire.store.redis_conn import RedisConn, Script
+from tidewire.store.redis_scripts import (
     CLAIM_SESSION,
     DELETE_SESSION,
     GET_SESSION,

@@ -76,14 +76,23 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from store.base import SHARED_PREFIX, Ban, Message, SessionRecord, Slice, StaleWildcards, WillRecord, counted_filter
-from store.records import decode_message_body, encode_message_body
-from store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script, StoreClosed
-from store.redis_groups import RedisGroups
-from store.redis_log import PartitionKeys as _Partition
-from store.redis_log import RedisLog
-from store.redis_meta import RedisMeta
-from store.redis_scripts import (
+from tidewire.store.base import (
+    SHARED_PREFIX,
+    Ban,
+    Message,
+    SessionRecord,
+    Slice,
+    StaleWildcards,
+    WillRecord,
+    counted_filter,
+)
+from tidewire.store.records import decode_message_body, encode_message_body
+from tidewire.store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script, StoreClosed
+from tidewire.store.redis_groups import RedisGroups
+from tidewire.store.redis_log import PartitionKeys as _Partition
+from tidewire.store.redis_log import RedisLog
+from tidewire.store.redis_meta import RedisMeta
+from tidewire.store.redis_scripts import (
     APPEND,
     EPOCH_MS,
     MARK_SPREAD,

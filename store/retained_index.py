@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from store.base import Message
+from tidewire.store.base import Message
 
 
 class _Node:

@@ -59,8 +59,8 @@ from struct import Struct
 from struct import error as StructError
 from typing import Literal
 
-from store.files import fsync_dir, write_all
-from store.records import CorruptRecord, check_frame
+from tidewire.store.files import fsync_dir, write_all
+from tidewire.store.records import CorruptRecord, check_frame
 
 log = logging.getLogger("tidewire.store")
 

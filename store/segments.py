@@ -19,17 +19,26 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from store.base import Message
-from store.files import write_all
-from store.records import (
+from tidewire.store.base import Message
+from tidewire.store.files import write_all
+from tidewire.store.records import (
     FRAME_SIZE,
     check_frame,
     decode_message_body,
     encode_message_body,
     frame_parts,
 )
-from store.segment_index import IDX_SUFFIX, U32_MAX, BadIndex, IndexJob, Segment, SegmentIndex, index_path, queue_key
-from store.segment_scan import scan_segment
+from tidewire.store.segment_index import (
+    IDX_SUFFIX,
+    U32_MAX,
+    BadIndex,
+    IndexJob,
+    Segment,
+    SegmentIndex,
+    index_path,
+    queue_key,
+)
+from tidewire.store.segment_scan import scan_segment
 
 log = logging.getLogger("tidewire.store")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from extensions.amqp.codec import (
+from tidewire.extensions.amqp.codec import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
     NO_ROUTE,
@@ -30,9 +30,9 @@ from extensions.amqp.codec import (
     Properties,
     fault,
 )
-from extensions.amqp.consuming import Deliveries
-from extensions.amqp.exchanges import Exchange
-from extensions.amqp.mapping import (
+from tidewire.extensions.amqp.consuming import Deliveries
+from tidewire.extensions.amqp.exchanges import Exchange
+from tidewire.extensions.amqp.mapping import (
     EXCHANGE_TYPES,
     MAX_EXCHANGE_NAME,
     MAX_QUEUE_NAME,
@@ -41,14 +41,14 @@ from extensions.amqp.mapping import (
     properties_in,
     publish_topic,
 )
-from extensions.amqp.queues import QueueSpec, group_name, parse_arguments
-from extensions.hooks import SubscribeAccess
-from gateway.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
-from gateway.topics import valid_topic_filter
-from store.base import PROTOCOL_AMQP, GroupRecord
+from tidewire.extensions.amqp.queues import QueueSpec, group_name, parse_arguments
+from tidewire.extensions.hooks import SubscribeAccess
+from tidewire.gateway.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
+from tidewire.gateway.topics import valid_topic_filter
+from tidewire.store.base import PROTOCOL_AMQP, GroupRecord
 
 if TYPE_CHECKING:
-    from extensions.amqp.connection import AmqpConnection
+    from tidewire.extensions.amqp.connection import AmqpConnection
 
 Basic, Exch, Queue, Confirm = commands.Basic, commands.Exchange, commands.Queue, commands.Confirm
 Handler = Callable[[Any, Properties | None, bytes], Awaitable[Fault | None]]

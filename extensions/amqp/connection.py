@@ -14,10 +14,10 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
-from extensions.amqp.channel import Channel
-from extensions.amqp.codec import CONNECTION_FORCED, INTERNAL_ERROR, Fault
-from extensions.amqp.core import ConnectionCore
-from extensions.amqp.events import (
+from tidewire.extensions.amqp.channel import Channel
+from tidewire.extensions.amqp.codec import CONNECTION_FORCED, INTERNAL_ERROR, Fault
+from tidewire.extensions.amqp.core import ConnectionCore
+from tidewire.extensions.amqp.events import (
     Authenticate,
     ChannelClosed,
     ChannelCloseRequested,
@@ -27,12 +27,12 @@ from extensions.amqp.events import (
     Event,
     Opened,
 )
-from extensions.authn import AuthRequest, Refused
-from extensions.hooks import ClientInfo
-from gateway.listeners import certificate_name
+from tidewire.extensions.authn import AuthRequest, Refused
+from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.listeners import certificate_name
 
 if TYPE_CHECKING:
-    from extensions.amqp.server import AmqpServer
+    from tidewire.extensions.amqp.server import AmqpServer
 
 log = logging.getLogger("tidewire.amqp")
 

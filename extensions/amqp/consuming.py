@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pamqp import commands
 
-from extensions.amqp.codec import PRECONDITION_FAILED, Fault, Method, fault
-from extensions.amqp.mapping import origin, properties_out
-from gateway.consumers import Delivery
-from store.base import Message
+from tidewire.extensions.amqp.codec import PRECONDITION_FAILED, Fault, Method, fault
+from tidewire.extensions.amqp.mapping import origin, properties_out
+from tidewire.gateway.consumers import Delivery
+from tidewire.store.base import Message
 
 if TYPE_CHECKING:
-    from extensions.amqp.connection import AmqpConnection
+    from tidewire.extensions.amqp.connection import AmqpConnection
 
 Basic = commands.Basic
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pamqp import body, commands, header, heartbeat
 
-from extensions.amqp.codec import (
+from tidewire.extensions.amqp.codec import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
     FRAME_ERROR,
@@ -34,8 +34,8 @@ from extensions.amqp.codec import (
     method_frame,
     parse_plain,
 )
-from extensions.amqp.codec import HEARTBEAT as HEARTBEAT_FRAME
-from extensions.amqp.events import (
+from tidewire.extensions.amqp.codec import HEARTBEAT as HEARTBEAT_FRAME
+from tidewire.extensions.amqp.events import (
     Authenticate,
     ChannelClosed,
     ChannelCloseRequested,

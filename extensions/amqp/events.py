@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from extensions.amqp.codec import Method, Properties
+from tidewire.extensions.amqp.codec import Method, Properties
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from extensions.amqp.mapping import PREDECLARED
-from store.base import GroupRecord
+from tidewire.extensions.amqp.mapping import PREDECLARED
+from tidewire.store.base import GroupRecord
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 CACHE_S = 1.0
 RECORD_PREFIX = "amqp-exchange/"

@@ -29,8 +29,8 @@ from typing import Any
 
 from pamqp import commands
 
-from gateway.ingress import Properties
-from store.base import Message
+from tidewire.gateway.ingress import Properties
+from tidewire.store.base import Message
 
 AMQ_TOPIC = "amq.topic"
 PREDECLARED = {AMQ_TOPIC: "topic", "amq.direct": "direct", "amq.fanout": "fanout"}

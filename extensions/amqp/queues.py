@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from extensions.amqp.codec import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Fault, Method, fault
-from extensions.amqp.mapping import queue_topic
-from gateway.topics import matches
-from store.base import GroupRecord, Message
+from tidewire.extensions.amqp.codec import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Fault, Method, fault
+from tidewire.extensions.amqp.mapping import queue_topic
+from tidewire.gateway.topics import matches
+from tidewire.store.base import GroupRecord, Message
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 GROUP_PREFIX = "amqp/"
 COUNT_CAP = 1000  # messages counted per binding for a message count (a count is an estimate, not a scan)

@@ -12,15 +12,15 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from extensions.amqp.codec import CONNECTION_FORCED, Fault
-from extensions.amqp.connection import AmqpConnection
-from extensions.amqp.core import ConnectionCore
-from extensions.amqp.events import Limits
-from extensions.amqp.exchanges import Exchanges
-from extensions.amqp.queues import Queues
+from tidewire.extensions.amqp.codec import CONNECTION_FORCED, Fault
+from tidewire.extensions.amqp.connection import AmqpConnection
+from tidewire.extensions.amqp.core import ConnectionCore
+from tidewire.extensions.amqp.events import Limits
+from tidewire.extensions.amqp.exchanges import Exchanges
+from tidewire.extensions.amqp.queues import Queues
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.amqp")
 

@@ -18,7 +18,7 @@ import hmac
 from collections.abc import Iterable
 from pathlib import Path
 
-from extensions.hooks import ClientInfo
+from tidewire.extensions.hooks import ClientInfo
 
 ALGORITHM = "MQv2-HMAC-SHA1"
 DATE_HEADER = "x-mq-date-time"

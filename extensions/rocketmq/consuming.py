@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from rocketmq.grpc_protocol import service_pb2
 
-from extensions.hooks import ClientInfo, SubscribeAccess
-from gateway.ingress import Properties, PublishFailed, neutral_message, publish_future
-from store.base import PROTOCOL_ROCKETMQ, GroupRecord
+from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
+from tidewire.gateway.ingress import Properties, PublishFailed, neutral_message, publish_future
+from tidewire.store.base import PROTOCOL_ROCKETMQ, GroupRecord
 
 from .filters import FilterError, compile_filter
 from .mapping import (
@@ -39,7 +39,7 @@ from .mapping import (
 )
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.rocketmq")
 

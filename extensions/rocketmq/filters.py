@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from gateway.ingress import Properties
-from store.base import Message
+from tidewire.gateway.ingress import Properties
+from tidewire.store.base import Message
 
 from .mapping import TAG_PROPERTY
 

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from rocketmq.grpc_protocol import service_pb2
 
-from extensions.hooks import ClientInfo
-from gateway.ingress import INVALID_TOPIC, PublishFailed, neutral_message, publish_future, refuse_publish
-from store.base import PROTOCOL_ROCKETMQ, Message
+from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.ingress import INVALID_TOPIC, PublishFailed, neutral_message, publish_future, refuse_publish
+from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 
 from .mapping import Code, Refusal, inbound, message_id, status
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 DEDUP_CAPACITY = 65_536  # recent message ids remembered for retries (per node)
 MAX_SEND_BATCH = 1024  # messages in one SendMessage

@@ -15,7 +15,7 @@ from .producing import Producing
 from .service import MessagingService
 
 if TYPE_CHECKING:
-    from gateway.node import Node
+    from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.rocketmq")
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
-from extensions.hooks import ClientInfo
+from tidewire.extensions.hooks import ClientInfo
 
 from .auth import Authenticator
 from .consuming import MAX_LONG_POLL_S, Consuming, may_read

@@ -1,7 +1,7 @@
 """The PySpark jobs over the lake: `aggregates` (streaming per-minute aggregates), `reports` (batch reports) and
 `alerts` (a threshold rule whose alerts go back through the gateway as MQTT).
 
-Run them locally with `tidewire pipeline run <job> --lake DIR [options]` (or `python -m pipeline.cli run ...`),
+Run them locally with `tidewire pipeline run <job> --lake DIR [options]` (or `python -m tidewire.pipeline.cli run ...`),
 or on a cluster with spark-submit. For that, build the artifact from the installed package:
 
     tidewire pipeline package -o dist/tidewire-pipeline.zip [--master spark://HOST:7077] [--lake DIR]

@@ -37,9 +37,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from pipeline.jobs.alerts import parse_duration, positive_int
-from pipeline.lake.schema import MESSAGES
-from pipeline.spark import MESSAGES_SPARK_SCHEMA, table_path
+from tidewire.pipeline.jobs.alerts import parse_duration, positive_int
+from tidewire.pipeline.lake.schema import MESSAGES
+from tidewire.pipeline.spark import MESSAGES_SPARK_SCHEMA, table_path
 
 AGGREGATES = "aggregates"
 KEYS = {"device": "client_id", "topic": "topic"}

@@ -32,8 +32,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from pipeline.lake.schema import STATE_DIR
-from pipeline.spark import read_messages
+from tidewire.pipeline.lake.schema import STATE_DIR
+from tidewire.pipeline.spark import read_messages
 
 OPS: dict[str, Callable[[Column, float], Column]] = {
     ">=": lambda c, x: c >= x, "<=": lambda c, x: c <= x, "==": lambda c, x: c == x,

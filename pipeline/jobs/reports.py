@@ -24,9 +24,9 @@ from collections.abc import Callable, Sequence
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from pipeline.jobs.alerts import positive_int
-from pipeline.lake.event_names import ACKED, CONNECTED, DELIVERED, DISCONNECTED, DROPPED
-from pipeline.spark import read_events, read_messages, table_path
+from tidewire.pipeline.jobs.alerts import positive_int
+from tidewire.pipeline.lake.event_names import ACKED, CONNECTED, DELIVERED, DISCONNECTED, DROPPED
+from tidewire.pipeline.spark import read_events, read_messages, table_path
 
 REPORTS = "reports"
 ACCURACY = 10_000

@@ -1,8 +1,9 @@
-"""`python -m pipeline.lake --data-dir DIR | --store URL --lake DIR [--once]`: the lake bridge as its own process."""
+"""`python -m tidewire.pipeline.lake --data-dir DIR | --store URL --lake DIR [--once]`: the lake bridge as its own
+process."""
 
 import sys
 
-from pipeline.lake.command import main
+from tidewire.pipeline.lake.command import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -24,10 +24,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.lake.rows import messages_table
-from pipeline.lake.writer import Checkpoint, MessagesWriter, PartitionLock
-from store.base import LogSource
-from store.log_reader import LogReader, LogRecord
+from tidewire.pipeline.lake.rows import messages_table
+from tidewire.pipeline.lake.writer import Checkpoint, MessagesWriter, PartitionLock
+from tidewire.store.base import LogSource
+from tidewire.store.log_reader import LogReader, LogRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Running the lake: the log bridge and the events exporter together, in a node or as their own process.
 
 In a node: `await run_lake(store, lake_dir, node_id, events=node.events, node=node_id)` as a task; cancelling
-the task flushes and commits what is buffered. On its own (`python -m pipeline.lake`, `tidewire lake run`):
+the task flushes and commits what is buffered. On its own (`python -m tidewire.pipeline.lake`, `tidewire lake run`):
 `main(argv)` reads an embedded data directory another process writes (`--data-dir`) or a Redis store
 (`--store redis://...`), read-only, and exports until SIGTERM/SIGINT, or with `--once` up to the end of the log.
 """
@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gateway.events import EventBuffer
-from pipeline.lake.bridge import LakeBridge
-from pipeline.lake.events import EventExporter
-from store.base import LogSource
+from tidewire.gateway.events import EventBuffer
+from tidewire.pipeline.lake.bridge import LakeBridge
+from tidewire.pipeline.lake.events import EventExporter
+from tidewire.store.base import LogSource
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +128,12 @@ def _parser() -> argparse.ArgumentParser:
 async def _open_source(args: argparse.Namespace) -> tuple[LogSource, Any]:
     """The log source and what to close at the end."""
     if args.data_dir is not None:
-        from store.embedded_tail import EmbeddedLogTail
+        from tidewire.store.embedded_tail import EmbeddedLogTail
 
         tail = EmbeddedLogTail(args.data_dir)
         await tail.open()
         return tail, tail
-    from store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
+    from tidewire.store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
 
     store = RedisStore(args.store, partitions=args.partitions)
     await store.open()

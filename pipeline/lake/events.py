@@ -20,10 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gateway.events import EventBuffer
-from pipeline.lake.rows import events_table
-from pipeline.lake.schema import EVENTS
-from pipeline.lake.writer import hour_dir, remove_tmp_files, write_split
+from tidewire.gateway.events import EventBuffer
+from tidewire.pipeline.lake.rows import events_table
+from tidewire.pipeline.lake.schema import EVENTS
+from tidewire.pipeline.lake.writer import hour_dir, remove_tmp_files, write_split
 
 log = logging.getLogger(__name__)
 

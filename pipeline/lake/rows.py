@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from gateway.ingress import Properties
-from pipeline.lake.schema import EVENTS_SCHEMA, MESSAGES_SCHEMA, USER_PROPERTIES
-from store.log_reader import LogRecord
+from tidewire.gateway.ingress import Properties
+from tidewire.pipeline.lake.schema import EVENTS_SCHEMA, MESSAGES_SCHEMA, USER_PROPERTIES
+from tidewire.store.log_reader import LogRecord
 
 try:  # msgspec parses JSON ~3x faster than the stdlib; the results are the same for everything but huge numbers
     import msgspec

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.lake.schema import FORMAT_VERSION, MESSAGES, STATE_DIR
+from tidewire.pipeline.lake.schema import FORMAT_VERSION, MESSAGES, STATE_DIR
 
 log = logging.getLogger(__name__)
 

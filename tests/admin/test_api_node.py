@@ -7,10 +7,10 @@ import time
 
 import httpx
 
-from admin.api_node import MASK, redacted_config
-from gateway.config import Settings
 from tests.admin.conftest import MqttFactory
 from tests.integration.conftest import Gateway
+from tidewire.admin.api_node import MASK, redacted_config
+from tidewire.gateway.config import Settings
 
 
 def test_status_follows_traffic(api: httpx.Client, mqtt: MqttFactory) -> None:

@@ -24,17 +24,17 @@ from paho.mqtt.packettypes import PacketTypes
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from admin.metrics import NodeCollector, node_registry, top_topics, version
-from gateway.codec import Puback, Publish, Suback, Subscribe, SubscriptionRequest
-from gateway.config import Settings
-from gateway.node import Node
-from gateway.security import Security
-from gateway.server import open_listeners
-from lookup.base import InProcessLookup
-from notify.base import LocalNotifier
-from store.embedded import EmbeddedStore
 from tests.integration.conftest import Gateway, PahoClient, v5_props, write_password_file
 from tests.integration.rawmqtt import RawClient
+from tidewire.admin.metrics import NodeCollector, node_registry, top_topics, version
+from tidewire.gateway.codec import Puback, Publish, Suback, Subscribe, SubscriptionRequest
+from tidewire.gateway.config import Settings
+from tidewire.gateway.node import Node
+from tidewire.gateway.security import Security
+from tidewire.gateway.server import open_listeners
+from tidewire.lookup.base import InProcessLookup
+from tidewire.notify.base import LocalNotifier
+from tidewire.store.embedded import EmbeddedStore
 
 PROMTOOL = Path("/usr/bin/promtool")
 TOPIC = "m/t"

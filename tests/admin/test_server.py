@@ -16,16 +16,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from admin.server import AdminServer
-from admin.token import TokenError, resolve_token
-from gateway.config import Settings
-from gateway.node import Node
-from gateway.security import Security
-from lookup.base import InProcessLookup
-from notify.base import LocalNotifier
-from store.embedded import EmbeddedStore
 from tests.admin.conftest import http
 from tests.integration.conftest import Gateway
+from tidewire.admin.server import AdminServer
+from tidewire.admin.token import TokenError, resolve_token
+from tidewire.gateway.config import Settings
+from tidewire.gateway.node import Node
+from tidewire.gateway.security import Security
+from tidewire.lookup.base import InProcessLookup
+from tidewire.notify.base import LocalNotifier
+from tidewire.store.embedded import EmbeddedStore
 
 # Every route of the API modules of this helper: (method, path, JSON body).
 API_ROUTES = [

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from cache.queue_cache import QueueCache
-from store.base import Message, Slice
-from store.embedded import EmbeddedStore
+from tidewire.cache.queue_cache import QueueCache
+from tidewire.store.base import Message, Slice
+from tidewire.store.embedded import EmbeddedStore
 
 
 class CountingStore(EmbeddedStore):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from cache.queue_cache import QueueCache
-from store.base import Message, Slice
-from store.delaying import DelayingStore
-from store.embedded import EmbeddedStore
+from tidewire.cache.queue_cache import QueueCache
+from tidewire.store.base import Message, Slice
+from tidewire.store.delaying import DelayingStore
+from tidewire.store.embedded import EmbeddedStore
 
 
 def _msgs(n: int, queue: str = "t") -> list[Message]:

@@ -16,9 +16,9 @@ from collections.abc import Iterable
 import paho.mqtt.client as mqtt
 import pytest
 
-from lookup.slots import SlotTable, route_key
 from tests.cluster.conftest import MEMBER_TTL, Cluster, ClusterFactory, ClusterNode
 from tests.integration.conftest import PahoClient, PahoFactory, Received
+from tidewire.lookup.slots import SlotTable, route_key
 
 EXPIRY = 300  # s, MQTT 5 session expiry of the persistent clients
 Key = tuple[str, int]  # (topic, number): one published message

@@ -119,10 +119,10 @@ _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 @functools.lru_cache(maxsize=4)
 def cli_flags(*command: str) -> frozenset[str]:
-    """The long flags `python -m gateway <command...> --help` documents (both halves of --x/--no-x), read from the
+    """The long flags `python -m tidewire <command...> --help` documents (both halves of --x/--no-x), read from the
     real help text; wide columns so rich does not truncate the names."""
     env = {**os.environ, "COLUMNS": "400", "TERM": "dumb", "NO_COLOR": "1"}
-    out = subprocess.run([sys.executable, "-m", "gateway", *command, "--help"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "tidewire", *command, "--help"], capture_output=True, text=True,
                          timeout=60, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     return frozenset(_FLAG.findall(out.stdout))

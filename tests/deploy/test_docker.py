@@ -20,7 +20,6 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gateway.config import Settings
 from tests.deploy import (
     ADMIN_PORT,
     COMPOSE,
@@ -32,6 +31,7 @@ from tests.deploy import (
     load_yaml_docs,
     serve_argv_problems,
 )
+from tidewire.gateway.config import Settings
 
 CONTRACT_PORTS = {1883, 8883, 8083, 18083, 5672, 8081}
 NON_GATEWAY_ENV = {"TIDEWIRE_LAKE_STORE", "TIDEWIRE_LAKE_DIR"}  # read by `tidewire lake run` / `pipeline run`
@@ -177,7 +177,7 @@ def test_stages_base_java_and_install() -> None:
     assert pipeline["healthcheck"] is None  # a Spark job has no admin port
     assert pipeline["user"].split(":")[0] not in ("root", "0")
     # its default command is a real one
-    run = subprocess.run([sys.executable, "-m", "gateway", *pipeline["cmd"]], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "tidewire", *pipeline["cmd"]], capture_output=True, text=True,
                          timeout=60, cwd=ROOT)
     assert run.returncode == 0 and "aggregates" in run.stdout, run.stderr
     installs = [r for s in stages for r in s.get("RUN") if "pip install" in r]
@@ -329,8 +329,8 @@ def _seconds(text: str) -> float:
 
 def test_compose_spark_profile_commands_are_real() -> None:
     """The lake and Spark commands parse with the real parsers `tidewire lake run` / `pipeline run` forward to."""
-    from pipeline.cli import build_parser
-    from pipeline.lake.command import _parser as lake_parser
+    from tidewire.pipeline.cli import build_parser
+    from tidewire.pipeline.lake.command import _parser as lake_parser
 
     svc = services()
     lake = svc["lake"]["command"]

@@ -16,8 +16,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gateway.config import Settings
 from tests.deploy import ADMIN_PORT, DEPLOY, KUBERNETES, load_yaml_docs, serve_argv_problems
+from tidewire.gateway.config import Settings
 
 KUBECTL = shutil.which("kubectl")
 MODELS = {

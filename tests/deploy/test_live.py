@@ -147,7 +147,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Node]
             }
             log = tmp_path / f"{pod}.log"
             with log.open("wb") as out:
-                proc = subprocess.Popen([sys.executable, "-m", "gateway", *args], env=env, stdout=out,
+                proc = subprocess.Popen([sys.executable, "-m", "tidewire", *args], env=env, stdout=out,
                                         stderr=subprocess.STDOUT, cwd=tmp_path)
             procs.append(proc)
             nodes.append(Node(pod, admin, mqtt, proc, log))

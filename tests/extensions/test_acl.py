@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from extensions.acl import AclFile
-from extensions.hooks import AllowAll, Authorizer, ClientInfo, SubscribeAccess
+from tidewire.extensions.acl import AclFile
+from tidewire.extensions.hooks import AllowAll, Authorizer, ClientInfo, SubscribeAccess
 
 ANON = ClientInfo("anon-1", None)
 ROGER = ClientInfo("dev-7", "roger")

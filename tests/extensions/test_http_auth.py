@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
-from extensions.hooks import ClientInfo, SubscribeAccess
-from extensions.http_auth import HttpAuthenticator
-from gateway.config import Settings
 from loadtest.ports import free_port
+from tidewire.extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
+from tidewire.extensions.http_auth import HttpAuthenticator
+from tidewire.gateway.config import Settings
 
 PASSWORD = "s3cr3t-Pa55word-xyzzy"
 Answer = Callable[[dict[str, Any]], tuple[int, bytes]]

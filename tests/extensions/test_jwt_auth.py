@@ -16,10 +16,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from extensions.authn import AuthChain, AuthDecision, AuthRequest, Failure, Identity, Outcome, Refused
-from extensions.hooks import ClientInfo, SubscribeAccess
-from extensions.jwt_auth import JwtAuthenticator, grants_from_acl_claim
-from gateway.config import Settings
+from tidewire.extensions.authn import AuthChain, AuthDecision, AuthRequest, Failure, Identity, Outcome, Refused
+from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
+from tidewire.extensions.jwt_auth import JwtAuthenticator, grants_from_acl_claim
+from tidewire.gateway.config import Settings
 
 SECRET = "k" * 32
 

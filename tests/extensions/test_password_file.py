@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
-from extensions.password_file import (
+from loadtest.ports import free_port
+from tidewire.extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.password_file import (
     HashKind,
     PasswordFile,
     PasswordFileAuthenticator,
     mosquitto_hash,
     verify_mosquitto,
 )
-from extensions.passwords import credential_line
-from loadtest.ports import free_port
+from tidewire.extensions.passwords import credential_line
 
 REPO = Path(__file__).resolve().parents[2]
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -39,13 +39,13 @@ UNICODE_PASSWORD = "pässwörd ✓"
 
 def tidewire_passwd(*args: str | Path) -> subprocess.CompletedProcess[str]:
     """The real command line in its own process, as an operator runs it."""
-    return subprocess.run([sys.executable, "-m", "gateway", "passwd", *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "tidewire", "passwd", *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=30, check=False)
 
 
 def passwd_cli(*args: str | Path, stdin: str | None = None) -> Result:
     """The same command line in this process (each subprocess pays for importing the whole gateway)."""
-    from gateway.cli import app
+    from tidewire.gateway.cli import app
 
     return CliRunner().invoke(app, ["passwd", *map(str, args)], input=stdin)
 

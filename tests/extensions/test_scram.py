@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from extensions.auth import AuthResult, AuthSession, EnhancedAuth, EnhancedAuthRegistry
-from extensions.passwords import CredentialEntry, Credentials, credential_line, hash_password, saslprep
-from extensions.scram import ScramSha256
+from tidewire.extensions.auth import AuthResult, AuthSession, EnhancedAuth, EnhancedAuthRegistry
+from tidewire.extensions.passwords import CredentialEntry, Credentials, credential_line, hash_password, saslprep
+from tidewire.extensions.scram import ScramSha256
 
 # RFC 7677 §3 example exchange (user "user", password "pencil")
 RFC_CLIENT_NONCE = "rOprNGfwEbeRWgbNEkqO"

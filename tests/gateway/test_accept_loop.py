@@ -19,11 +19,11 @@ import pytest
 import trustme
 import uvloop
 
-from gateway.accept_loop import AcceptLoop
-from gateway.proxy_protocol import (
+from tests.gateway.test_proxy_protocol import V1_TCP4, V1_TCP6, v2
+from tidewire.gateway.accept_loop import AcceptLoop
+from tidewire.gateway.proxy_protocol import (
     Address,
 )
-from tests.gateway.test_proxy_protocol import V1_TCP4, V1_TCP6, v2
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop,
                                                              "uvloop": uvloop.new_event_loop}

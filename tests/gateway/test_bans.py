@@ -18,10 +18,10 @@ import pika
 import pika.exceptions
 import pytest
 
-from gateway.bans import _View, new_ban, normalize_who, peer_address
-from store.base import Ban
 from tests.integration.conftest import Gateway, PahoClient, write_password_file
 from tests.integration.rawconnect import raw_connect
+from tidewire.gateway.bans import _View, new_ban, normalize_who, peer_address
+from tidewire.store.base import Ban
 
 BANNED_5 = 0x8A
 NOT_AUTHORIZED_311 = 5  # on the wire; paho reports it as 0x87 ("Not authorized")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway", "serve", "--port", "0", "--data-dir",
+    return subprocess.run([sys.executable, "-m", "tidewire", "serve", "--port", "0", "--data-dir",
                            str(tmp_path / "data"), *args], capture_output=True, text=True, timeout=30)
 
 

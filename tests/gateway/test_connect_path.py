@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from extensions.authn import AuthChain, AuthRequest
-from gateway.config import Settings
-from gateway.listeners import DEADLINE_TICK_S, Admission, Deadlines
-from gateway.logs import Sampled
-from gateway.sys_topics import SysTopics
-from gateway.writes import RecordWrites
-from store.base import Message, WillRecord
-from store.embedded import EmbeddedStore
+from tidewire.extensions.authn import AuthChain, AuthRequest
+from tidewire.gateway.config import Settings
+from tidewire.gateway.listeners import DEADLINE_TICK_S, Admission, Deadlines
+from tidewire.gateway.logs import Sampled
+from tidewire.gateway.sys_topics import SysTopics
+from tidewire.gateway.writes import RecordWrites
+from tidewire.store.base import Message, WillRecord
+from tidewire.store.embedded import EmbeddedStore
 
 
 class Clock:

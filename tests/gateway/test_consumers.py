@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from extensions.hooks import AllowAll
-from gateway.config import Settings
-from gateway.consumers import Delivery
-from gateway.ingress import publish_future
-from gateway.node import Node
-from lookup.base import InProcessLookup
-from notify.base import LocalNotifier
-from store.base import GroupRecord, Message
-from store.delaying import DelayingStore
-from store.embedded import EmbeddedStore
+from tidewire.extensions.hooks import AllowAll
+from tidewire.gateway.config import Settings
+from tidewire.gateway.consumers import Delivery
+from tidewire.gateway.ingress import publish_future
+from tidewire.gateway.node import Node
+from tidewire.lookup.base import InProcessLookup
+from tidewire.notify.base import LocalNotifier
+from tidewire.store.base import GroupRecord, Message
+from tidewire.store.delaying import DelayingStore
+from tidewire.store.embedded import EmbeddedStore
 
 pytestmark = pytest.mark.timeout(60)
 

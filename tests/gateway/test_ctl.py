@@ -1,4 +1,4 @@
-"""`tidewire ctl` as an operator runs it (subprocesses: `python -m gateway ctl ...`, or its Typer app alone)
+"""`tidewire ctl` as an operator runs it (subprocesses: `python -m tidewire ctl ...`, or its Typer app alone)
 against a real node's admin API, with real paho clients on the MQTT side: status, clients, kick, publish, retained
 messages, bans, the token from the environment or a file, and the exit codes of a refused token (1) and an
 unreachable node (2)."""
@@ -46,9 +46,9 @@ def mqtt(node: Gateway) -> Iterator[Callable[..., PahoClient]]:
         c.close()
 
 
-# `python -m gateway ctl` as installed (the cli registers ctl_app); most tests start the same Typer app without
+# `python -m tidewire ctl` as installed (the cli registers ctl_app); most tests start the same Typer app without
 # importing every other subcommand's modules, which halves each command's start time.
-FULL_CLI = [sys.executable, "-m", "gateway", "ctl"]
+FULL_CLI = [sys.executable, "-m", "tidewire", "ctl"]
 CTL_ONLY = [sys.executable, "-c", "import sys; from gateway.ctl_command import ctl_app; sys.argv[0] = 'ctl'; ctl_app()"]
 REPO = Path(__file__).resolve().parents[2]
 

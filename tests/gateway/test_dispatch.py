@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from extensions.hooks import AllowAll
-from gateway.config import Settings
-from gateway.dispatch import INLINE_MAX_MESSAGES, awaited
-from gateway.node import Node
-from gateway.server import open_listeners
-from lookup.base import InProcessLookup
-from notify.base import LocalNotifier
-from store.base import Message, Slice
-from store.embedded import EmbeddedStore
 from tests.integration.paho import PahoClient
+from tidewire.extensions.hooks import AllowAll
+from tidewire.gateway.config import Settings
+from tidewire.gateway.dispatch import INLINE_MAX_MESSAGES, awaited
+from tidewire.gateway.node import Node
+from tidewire.gateway.server import open_listeners
+from tidewire.lookup.base import InProcessLookup
+from tidewire.notify.base import LocalNotifier
+from tidewire.store.base import Message, Slice
+from tidewire.store.embedded import EmbeddedStore
 
 
 class SlowReads(EmbeddedStore):

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 
-from gateway.codec import Disconnect, PropertyId, ReasonCode
 from tests.integration.conftest import TARGET, Gateway, GatewayFactory, PahoClient, PahoFactory, props_dict, v5_props
 from tests.integration.rawmqtt import RawClient
 from tests.store import redis_server
+from tidewire.gateway.codec import Disconnect, PropertyId, ReasonCode
 
 pytestmark = pytest.mark.skipif(TARGET != "tidewire", reason="Tidewire's drain (Mosquitto is the bench's subject)")
 
@@ -168,7 +168,7 @@ def test_acked_publishes_survive_the_drain_and_reach_a_persistent_session(
 
 
 def _stored(data_dir: Path) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "gateway", "store", "dump", "--data-dir", str(data_dir), "--wills",
+    out = subprocess.run([sys.executable, "-m", "tidewire", "store", "dump", "--data-dir", str(data_dir), "--wills",
                           "--sessions", "--json"], capture_output=True, text=True, timeout=30, check=True)
     value: dict[str, Any] = json.loads(out.stdout)
     return value

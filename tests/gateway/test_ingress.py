@@ -3,9 +3,9 @@ why a topic is refused (limits, wildcards, `$SYS`, the ACL) the same way for eve
 
 from __future__ import annotations
 
-from extensions.hooks import AllowAll, ClientInfo, SubscribeAccess
-from gateway.config import Settings
-from gateway.ingress import INVALID_TOPIC, NOT_AUTHORIZED, Properties, neutral_message, refuse_publish
+from tidewire.extensions.hooks import AllowAll, ClientInfo, SubscribeAccess
+from tidewire.gateway.config import Settings
+from tidewire.gateway.ingress import INVALID_TOPIC, NOT_AUTHORIZED, Properties, neutral_message, refuse_publish
 
 
 def test_properties_round_trip_through_the_stored_block() -> None:

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from gateway.codec import ConnackCode311, ReasonCode
-from gateway.config import Settings
-from gateway.connect import Refusal
-from gateway.listeners import Admission, make_listeners, tls_context
+from tidewire.gateway.codec import ConnackCode311, ReasonCode
+from tidewire.gateway.config import Settings
+from tidewire.gateway.connect import Refusal
+from tidewire.gateway.listeners import Admission, make_listeners, tls_context
 
 
 def test_listeners_take_node_defaults_and_their_own_overrides() -> None:

@@ -19,18 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from extensions.hooks import AllowAll
-from gateway.codec import Puback, Publish, encode
-from gateway.config import Settings
-from gateway.node import Node
-from gateway.server import open_listeners
-from lookup.base import InProcessLookup
-from notify.base import LocalNotifier
-from store.base import Message
-from store.embedded import EmbeddedStore
-from store.failing import FailingStore
 from tests.integration.paho import PahoClient, Received
 from tests.integration.rawmqtt import RawClient
+from tidewire.extensions.hooks import AllowAll
+from tidewire.gateway.codec import Puback, Publish, encode
+from tidewire.gateway.config import Settings
+from tidewire.gateway.node import Node
+from tidewire.gateway.server import open_listeners
+from tidewire.lookup.base import InProcessLookup
+from tidewire.notify.base import LocalNotifier
+from tidewire.store.base import Message
+from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.failing import FailingStore
 
 MAX_PENDING = 20  # small, so that 50 publishes overflow the append queue while the store is down
 N = 50

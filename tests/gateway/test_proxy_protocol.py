@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.proxy_protocol import (
+from tidewire.gateway.proxy_protocol import (
     PP2_CLIENT_CERT_CONN,
     PP2_CLIENT_SSL,
     PP2_SUBTYPE_SSL_CN,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.ratelimit import InboundLimiter, TokenBucket
+from tidewire.gateway.ratelimit import InboundLimiter, TokenBucket
 
 
 def test_take_admits_burst_then_rate() -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from gateway.cli import app
-from store.base import Message, SessionRecord, SubscriptionRecord
-from store.embedded import EmbeddedStore
+from tidewire.gateway.cli import app
+from tidewire.store.base import Message, SessionRecord, SubscriptionRecord
+from tidewire.store.embedded import EmbeddedStore
 
 runner = CliRunner()
 
@@ -86,6 +86,6 @@ async def test_check_compact_and_dump(tmp_path: Path) -> None:
 
 def test_the_command_line_runs_it(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run([sys.executable, "-m", "gateway", "store", "check", "-d", str(tmp_path / "none")],
+    done = subprocess.run([sys.executable, "-m", "tidewire", "store", "check", "-d", str(tmp_path / "none")],
                           capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2 and "no metadata database" in done.stderr

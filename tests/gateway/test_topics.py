@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.topics import (
+from tidewire.gateway.topics import (
     FilterTrie,
     first_level_queue,
     is_wildcard,
@@ -227,7 +227,7 @@ def _all_topics(depth: int) -> list[str]:
     ],
 )
 def test_covers_and_overlap_examples(general: str, specific: str, covers: bool, overlap: bool) -> None:
-    from gateway.topics import filter_covers, filters_overlap
+    from tidewire.gateway.topics import filter_covers, filters_overlap
 
     assert filter_covers(general, specific) is covers
     assert filters_overlap(general, specific) is overlap
@@ -240,7 +240,7 @@ _SMALL_LEVELS = st.sampled_from(["a", "", "$x"])
 @settings(max_examples=200, deadline=None)
 @given(a=_filters(_SMALL_LEVELS), b=_filters(_SMALL_LEVELS))
 def test_covers_and_overlap_brute_force(a: str, b: str) -> None:
-    from gateway.topics import filter_covers, filters_overlap
+    from tidewire.gateway.topics import filter_covers, filters_overlap
 
     depth = max(a.count("/"), b.count("/")) + 2
     topics = _TOPICS_BY_DEPTH[depth]

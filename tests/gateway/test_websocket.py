@@ -23,8 +23,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
 
-from gateway.websocket import WebSocketError, WebSocketProtocol, WebSocketTransport
-from gateway.websocket_core import FrameReader, WebSocketOptions, WebSocketRequest
+from tidewire.gateway.websocket import WebSocketError, WebSocketProtocol, WebSocketTransport
+from tidewire.gateway.websocket_core import FrameReader, WebSocketOptions, WebSocketRequest
 
 CONNACK = b"\x20\x02\x00\x00"
 MQTT = [Subprotocol("mqtt")]

@@ -7,7 +7,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 
-from gateway.writes import OrderedWrites
+from tidewire.gateway.writes import OrderedWrites
 
 
 async def test_writes_of_one_key_land_in_issue_order_others_interleave() -> None:

@@ -171,7 +171,7 @@ class Gateway:
     def command(self) -> list[str]:
         if self.target == "mosquitto":
             return [MOSQUITTO, "-c", str(self._write_mosquitto_conf())]
-        cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+        cmd = [sys.executable, "-m", "tidewire", "serve", "--host", "127.0.0.1", "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port),
                "--rocketmq-port", str(self.rocketmq_port), "--admin-port", str(self.admin_port)]
         if self.redis is not None:

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any
 
-from gateway.codec import Connack, Connect, Disconnect, Packet, Parser, Publish, Will, encode
+from tidewire.gateway.codec import Connack, Connect, Disconnect, Packet, Parser, Publish, Will, encode
 
 
 class ConnectionClosed(Exception):

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gateway.codec import Auth, Connack, Connect, Suback, Subscribe, SubscriptionRequest
 from tests.integration.conftest import Gateway, GatewayFactory
 from tests.integration.rawmqtt import RawClient
+from tidewire.gateway.codec import Auth, Connack, Connect, Suback, Subscribe, SubscriptionRequest
 
 AUTH_METHOD = 0x15
 AUTH_DATA = 0x16

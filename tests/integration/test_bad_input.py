@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.codec import Connack, Connect, Disconnect, Publish, encode
 from tests.integration.conftest import TARGET, Gateway, GatewayFactory, PahoClient, PahoFactory
 from tests.integration.rawmqtt import RawClient, mqtt_str, varint
+from tidewire.gateway.codec import Connack, Connect, Disconnect, Publish, encode
 
 MAX_PACKET = 1024
 

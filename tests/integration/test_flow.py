@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.codec import Suback, Subscribe, SubscriptionRequest
 from tests.integration.conftest import Gateway, PahoClient, PahoFactory
 from tests.integration.rawmqtt import RawClient
+from tidewire.gateway.codec import Suback, Subscribe, SubscriptionRequest
 
 RECEIVE_MAXIMUM = 0x21
 MB = 1024 * 1024

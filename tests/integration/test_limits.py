@@ -17,7 +17,9 @@ from types import TracebackType
 
 import pytest
 
-from gateway.codec import (
+from tests.integration.conftest import TARGET, GatewayFactory, PahoClient, PahoFactory
+from tests.integration.rawmqtt import RawClient
+from tidewire.gateway.codec import (
     Connack,
     Connect,
     Packet,
@@ -32,8 +34,6 @@ from gateway.codec import (
     Unsubscribe,
     encode,
 )
-from tests.integration.conftest import TARGET, GatewayFactory, PahoClient, PahoFactory
-from tests.integration.rawmqtt import RawClient
 
 BUSY = {5: 0x89, 4: 3}  # Server busy / 3.1.1 "server unavailable"
 RATE_EXCEEDED = {5: 0x9F, 4: 3}

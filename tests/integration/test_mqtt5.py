@@ -12,7 +12,9 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from gateway.codec import (
+from tests.integration.conftest import Gateway, PahoClient, PahoFactory, v5_props
+from tests.integration.rawmqtt import ConnectionClosed, RawClient
+from tidewire.gateway.codec import (
     Connack,
     Disconnect,
     Puback,
@@ -22,8 +24,6 @@ from gateway.codec import (
     SubscriptionRequest,
     encode,
 )
-from tests.integration.conftest import Gateway, PahoClient, PahoFactory, v5_props
-from tests.integration.rawmqtt import ConnectionClosed, RawClient
 
 RECEIVE_MAXIMUM = 0x21
 TOPIC_ALIAS_MAXIMUM = 0x22

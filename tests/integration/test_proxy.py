@@ -9,9 +9,9 @@ import struct
 
 import pytest
 
-from gateway.codec import Publish, Suback, Subscribe, SubscriptionRequest
 from tests.integration.conftest import GatewayFactory
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
+from tidewire.gateway.codec import Publish, Suback, Subscribe, SubscriptionRequest
 
 pytestmark = pytest.mark.tidewire_only  # Mosquitto 2.0.11 has no PROXY protocol
 

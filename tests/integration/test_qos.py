@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from gateway.codec import (
+from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory
+from tests.integration.rawmqtt import RawClient
+from tidewire.gateway.codec import (
     Connack,
     Puback,
     Pubcomp,
@@ -17,8 +19,6 @@ from gateway.codec import (
     Subscribe,
     SubscriptionRequest,
 )
-from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory
-from tests.integration.rawmqtt import RawClient
 
 
 @pytest.mark.parametrize("version", [4, 5])

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import pytest
 from amqtt.client import MQTTClient
 
-from gateway.codec import Connack, Puback, Publish, Suback, Subscribe, SubscriptionRequest
 from tests.integration.conftest import Gateway, GatewayFactory, PahoClient, PahoFactory
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
+from tidewire.gateway.codec import Connack, Puback, Publish, Suback, Subscribe, SubscriptionRequest
 
 RECEIVE_MAXIMUM = 0x21
 SESSION_EXPIRY = 0x11

@@ -198,12 +198,12 @@ def test_cli_runs_tidewire_only(capsys: pytest.CaptureFixture[str], tmp_path: Pa
 
 
 def test_cli_tidewire_src_is_the_tree_that_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    fake = tmp_path / "src" / "gateway"
+    fake = tmp_path / "src" / "tidewire"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
-    (fake / "__main__.py").write_text("raise SystemExit('fake gateway from --tidewire-src')\n")
+    (fake / "__main__.py").write_text("raise SystemExit('fake tidewire from --tidewire-src')\n")
     rc = conn_bench.main(["--runs", "1", "--connections", "10", "--modes", "connect", "--targets", "tidewire",
                           "--no-pin", "--tidewire-src", str(tmp_path / "src")])
     captured = capsys.readouterr()
     assert rc == 1
-    assert "fake gateway from --tidewire-src" in captured.err
+    assert "fake tidewire from --tidewire-src" in captured.err

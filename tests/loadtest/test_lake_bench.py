@@ -15,7 +15,7 @@ import pytest
 
 from loadtest import lake_bench, lake_clients, spark_bench
 from loadtest.client import Counters
-from pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
+from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lookup.base import InProcessLookup
+from tidewire.lookup.base import InProcessLookup
 
 
 def test_queue_subscribers_are_counted_per_node() -> None:

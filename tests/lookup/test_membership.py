@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from lookup.membership import Membership, NodeIdTaken
 from tests.store import redis_server
+from tidewire.lookup.membership import Membership, NodeIdTaken
 
 INTERVAL, TTL = 0.05, 0.3
 

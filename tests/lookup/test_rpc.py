@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from lookup.rpc import NONCE_BYTES, RpcError, RpcNode
-from lookup.rpc_wire import Challenge, FrameCodec, Hello, Proof, Welcome, proof
+from tidewire.lookup.rpc import NONCE_BYTES, RpcError, RpcNode
+from tidewire.lookup.rpc_wire import Challenge, FrameCodec, Hello, Proof, Welcome, proof
 
 SECRET = "correct horse battery staple"
 

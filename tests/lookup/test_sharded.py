@@ -9,12 +9,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from lookup.base import Lookup
-from lookup.fabric import ClusterFabric
-from lookup.rpc import RpcNode
-from lookup.sharded import ShardedLookup
-from lookup.slots import SLOTS, SlotTable, slot_of
-from notify.base import Notifier
+from tidewire.lookup.base import Lookup
+from tidewire.lookup.fabric import ClusterFabric
+from tidewire.lookup.rpc import RpcNode
+from tidewire.lookup.sharded import ShardedLookup
+from tidewire.lookup.slots import SLOTS, SlotTable, slot_of
+from tidewire.notify.base import Notifier
 
 SECRET = "fabric-test-secret"
 INTERVAL, TTL = 0.05, 0.3

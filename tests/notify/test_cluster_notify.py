@@ -7,8 +7,8 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from lookup.fabric import ClusterFabric
-from lookup.slots import SlotTable
+from tidewire.lookup.fabric import ClusterFabric
+from tidewire.lookup.slots import SlotTable
 
 SECRET = "notify-test-secret"
 INTERVAL, TTL = 0.05, 0.3

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lookup.base import InProcessLookup
-from notify.base import LocalNotifier
+from tidewire.lookup.base import InProcessLookup
+from tidewire.notify.base import LocalNotifier
 
 
 async def test_events_for_one_queue_are_merged_and_targeted() -> None:

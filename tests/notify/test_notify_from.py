@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lookup.base import InProcessLookup
-from notify.base import LocalNotifier
+from tidewire.lookup.base import InProcessLookup
+from tidewire.notify.base import LocalNotifier
 
 
 async def test_the_only_node_gets_its_names_back_and_no_event() -> None:

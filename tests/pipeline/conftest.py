@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, FORMAT_VERSION, MESSAGES, MESSAGES_SCHEMA
 from tests.integration.conftest import gateway, gateway_factory, paho_factory  # noqa: F401  (fixtures)
+from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, FORMAT_VERSION, MESSAGES, MESSAGES_SCHEMA
 
 UTC = dt.UTC
 T0 = dt.datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)  # the synthetic lakes' clock starts here
@@ -23,7 +23,7 @@ T0 = dt.datetime(2024, 5, 1, 10, 0, 0, tzinfo=UTC)  # the synthetic lakes' clock
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    from pipeline.spark import spark_session
+    from tidewire.pipeline.spark import spark_session
 
     session = spark_session("local[2]", app="tidewire-tests", shuffle_partitions=2)
     yield session

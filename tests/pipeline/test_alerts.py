@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from pipeline.cli import build_parser
-from pipeline.jobs import alerts
-from pipeline.jobs.alerts import MqttTarget, Rule, RuleError, parse_duration, parse_mqtt_url, parse_rule
 from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory, write_password_file
 from tests.pipeline.conftest import T0, message, write_messages
+from tidewire.pipeline.cli import build_parser
+from tidewire.pipeline.jobs import alerts
+from tidewire.pipeline.jobs.alerts import MqttTarget, Rule, RuleError, parse_duration, parse_mqtt_url, parse_rule
 
 T0_MS = int(T0.timestamp() * 1000)
 

@@ -13,18 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import artifact
-from pipeline.artifact import ArtifactError
 from tests.pipeline.driver import driver_env, make_driver_python
+from tidewire.pipeline import artifact
+from tidewire.pipeline.artifact import ArtifactError
 
 ROOT = Path(__file__).parents[2]
-EXPECTED = {"pipeline/__init__.py", "pipeline/cli.py", "pipeline/spark.py", "pipeline/jobs/__init__.py",
-            "pipeline/jobs/aggregates.py", "pipeline/jobs/alerts.py", "pipeline/jobs/reports.py",
-            "pipeline/lake/__init__.py", "pipeline/lake/schema.py", "pipeline/lake/event_names.py"}
+EXPECTED = {f"tidewire/{name}" for name in (
+    "__init__.py", "pipeline/__init__.py", "pipeline/cli.py", "pipeline/spark.py", "pipeline/jobs/__init__.py",
+    "pipeline/jobs/aggregates.py", "pipeline/jobs/alerts.py", "pipeline/jobs/reports.py", "pipeline/lake/__init__.py",
+    "pipeline/lake/schema.py", "pipeline/lake/event_names.py")}
 
 
 def _package(out: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "gateway", "pipeline", "package", "-o", str(out), "--master",
+    return subprocess.run([sys.executable, "-m", "tidewire", "pipeline", "package", "-o", str(out), "--master",
                            "spark://10.1.2.3:7077", "--lake", "/data/lake"], cwd=cwd, capture_output=True, text=True,
                           timeout=60)
 
@@ -42,7 +43,7 @@ def test_package_command_writes_zip_launchers_and_lines(tmp_path: Path) -> None:
         line = next(x for x in lines if str(launcher) in x)
         assert f"spark-submit --master spark://10.1.2.3:7077 --deploy-mode client --py-files {zip_path} " in line
         assert line.endswith(f"{launcher} --lake /data/lake") or "--rule" in line
-    assert "wrote" in done.stderr and "10 modules" in done.stderr
+    assert "wrote" in done.stderr and "11 modules" in done.stderr
     first = zip_path.read_bytes()
     assert _package(zip_path, cwd=tmp_path).returncode == 0 and zip_path.read_bytes() == first  # reproducible
 
@@ -52,7 +53,7 @@ def test_driver_without_tidewire_runs_the_launchers(tmp_path: Path) -> None:
     work = tmp_path / "elsewhere"
     work.mkdir()
     env = driver_env()
-    for module in ("pipeline", "gateway", "store"):
+    for module in ("tidewire", "gateway", "pipeline"):
         gone = subprocess.run([str(python), "-c", f"import {module}"], cwd=work, env=env, capture_output=True,
                               text=True, timeout=30)
         assert gone.returncode == 1 and "ModuleNotFoundError" in gone.stderr, module
@@ -70,27 +71,29 @@ def test_driver_without_tidewire_runs_the_launchers(tmp_path: Path) -> None:
 
 
 def _copy_of_pipeline(tmp_path: Path) -> Path:
+    """A package root holding tidewire/__init__.py and a copy of tidewire/pipeline, to break."""
     root = tmp_path / "src"
-    shutil.copytree(ROOT / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "pipeline", root / "tidewire" / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "tidewire" / "__init__.py", root / "tidewire" / "__init__.py")
     return root
 
 
-@pytest.mark.parametrize(("line", "top"), [("from gateway.events import EventBuffer", "gateway"),
-                                         ("import redis", "redis")])
-def test_a_job_reaching_past_the_artifact_fails_the_build(tmp_path: Path, line: str, top: str) -> None:
+@pytest.mark.parametrize("line", ["from tidewire.gateway.events import EventBuffer", "import redis"])
+def test_a_job_reaching_past_the_artifact_fails_the_build(tmp_path: Path, line: str) -> None:
     root = _copy_of_pipeline(tmp_path)
-    schema = root / "pipeline" / "lake" / "schema.py"
+    schema = root / "tidewire" / "pipeline" / "lake" / "schema.py"
     schema.write_text(schema.read_text() + f"\n\ndef late() -> None:\n    {line}\n")  # even inside a function
     with pytest.raises(ArtifactError) as e:
         artifact.build(tmp_path / "out.zip", root=root)
     imported = line.split()[1]
-    assert str(e.value) == (f"{imported} <- pipeline.lake.schema <- pipeline.spark <- pipeline.cli: {top!r} is neither "
-                            "in the artifact nor a driver requirement (pyspark, pyarrow, paho)")
+    chain = "tidewire.pipeline.lake.schema <- tidewire.pipeline.spark <- tidewire.pipeline.cli"
+    assert str(e.value) == (f"{imported} <- {chain}: {imported} is in neither the artifact (tidewire.pipeline), the "
+                            "standard library nor the driver requirements (pyspark, pyarrow, paho)")
     assert not (tmp_path / "out.zip").exists()
 
 
 def test_a_job_the_command_line_misses_fails_the_build(tmp_path: Path) -> None:
     root = _copy_of_pipeline(tmp_path)
-    (root / "pipeline" / "jobs" / "forgotten.py").write_text('"""A job nobody registered."""\n')
-    with pytest.raises(ArtifactError, match=r"forgotten in pipeline\.jobs not reached from pipeline\.cli"):
+    (root / "tidewire" / "pipeline" / "jobs" / "forgotten.py").write_text('"""A job nobody registered."""\n')
+    with pytest.raises(ArtifactError, match=r"forgotten in tidewire\.pipeline\.jobs not reached from tidewire\."):
         artifact.build(tmp_path / "out.zip", root=root)

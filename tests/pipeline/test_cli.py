@@ -1,5 +1,5 @@
-"""`python -m pipeline.cli run ...` and `tidewire pipeline|lake run ...` as their own processes: argument errors
-before Spark starts, and the forwarding of the `tidewire` commands."""
+"""`python -m tidewire.pipeline.cli run ...` and `tidewire pipeline|lake run ...` as their own processes: argument
+errors before Spark starts, and the forwarding of the `tidewire` commands."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
-from store.base import Message
-from store.embedded import EmbeddedStore
+from tidewire.store.base import Message
+from tidewire.store.embedded import EmbeddedStore
 
 
 def _cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "tidewire.pipeline.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def test_bad_arguments_fail_before_spark(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_bad_arguments_fail_before_spark(tmp_path: Path) -> None:
 def test_tidewire_forwards_to_the_pipeline_and_lake_commands(tmp_path: Path) -> None:
     """`tidewire pipeline run ...` and `tidewire lake run ...` reach the same parsers (a real job run is in
     test_end_to_end, on the shared SparkSession: a second JVM here would cost the suite ~12 s)."""
-    tidewire = [sys.executable, "-m", "gateway"]
+    tidewire = [sys.executable, "-m", "tidewire"]
     no_job = subprocess.run([*tidewire, "pipeline", "run", "nonsense"], cwd=tmp_path, capture_output=True,
                             text=True, timeout=60)
     assert no_job.returncode == 2 and "invalid choice" in no_job.stderr

@@ -18,8 +18,8 @@ import pika
 import pyarrow.dataset as ds
 import pytest
 
-from pipeline.jobs import aggregates, alerts, reports
 from tests.integration.conftest import GatewayFactory, PahoFactory, wait_until
+from tidewire.pipeline.jobs import aggregates, alerts, reports
 
 TELEMETRY = "devices/{}/telemetry"
 PLAIN = [("d1", 5, [20.0 + i / 4 for i in range(30)]), ("d2", 4, [18.5 - i / 8 for i in range(30)])]
@@ -28,7 +28,8 @@ AMQP = [30.0 + (i % 7) for i in range(20)]
 
 
 def _bridge(data_dir: Path, lake: Path, *extra: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.lake", "--data-dir", str(data_dir), "--lake", str(lake),
+    return subprocess.Popen([sys.executable, "-m", "tidewire.pipeline.lake", "--data-dir", str(data_dir),
+                             "--lake", str(lake),
                              "--flush-rows", "7", "--flush-seconds", "0.05", "--idle-s", "0.02", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=Path(__file__).parents[2])
 
@@ -187,7 +188,7 @@ def _bridge_children(parent_pid: int) -> list[int]:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"pipeline.lake" in argv and str(parent_pid).encode() in argv:
+            if b"tidewire.pipeline.lake" in argv and str(parent_pid).encode() in argv:
                 found.append(int(entry.name))
     return found
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from pipeline.jobs import aggregates, reports
-from pipeline.spark import read_events, read_messages
 from tests.pipeline.conftest import T0, event, message, write_events, write_messages
+from tidewire.pipeline.jobs import aggregates, reports
+from tidewire.pipeline.spark import read_events, read_messages
 
 T0_MS = int(T0.timestamp() * 1000)
 

@@ -4,8 +4,8 @@ of the server too)."""
 
 from __future__ import annotations
 
-from store.base import Ban, decode_ban, encode_ban
 from tests.store.conftest import Engine
+from tidewire.store.base import Ban, decode_ban, encode_ban
 
 
 def _by_key(bans: list[Ban]) -> dict[tuple[str, str], Ban]:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from store.base import Message, SessionRecord, Store, SubscriptionRecord, WillRecord, p2p_queue
-from store.delaying import DelayingStore
-from store.embedded import EmbeddedStore
 from tests.store.conftest import Engine
+from tidewire.store.base import Message, SessionRecord, Store, SubscriptionRecord, WillRecord, p2p_queue
+from tidewire.store.delaying import DelayingStore
+from tidewire.store.embedded import EmbeddedStore
 
 Content = tuple[str, bytes, int, bool, bytes, int, int, str, tuple[str, ...]]
 

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from store.base import StaleWildcards
 from tests.store.conftest import Engine
 from tests.store.test_contract import full_session, msg
+from tidewire.store.base import StaleWildcards
 
 
 async def test_read_says_up_to_where_it_is_complete(engine: Engine) -> None:

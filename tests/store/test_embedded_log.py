@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import store.embedded as embedded_mod
-from store.base import Message, SessionRecord, Store
-from store.embedded import EmbeddedStore
+import tidewire.store.embedded as embedded_mod
+from tidewire.store.base import Message, SessionRecord, Store
+from tidewire.store.embedded import EmbeddedStore
 
 
 def msg(i: int, *queues: str, size: int = 100) -> Message:

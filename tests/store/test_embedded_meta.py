@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from store.base import Message, SessionRecord, SubscriptionRecord, WillRecord
-from store.embedded import EmbeddedStore
-from store.kv import OFFSET, RETAINED, SESSION, KVFile
-from store.records import OFFSETS, encode_message_body, encode_session
-from store.retained_index import RetainedIndex
+from tidewire.store.base import Message, SessionRecord, SubscriptionRecord, WillRecord
+from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.kv import OFFSET, RETAINED, SESSION, KVFile
+from tidewire.store.records import OFFSETS, encode_message_body, encode_session
+from tidewire.store.retained_index import RetainedIndex
 
 
 async def reopen(path: Path) -> EmbeddedStore:

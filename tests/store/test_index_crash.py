@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from store.embedded import EmbeddedStore
-from store.records import iter_frames, peek_message
-from store.segment_index import SegmentIndex
+from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.records import iter_frames, peek_message
+from tidewire.store.segment_index import SegmentIndex
 
 WRITER = textwrap.dedent(
     """
     import asyncio, sys
-    from store.base import Message
-    from store.embedded import EmbeddedStore
+    from tidewire.store.base import Message
+    from tidewire.store.embedded import EmbeddedStore
 
     def queues(n):
         return ("all", f"m{n % 7}", f"u{n % 300}")

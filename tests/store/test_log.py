@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from gateway.ingress import Properties
-from store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, LogSource, Message, Store
-from store.embedded import EmbeddedStore
-from store.embedded_log import HOLDS_DIR, hold_file_name, holder_from_file_name
-from store.embedded_tail import EmbeddedLogTail
-from store.log_reader import LogReader
-from store.records import encode_message_body, frame
 from tests.store.conftest import Engine
+from tidewire.gateway.ingress import Properties
+from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, LogSource, Message, Store
+from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded_log import HOLDS_DIR, hold_file_name, holder_from_file_name
+from tidewire.store.embedded_tail import EmbeddedLogTail
+from tidewire.store.log_reader import LogReader
+from tidewire.store.records import encode_message_body, frame
 
 Content = tuple[object, ...]
 

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, Message, WillRecord
-from store.embedded import EmbeddedStore
-from store.embedded_tail import EmbeddedLogTail
-from store.kv import RETAINED, KVFile
-from store.log_reader import LogReader
-from store.records import (
+from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, Message, WillRecord
+from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded_tail import EmbeddedLogTail
+from tidewire.store.kv import RETAINED, KVFile
+from tidewire.store.log_reader import LogReader
+from tidewire.store.records import (
     MAGIC,
     CorruptRecord,
     UnsupportedRecord,

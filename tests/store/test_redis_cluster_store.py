@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from redis.asyncio.cluster import RedisCluster
 
-from store.base import SessionRecord
 from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtures are used by name
     OPEN,
     P,
@@ -14,6 +13,7 @@ from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtu
     topics_in,
 )
 from tests.store.redis_server import RedisClusterServers, command
+from tidewire.store.base import SessionRecord
 
 
 async def test_cluster_restart_with_aof_loses_no_acked_write(

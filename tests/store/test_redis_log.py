@@ -18,11 +18,7 @@ from struct import Struct
 import pytest
 import redis.asyncio as aioredis
 
-import store.redis_log
-from store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, Message
-from store.records import UnsupportedRecord
-from store.redis_scripts import EPOCH_MS, TICKS
-from store.redis_store import RedisStore
+import tidewire.store.redis_log as redis_log
 from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtures are used by name
     OPEN,
     client_commands,
@@ -31,6 +27,10 @@ from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtu
     server,
 )
 from tests.store.redis_server import RedisClusterServers, RedisServer
+from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, Message
+from tidewire.store.records import UnsupportedRecord
+from tidewire.store.redis_scripts import EPOCH_MS, TICKS
+from tidewire.store.redis_store import RedisStore
 
 
 class Where:
@@ -142,7 +142,7 @@ async def test_visit_bound_cuts_a_call_without_skipping(where: Where, opened: OP
         await s.append(batch)
         sent.extend(batch)
     P = s.log_partitions()
-    monkeypatch.setattr(store.redis_log, "READ_LOG_VISITS", 3)
+    monkeypatch.setattr(redis_log, "READ_LOG_VISITS", 3)
     for p in range(P):
         want = [m.seq for m in sent if m.seq % P == p]
         sl = await s.read_log(p, 0, 1000)
@@ -151,7 +151,7 @@ async def test_visit_bound_cuts_a_call_without_skipping(where: Where, opened: OP
         assert [m.seq for m in got] == want
     if P > 1:  # a cut may find nothing (gaps of another partition's messages) and still move on
         p = part_of(sent[0].topic, P)
-        monkeypatch.setattr(store.redis_log, "READ_LOG_VISITS", 1)
+        monkeypatch.setattr(redis_log, "READ_LOG_VISITS", 1)
         after, empties = 0, 0
         while True:
             sl = await s.read_log(p, after, 1000)

@@ -21,10 +21,6 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.topics import matches
-from store.base import Message, SessionRecord, StaleWildcards, WillRecord
-from store.redis_scripts import EPOCH_MS, MAX_SEQ, TICKS
-from store.redis_store import RedisStore, RedisUnavailable, StoreClosed
 from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtures are used by name
     OPEN,
     P,
@@ -39,6 +35,10 @@ from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtu
     topics_in,
 )
 from tests.store.redis_server import RedisClusterServers, RedisServer, command
+from tidewire.gateway.topics import matches
+from tidewire.store.base import Message, SessionRecord, StaleWildcards, WillRecord
+from tidewire.store.redis_scripts import EPOCH_MS, MAX_SEQ, TICKS
+from tidewire.store.redis_store import RedisStore, RedisUnavailable, StoreClosed
 
 # --- one partition ------------------------------------------------------------------------------------------
 

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import store.segment_index as segment_index
-from store.base import Message
-from store.embedded import EmbeddedStore
-from store.embedded_tail import EmbeddedLogTail
-from store.records import iter_frames, peek_message
-from store.segment_index import U32_MAX, BadIndex, IndexJob, SegmentIndex, index_path, write_index
-from store.segments import MAX_SEGMENT_BYTES, CommitLog
+import tidewire.store.segment_index as segment_index
+from tidewire.store.base import Message
+from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded_tail import EmbeddedLogTail
+from tidewire.store.records import iter_frames, peek_message
+from tidewire.store.segment_index import U32_MAX, BadIndex, IndexJob, SegmentIndex, index_path, write_index
+from tidewire.store.segments import MAX_SEGMENT_BYTES, CommitLog
 
 Model = dict[str, list[int]]
 

@@ -3,8 +3,8 @@ index, the counts of wildcard and shared filters, shared members and the shared 
 
 from __future__ import annotations
 
-from store.base import NEVER_EXPIRES, SessionRecord, SubscriptionRecord
 from tests.store.conftest import Engine
+from tidewire.store.base import NEVER_EXPIRES, SessionRecord, SubscriptionRecord
 
 NOW = 1_800_000_000_000
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 
-from extensions.amqp.core import ConnectionCore
-from extensions.amqp.events import (
+from tidewire.extensions.amqp.core import ConnectionCore
+from tidewire.extensions.amqp.events import (
     Authenticate,
     ChannelClosed,
     ChannelCloseRequested,
@@ -22,7 +22,7 @@ from extensions.amqp.events import (
     Opened,
     State,
 )
-from extensions.amqp.mapping import (
+from tidewire.extensions.amqp.mapping import (
     binding_filter,
     escape,
     origin,
@@ -31,7 +31,7 @@ from extensions.amqp.mapping import (
     publish_topic,
     unescape,
 )
-from gateway.ingress import neutral_message
+from tidewire.gateway.ingress import neutral_message
 
 HEADER = b"AMQP\x00\x00\x09\x01"
 LIMITS = Limits(frame_max=4096, channel_max=8, heartbeat=10, max_body=100_000)

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extensions.rocketmq.filters import SQL, TAG, FilterError, compile_filter, parse_sql, parse_tags
-from gateway.ingress import Properties, neutral_message
-from store.base import Message
+from tidewire.extensions.rocketmq.filters import SQL, TAG, FilterError, compile_filter, parse_sql, parse_tags
+from tidewire.gateway.ingress import Properties, neutral_message
+from tidewire.store.base import Message
 
 
 def msg(**user: str) -> Message:

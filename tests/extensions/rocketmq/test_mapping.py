@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2
 from rocketmq.v5.util.signature import Signature
 
-from extensions.rocketmq.auth import Authenticator, parse_authorization
-from extensions.rocketmq.mapping import (
+from tidewire.extensions.rocketmq.auth import Authenticator, parse_authorization
+from tidewire.extensions.rocketmq.mapping import (
     Code,
     Inbound,
     Outbound,
@@ -23,7 +23,7 @@ from extensions.rocketmq.mapping import (
     receipt_handle,
     split_topic,
 )
-from store.base import Claim
+from tidewire.store.base import Claim
 
 PROP = "mqttSecondTopic"
 
@@ -107,7 +107,7 @@ def test_outbound_round_trip() -> None:
     pb.user_properties["x"] = "y"
     mapped = inbound(pb, PROP, 100)
     assert isinstance(mapped, Inbound)
-    from gateway.ingress import neutral_message
+    from tidewire.gateway.ingress import neutral_message
 
     stored = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties, now_ms=1234)
     stored.seq = 42

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.codec import (
+from tidewire.gateway.codec import (
     PINGRESP,
     Connect,
     Disconnect,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.codec import Packet, Parser, ProtocolError, encode
 from tests.gateway.codec.test_roundtrip import levels_and_streams
+from tidewire.gateway.codec import Packet, Parser, ProtocolError, encode
 
 
 def _feed_all(data: bytes, level: int, cut: int) -> None:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gateway.codec import (
+from tidewire.gateway.codec import (
     Auth,
     Connack,
     Connect,

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.codec import (
+from tidewire.gateway.codec import (
     Auth,
     Connack,
     Connect,
@@ -31,8 +31,8 @@ from gateway.codec import (
     encode,
     encode_properties,
 )
-from gateway.codec.errors import PacketType
-from gateway.codec.properties import ALLOWED, BIN, BYTE, PAIR, PROPERTY_TYPES, STR, U16, U32, VARINT, WILL
+from tidewire.gateway.codec.errors import PacketType
+from tidewire.gateway.codec.properties import ALLOWED, BIN, BYTE, PAIR, PROPERTY_TYPES, STR, U16, U32, VARINT, WILL
 
 MAX_VARINT = 268_435_455
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.lake.bridge import LakeBridge
-from store.base import LogSlice, Message
-from store.embedded import EmbeddedStore
 from tests.pipeline.lake.support import T0, assert_once, messages, read_lake, tmp_files
+from tidewire.pipeline.lake.bridge import LakeBridge
+from tidewire.store.base import LogSlice, Message
+from tidewire.store.embedded import EmbeddedStore
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -151,13 +151,13 @@ async def test_hold_keeps_retention_off_unexported_records(tmp_path: Path) -> No
 
 
 async def test_kill_9_mid_export_then_once(tmp_path: Path) -> None:
-    """`python -m pipeline.lake` killed by SIGKILL again and again while a writer appends, then `--once`: every
+    """`python -m tidewire.pipeline.lake` killed by SIGKILL again and again while a writer appends, then `--once`: every
     position exactly once in the lake."""
     data, lake = tmp_path / "data", tmp_path / "lake"
     store = EmbeddedStore(data, fsync="never", segment_bytes=64 << 10)
     await store.open()
-    args = [sys.executable, "-m", "pipeline.lake", "--data-dir", str(data), "--lake", str(lake), "--owner", "k",
-            "--flush-rows", "40", "--flush-seconds", "0.05", "--read-batch", "30", "--idle-s", "0.01",
+    args = [sys.executable, "-m", "tidewire.pipeline.lake", "--data-dir", str(data), "--lake", str(lake),
+            "--owner", "k", "--flush-rows", "40", "--flush-seconds", "0.05", "--read-batch", "30", "--idle-s", "0.01",
             "--lease-ttl-ms", "3000", "--log-level", "WARNING"]
     checkpoint = lake / "_tidewire" / "checkpoint-p00.json"
     written = 0

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.lake.bridge import LakeBridge
 from tests.pipeline.lake.support import messages, read_lake
 from tests.store import redis_server
+from tidewire.pipeline.lake.bridge import LakeBridge
 
 ROOT = Path(__file__).resolve().parents[3]
 P = 3
@@ -34,7 +34,7 @@ def server(tmp_path: Path) -> Iterator[redis_server.RedisServer]:
 
 @pytest.fixture
 async def store(server: redis_server.RedisServer) -> AsyncIterator[object]:
-    from store.redis_store import RedisStore
+    from tidewire.store.redis_store import RedisStore
 
     s = RedisStore(server.url, partitions=P)
     await s.open()
@@ -43,7 +43,7 @@ async def store(server: redis_server.RedisServer) -> AsyncIterator[object]:
 
 
 async def test_handover_between_owners(store: object, server: redis_server.RedisServer, tmp_path: Path) -> None:
-    from store.redis_store import RedisStore
+    from tidewire.store.redis_store import RedisStore
 
     assert isinstance(store, RedisStore)
     lake = tmp_path / "lake"
@@ -85,7 +85,8 @@ async def test_handover_between_owners(store: object, server: redis_server.Redis
     # The standalone command, from the checkpoints: nothing new, nothing twice.
     await store.append(messages(50, start=sent))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pipeline.lake", "--store", server.url, "--partitions", str(P), "--lake", str(lake),
+        sys.executable, "-m", "tidewire.pipeline.lake", "--store", server.url, "--partitions", str(P),
+        "--lake", str(lake),
         "--once", "--log-level", "WARNING", cwd=ROOT, stdout=asyncio.subprocess.PIPE)
     out, _ = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 0 and json.loads(out)["messages"]["rows"] == 50

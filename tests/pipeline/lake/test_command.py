@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gateway.events import EventBuffer
-from pipeline.lake.command import Lake, run_lake
-from store.embedded import EmbeddedStore
 from tests.pipeline.lake.support import T0, assert_once, messages, read_lake
+from tidewire.gateway.events import EventBuffer
+from tidewire.pipeline.lake.command import Lake, run_lake
+from tidewire.store.embedded import EmbeddedStore
 
 
 async def test_cancelling_run_lake_flushes_messages_and_events(tmp_path: Path) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from gateway.events import EventBuffer
-from pipeline.lake.events import EventExporter, node_file_prefix
 from tests.pipeline.lake.support import published_files, read_lake, tmp_files
+from tidewire.gateway.events import EventBuffer
+from tidewire.pipeline.lake.events import EventExporter, node_file_prefix
 
 H = 3_600_000
 T0 = 1_700_000_000_000 // H * H

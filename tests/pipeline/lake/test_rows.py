@@ -6,10 +6,10 @@ import json
 
 import pyarrow as pa
 
-from gateway.ingress import Properties
-from pipeline.lake.rows import MAX_JSON_NUMBERS, events_table, json_columns, messages_table
-from pipeline.lake.schema import EVENTS_SCHEMA, MESSAGES_SCHEMA
 from tests.pipeline.lake.support import record
+from tidewire.gateway.ingress import Properties
+from tidewire.pipeline.lake.rows import MAX_JSON_NUMBERS, events_table, json_columns, messages_table
+from tidewire.pipeline.lake.schema import EVENTS_SCHEMA, MESSAGES_SCHEMA
 
 
 def _json(payloads: list[bytes]) -> tuple[list[str | None], list[dict[str, float] | None]]:

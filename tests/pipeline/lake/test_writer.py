@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.lake.rows import messages_table
-from pipeline.lake.writer import MessagesWriter, PartitionLock, hour_dir, message_file_name
 from tests.pipeline.lake.support import published_files, read_lake, record, tmp_files
+from tidewire.pipeline.lake.rows import messages_table
+from tidewire.pipeline.lake.writer import MessagesWriter, PartitionLock, hour_dir, message_file_name
 
 H = 3_600_000
 T0 = 1_700_000_000_000 // H * H  # 2023-11-14 22:00 UTC

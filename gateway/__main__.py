@@ -1,5 +1,0 @@
-"""`python -m gateway serve ...`"""
-
-from gateway.cli import app
-
-app()
