@@ -17,7 +17,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 install: $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q -e ".[all]"
 
 dev: $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'

@@ -171,11 +171,10 @@ class JwtAuthenticator:
     @classmethod
     def from_settings(cls, settings: Settings) -> JwtAuthenticator | None:
         """The source configured by the ``jwt_*`` settings; None when no JWT key is configured."""
-        secret = settings.jwt_secret or None
-        if secret is None and settings.jwt_public_key is None and settings.jwt_jwks_file is None:
+        if not settings.jwt_configured:
             return None
         return cls(
-            secret=secret,
+            secret=settings.jwt_secret or None,
             public_key_file=settings.jwt_public_key,
             jwks_file=settings.jwt_jwks_file,
             username_claim=settings.jwt_username_claim,

@@ -12,17 +12,18 @@ from typer._click.core import Command, Context  # typer carries its own click: i
 from typer.core import TyperGroup
 
 from tidewire.gateway.config import Settings
+from tidewire.gateway.extras import require_for_command
 from tidewire.gateway.logs import setup_logging
 from tidewire.gateway.passwd_command import passwd_command
 
 # Command groups imported only when used: a node's start (and every `tidewire ctl` call) skips the others' imports
-# (httpx, RocksDB, ...). name -> (module, its Typer app)
-LAZY_GROUPS = {
-    "cluster": ("tidewire.gateway.cluster_command", "cluster_app"),  # cluster up / status
-    "lake": ("tidewire.gateway.pipeline_command", "lake_app"),  # lake run
-    "pipeline": ("tidewire.gateway.pipeline_command", "pipeline_app"),  # pipeline run <job>
-    "store": ("tidewire.gateway.store_command", "store_app"),  # store check|compact|dump
-    "ctl": ("tidewire.gateway.ctl_command", "ctl_app"),  # a running node through its admin API
+# (httpx, RocksDB, ...). name -> (module, its Typer app, the extra every command of the group needs)
+LAZY_GROUPS: dict[str, tuple[str, str, str | None]] = {
+    "cluster": ("tidewire.gateway.cluster_command", "cluster_app", "redis"),  # cluster up / status
+    "lake": ("tidewire.gateway.pipeline_command", "lake_app", "lake"),  # lake run
+    "pipeline": ("tidewire.gateway.pipeline_command", "pipeline_app", None),  # pipeline run <job> | package
+    "store": ("tidewire.gateway.store_command", "store_app", None),  # store check|compact|dump
+    "ctl": ("tidewire.gateway.ctl_command", "ctl_app", "admin"),  # a running node through its admin API
 }
 
 
@@ -33,7 +34,9 @@ class _LazyGroup(TyperGroup):
     def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         if cmd_name not in LAZY_GROUPS:
             return super().get_command(ctx, cmd_name)
-        module, attribute = LAZY_GROUPS[cmd_name]
+        module, attribute, extra = LAZY_GROUPS[cmd_name]
+        if extra is not None:
+            require_for_command(extra, f"tidewire {cmd_name}")
         command = typer.main.get_group(getattr(importlib.import_module(module), attribute))
         command.name = cmd_name
         return command

@@ -204,6 +204,11 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["logfmt", "json"] = "logfmt"
 
+    @property
+    def jwt_configured(self) -> bool:
+        """A JWT key is set (the source is on)."""
+        return bool(self.jwt_secret) or self.jwt_public_key is not None or self.jwt_jwks_file is not None
+
     @classmethod
     def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
         """Build settings from an optional TOML/YAML file, the environment, and explicit overrides."""

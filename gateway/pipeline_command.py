@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from tidewire.gateway.extras import require_for_command
 from tidewire.pipeline.artifact import DEFAULT_OUTPUT, ArtifactError, build  # the standard library only: no Spark
 
 _FORWARD = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
@@ -28,6 +29,7 @@ def lake_run(ctx: typer.Context) -> None:
 @pipeline_app.command("run", context_settings=_FORWARD)
 def pipeline_run(ctx: typer.Context) -> None:
     """Run a job: aggregates, reports or alerts (`tidewire pipeline run --help` for the options)."""
+    require_for_command("pipeline", "tidewire pipeline run")
     from tidewire.pipeline.cli import main
 
     raise typer.Exit(main(["run", *ctx.args]))

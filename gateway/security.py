@@ -11,7 +11,6 @@ from tidewire.extensions.acl import AclFile
 from tidewire.extensions.authn import AuthChain, Authenticator
 from tidewire.extensions.hooks import AllowAll, Authorizer
 from tidewire.extensions.http_auth import HttpAuthenticator
-from tidewire.extensions.jwt_auth import JwtAuthenticator
 from tidewire.extensions.password_file import PasswordFileAuthenticator
 from tidewire.extensions.scram import ScramSha256
 from tidewire.gateway.config import Settings
@@ -36,9 +35,13 @@ class Security:
             passwords = PasswordFileAuthenticator([settings.password_file, settings.auth_file],
                                                   settings.password_hash_threads,
                                                   inline_iterations=settings.password_inline_iterations)
+        jwt: Authenticator | None = None
+        if settings.jwt_configured:  # PyJWT and cryptography (tidewire[jwt]) are imported only then
+            from tidewire.extensions.jwt_auth import JwtAuthenticator
+
+            jwt = JwtAuthenticator.from_settings(settings)
         available: dict[str, Authenticator | None] = {
-            "file": passwords, "jwt": JwtAuthenticator.from_settings(settings),
-            "http": HttpAuthenticator.from_settings(settings)}
+            "file": passwords, "jwt": jwt, "http": HttpAuthenticator.from_settings(settings)}
         sources = [source for name in settings.auth_chain if (source := available.get(name)) is not None]
         missing = [name for name, source in available.items() if source is not None and name not in settings.auth_chain]
         if missing:

@@ -12,8 +12,10 @@ import ssl
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidewire.gateway import extras
 from tidewire.gateway.accept_loop import AcceptLoop
 from tidewire.gateway.cluster import ClusterRole
 from tidewire.gateway.config import Settings
@@ -56,15 +58,53 @@ class Backend(Protocol):
         """Stop listening and close every connection (before the node stops)."""
 
 
-def build_backends(node: Node, tls: ssl.SSLContext | None) -> list[Backend]:
+@dataclass(frozen=True, slots=True)
+class OptionalParts:
+    """The optional listeners this node runs: on in the settings and their extra installed."""
+
+    amqp: bool
+    rocketmq: bool
+    admin: bool
+
+
+def _listener_on(settings: Settings, extra: str, fields: tuple[str, ...], what: str) -> bool:
+    """A listener the settings turn on (a port field not 0), if its extra is installed: off with one log line
+    when it is on only by default; MissingExtra when a flag, the environment or the file asked for it."""
+    if not any(getattr(settings, name) for name in fields):
+        return False
+    if extras.installed(extra):
+        return True
+    asked = [name for name in fields if name in settings.model_fields_set and getattr(settings, name)]
+    if asked:
+        extras.require(extra, f"the {what} listener ({', '.join(asked)})")
+    log.info("listener.off", extra={"listener": what, "reason": f"tidewire[{extra}] is not installed"})
+    return False
+
+
+def optional_parts(settings: Settings) -> OptionalParts:
+    """Check, before anything starts, that every optional part the settings ask for is installed."""
+    if settings.store.startswith(REDIS_SCHEMES):
+        extras.require("redis", f"the store {settings.store.split('://', 1)[0]}://")
+    if settings.jwt_configured:
+        extras.require("jwt", "JWT authentication (jwt_secret, jwt_public_key or jwt_jwks_file)")
+    if settings.http_auth_url:
+        extras.require("http-auth", "HTTP authentication (http_auth_url)")
+    if settings.lake_dir is not None:
+        extras.require("lake", "the lake (lake_dir)")
+    return OptionalParts(amqp=_listener_on(settings, "amqp", ("amqp_port", "amqps_port"), "AMQP"),
+                         rocketmq=_listener_on(settings, "rocketmq", ("rocketmq_port",), "RocketMQ"),
+                         admin=_listener_on(settings, "admin", ("admin_port",), "admin HTTP"))
+
+
+def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts) -> list[Backend]:
     """The backend protocol handlers the settings enable (imported only then)."""
     settings = node.settings
     backends: list[Backend] = []
-    if settings.amqp_port or settings.amqps_port:
+    if parts.amqp:
         from tidewire.extensions.amqp.server import AmqpServer
 
         backends.append(AmqpServer(node, tls if settings.amqps_port else None))
-    if settings.rocketmq_port:
+    if parts.rocketmq:
         from tidewire.extensions.rocketmq.server import RocketMQServer
 
         backends.append(RocketMQServer(node))
@@ -262,6 +302,10 @@ async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closab
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     try:
+        parts = optional_parts(settings)
+    except extras.MissingExtra as exc:
+        raise StartupError(str(exc)) from exc
+    try:
         security = Security.build(settings)
         tls = tls_context(settings) if settings.tls_port is not None or settings.wss_port is not None or (
             settings.amqps_port) else None
@@ -297,9 +341,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)
-    backends = build_backends(node, tls)
+    backends = build_backends(node, tls, parts)
     admin: Backend | None = None
-    if settings.admin_port:  # FastAPI and uvicorn are imported only then
+    if parts.admin:  # FastAPI and uvicorn are imported only then
         from tidewire.admin.server import AdminServer
 
         admin = AdminServer(node, settings, servers=servers, backends=backends)

@@ -1,5 +1,6 @@
-"""The distribution as a user gets it: `python -m build` (sdist, then the wheel from the sdist), `twine check`, and
-the wheel installed into a clean venv. One import name, `tidewire`; no benchmark, test or other top-level name."""
+"""The distribution as a user gets it (the `dist` fixture: sdist, then the wheel from the sdist): `twine check`,
+and the wheel installed into a clean venv. One import name, `tidewire`; no benchmark, test or other top-level
+name. The core installed with its dependencies and serving MQTT is test_core_install (make test-slow)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,10 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-import pytest
-
-from tests.deploy import ROOT
-
 PACKAGES = ("gateway", "store", "cache", "lookup", "notify", "extensions", "admin", "pipeline")
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    # --no-isolation: the build backend (setuptools) of this venv, no download; the sdist is built from the
-    # checkout and the wheel from the unpacked sdist, so a file the sdist misses fails the wheel
-    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    return out
-
-
-def test_wheel_and_sdist_hold_one_import_name(dist: Path) -> None:
-    wheel = next(dist.glob("tidewire-*.whl"))
+def test_wheel_and_sdist_hold_one_import_name(dist: Path, wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"tidewire", wheel.name.split("-py3")[0] + ".dist-info"}, tops
@@ -49,10 +34,9 @@ def test_wheel_and_sdist_hold_one_import_name(dist: Path) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def test_the_wheel_installs_into_a_clean_venv(dist: Path, tmp_path: Path) -> None:
+def test_the_wheel_installs_into_a_clean_venv(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    wheel = next(dist.glob("tidewire-*.whl"))
     # --no-deps: what the wheel itself puts on the path (the dependencies are PyPI's business)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", str(wheel)], check=True, timeout=120)
     probe = ("import importlib.util as u, json, sys; "
