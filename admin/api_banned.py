@@ -1,5 +1,5 @@
 """Admin API of the ban list, one job: `/api/v1/banned` — list, add (kicking matching clients of this node) and
-lift the cluster-wide bans the node's `BanList` (`gateway.bans`) keeps in the store."""
+lift the cluster-wide bans the node's `BanList` (`gateway.ops.bans`) keeps in the store."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tidewire.admin.app import API_PREFIX, error, require_token
 from tidewire.admin.models import Page, Paging, paging
-from tidewire.gateway.bans import MAX_REASON, MAX_WHO, new_ban, normalize_who
 from tidewire.gateway.node import Node
+from tidewire.gateway.ops.bans import MAX_REASON, MAX_WHO, new_ban, normalize_who
 from tidewire.store.base import BAN_KINDS, Ban
 
 MAX_DURATION = 100 * 365 * 86400.0  # s: longer is "for ever" (until null)

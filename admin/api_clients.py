@@ -23,17 +23,17 @@ from tidewire.admin.models import (
     SubscriptionAdd,
     paging,
 )
-from tidewire.gateway.codec import ReasonCode, SubscriptionRequest
-from tidewire.gateway.connection import MqttConnection
-from tidewire.gateway.lifecycle import ConnectionBase
+from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.node import Node
-from tidewire.gateway.session import SHARED_PREFIX
-from tidewire.gateway.shared import parse_shared
-from tidewire.gateway.topics import valid_topic_filter
+from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
+from tidewire.gateway.protocols.mqtt.connection import MqttConnection
+from tidewire.gateway.protocols.mqtt.lifecycle import ConnectionBase
+from tidewire.gateway.sessions.session import SHARED_PREFIX
+from tidewire.gateway.sessions.shared import parse_shared
 from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord
 
 if TYPE_CHECKING:
-    from tidewire.extensions.amqp.connection import AmqpConnection
+    from tidewire.gateway.protocols.amqp.connection import AmqpConnection
 
 KICK_DETAIL = "kicked by an administrator"  # the reason string a kicked MQTT 5 client reads
 MAX_QUERY_CHARS = 1024  # of a substring filter in a query
@@ -204,7 +204,7 @@ def router(node: Node) -> APIRouter:
             return Response(status_code=204)
         for amqp in _amqp_connections(found):
             if amqp.id == client_id:
-                from tidewire.extensions.amqp.codec import CONNECTION_FORCED, Fault
+                from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, Fault
 
                 amqp.shutdown(Fault(CONNECTION_FORCED, f"CONNECTION_FORCED - {KICK_DETAIL}"))
                 return Response(status_code=204)

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from tidewire.gateway.node import Node
 
 if TYPE_CHECKING:
-    from tidewire.extensions.amqp.server import AmqpServer
+    from tidewire.gateway.protocols.amqp.server import AmqpServer
 
 log = logging.getLogger("tidewire.admin")
 

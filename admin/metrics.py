@@ -1,6 +1,6 @@
 """Prometheus metrics of one node, one job: turn the node's counters into metric families at scrape time.
 
-Nothing here runs on the hot path: the node keeps plain int counters (`gateway.sys_topics.Counters`, the cache's
+Nothing here runs on the hot path: the node keeps plain int counters (`gateway.ops.sys_topics.Counters`, the cache's
 hits and misses, the notifier's `counts`, the auth chain's `results`), and `NodeCollector` reads them only when
 `/metrics` is scraped. Levels (connections, sessions, subscriptions, in-flight, cluster members) are counted
 from the node's live state at that moment. Each node has its own `CollectorRegistry` (never the process-wide
@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from tidewire.admin.app import Endpoints
 from tidewire.gateway.node import Node
-from tidewire.gateway.sys_topics import LATENCY_BOUNDS, Latency
+from tidewire.gateway.ops.sys_topics import LATENCY_BOUNDS, Latency
 from tidewire.notify.base import NotifyCounts
 from tidewire.store.base import P2P_PREFIX
 
@@ -39,7 +39,7 @@ def version() -> str:
 
 def top_topics(node: Node, n: int) -> list[tuple[str, int]]:
     """The `n` (at most `MAX_TOP_TOPICS`) most published topics since the node started, with their estimated
-    message counts (sampled under load: `gateway.sys_topics.TopicTally`); empty with metrics off."""
+    message counts (sampled under load: `gateway.ops.sys_topics.TopicTally`); empty with metrics off."""
     return node.counters.topics.top(max(0, min(n, MAX_TOP_TOPICS)))
 
 

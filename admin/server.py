@@ -19,8 +19,8 @@ import uvicorn
 from tidewire.admin.app import Endpoints, ListenerSpec, build_app
 from tidewire.admin.token import resolve_token
 from tidewire.gateway.config import Settings
-from tidewire.gateway.listeners import make_listeners
 from tidewire.gateway.node import Node
+from tidewire.gateway.transport.listeners import make_listeners
 
 log = logging.getLogger("tidewire.admin")
 
@@ -65,7 +65,7 @@ def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequen
         port = sockets[0].getsockname()[1] if sockets else configured
         found.listeners.append(ListenerSpec(listener.name, host, int(port), listener.max_connections))
     if settings.amqp_port or settings.amqps_port:
-        from tidewire.extensions.amqp.server import AmqpServer
+        from tidewire.gateway.protocols.amqp.server import AmqpServer
 
         for backend in backends:
             if isinstance(backend, AmqpServer):
@@ -73,7 +73,7 @@ def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequen
                 found.listeners += [ListenerSpec(name, host, port, settings.max_connections)
                                     for name, port in sorted(backend.ports.items())]
     if settings.rocketmq_port:
-        from tidewire.extensions.rocketmq.server import RocketMQServer
+        from tidewire.gateway.protocols.rocketmq.server import RocketMQServer
 
         found.listeners += [ListenerSpec("rocketmq", host, b.port, None) for b in backends
                             if isinstance(b, RocketMQServer)]

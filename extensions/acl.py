@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
-from tidewire.gateway.topics import FilterTrie, filter_covers_levels, filters_overlap_levels, valid_topic_filter
+from tidewire.gateway.core.topics import FilterTrie, filter_covers_levels, filters_overlap_levels, valid_topic_filter
 
 READ = 1
 WRITE = 2

@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from tidewire.gateway.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.store.base import SessionRecord
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node
-    from tidewire.gateway.shared import SharedGroup
+    from tidewire.gateway.sessions.shared import SharedGroup
 
 log = logging.getLogger("tidewire.cluster")
 

@@ -117,7 +117,7 @@ class Settings(BaseSettings):
                                            "notify lost with a node delays, never loses)")
     cluster_notify_broadcast: bool = Field(False, description="benchmarks only: send every notify to every node "
                                            "instead of the nodes the lookup names")
-    # backend protocols (extensions/amqp, extensions/rocketmq): for these two, a port of 0 disables the listener
+    # backend protocols (gateway/protocols/amqp and rocketmq): for these two, a port of 0 disables the listener
     amqp_port: int | None = Field(5672, ge=0, le=65535, description="AMQP 0.9.1; 0 disables")
     amqps_port: int | None = Field(None, ge=0, le=65535, description="AMQP 0.9.1 over TLS (certfile/keyfile)")
     amqp_frame_max: int = Field(131072, ge=4096, description="largest AMQP frame (bytes) offered in Tune")

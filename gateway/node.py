@@ -1,7 +1,7 @@
 """The node runtime: sessions and subscriptions of this node, the publish pipeline and notify dispatch.
 
 Publish path: a batch per event-loop tick → one `store.append` → notify (queue names) → for each notified
-queue one cache refresh → every local session on it pulls and pushes within its credit (`gateway.dispatch`;
+queue one cache refresh → every local session on it pulls and pushes within its credit (`gateway.core.dispatch`;
 for a batch of this node's, in the same tick as its append). Subscribers get a message once it is appended,
 before it is durable; publishers' acks wait for `store.sync()` (group commit) while the next batch is
 already being appended.
@@ -25,31 +25,31 @@ from tidewire.cache.queue_cache import QueueCache
 from tidewire.extensions.auth import EnhancedAuth
 from tidewire.extensions.authn import AuthChain
 from tidewire.extensions.hooks import Authorizer, PerClient
-from tidewire.gateway.bans import BanList
-from tidewire.gateway.codec import ReasonCode, SubscriptionRequest
 from tidewire.gateway.config import Settings
-from tidewire.gateway.consumers import ConsumerGroups
-from tidewire.gateway.dispatch import Dispatcher
-from tidewire.gateway.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
-from tidewire.gateway.events import EventBuffer
-from tidewire.gateway.housekeeping import housekeeping_loop
-from tidewire.gateway.ingress import DurableSink, tell_sinks
-from tidewire.gateway.listeners import Admission
-from tidewire.gateway.retry import Backoff, stop_if_cancelled
-from tidewire.gateway.session import Session
-from tidewire.gateway.session_open import SessionOpener
-from tidewire.gateway.shared import SharedGroup
-from tidewire.gateway.subscriptions import SubscriptionRegistry
-from tidewire.gateway.sys_topics import Counters, SysTopics
-from tidewire.gateway.wills import DelayedWills, delay_left
-from tidewire.gateway.writes import RecordWrites
+from tidewire.gateway.core.consumers import ConsumerGroups
+from tidewire.gateway.core.dispatch import Dispatcher
+from tidewire.gateway.core.events import EventBuffer
+from tidewire.gateway.core.ingress import DurableSink, tell_sinks
+from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.subscriptions import SubscriptionRegistry
+from tidewire.gateway.core.writes import RecordWrites
+from tidewire.gateway.ops.bans import BanList
+from tidewire.gateway.ops.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
+from tidewire.gateway.ops.housekeeping import housekeeping_loop
+from tidewire.gateway.ops.sys_topics import Counters, SysTopics
+from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
+from tidewire.gateway.sessions.opener import SessionOpener
+from tidewire.gateway.sessions.session import Session
+from tidewire.gateway.sessions.shared import SharedGroup
+from tidewire.gateway.sessions.wills import DelayedWills, delay_left
+from tidewire.gateway.transport.listeners import Admission
 from tidewire.lookup.base import Lookup
 from tidewire.notify.base import Notifier
 from tidewire.store.base import Message, StaleWildcards, Store
 
 if TYPE_CHECKING:
     from tidewire.gateway.cluster import ClusterRole
-    from tidewire.gateway.lifecycle import ConnectionBase
+    from tidewire.gateway.protocols.mqtt.lifecycle import ConnectionBase
 
 log = logging.getLogger("tidewire.node")
 
@@ -77,7 +77,7 @@ class Node:
         self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch * 4,
                                 metrics=settings.metrics)
         self.connections: dict[str, ConnectionBase] = {}
-        self.bans = BanList(self)  # cluster-wide bans, checked on connect (gateway.bans)
+        self.bans = BanList(self)  # cluster-wide bans, checked on connect (gateway.ops.bans)
         self.subscriptions = SubscriptionRegistry(self)
         self.groups = ConsumerGroups(self)  # competing consumers of other protocols (AMQP queues, RocketMQ)
         self.counters = Counters(settings.metrics)
@@ -114,7 +114,7 @@ class Node:
 
     @property
     def draining(self) -> bool:
-        """Set when the node stops (`gateway.drain`)."""
+        """Set when the node stops (`gateway.ops.drain`)."""
         return self.admission.draining
 
     @draining.setter
@@ -157,7 +157,7 @@ class Node:
 
     async def stop(self, reason: int = ReasonCode.SERVER_SHUTTING_DOWN, properties: dict[int, Any] | None = None,
                    *, timeout: float = 10.0) -> None:
-        """Disconnect every client and flush, within `timeout` s (`gateway.drain` runs this as step 3). Clients
+        """Disconnect every client and flush, within `timeout` s (`gateway.ops.drain` runs this as step 3). Clients
         are first no longer read, so what they already sent is stored and acknowledged before their DISCONNECT
         (`reason`, `properties`: 5.0 only) and is not sent again; the pipeline (still running) then stores their
         wills, session records and offsets; what cannot be stored in time is logged, never acknowledged."""
@@ -262,7 +262,7 @@ class Node:
 
     # --- publish pipeline ---------------------------------------------------------------------------------
     def publish(self, message: Message, sink: DurableSink | None = None, token: Any = None) -> None:
-        """Queue a message for the next append batch (the protocol-neutral ingress: `gateway.ingress`). With a
+        """Queue a message for the next append batch (the protocol-neutral ingress: `gateway.core.ingress`). With a
         sink, `sink.durable([token, ...])` is called once the batch is durable.
 
         Over `max_pending` the sink (the publisher's connection) is paused until the batch drains; a message

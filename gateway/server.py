@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.gateway import extras
-from tidewire.gateway.accept_loop import AcceptLoop
 from tidewire.gateway.cluster import ClusterRole
 from tidewire.gateway.config import Settings
-from tidewire.gateway.connection import MqttConnection
-from tidewire.gateway.drain import drain
-from tidewire.gateway.listeners import Listener, make_listeners, reload_certificate, tls_context
 from tidewire.gateway.node import Node
+from tidewire.gateway.ops.drain import drain
+from tidewire.gateway.protocols.mqtt.connection import MqttConnection
 from tidewire.gateway.security import Security
-from tidewire.gateway.websocket import WebSocketProtocol
-from tidewire.gateway.websocket_core import WebSocketOptions
+from tidewire.gateway.transport.accept_loop import AcceptLoop
+from tidewire.gateway.transport.listeners import Listener, make_listeners, reload_certificate, tls_context
+from tidewire.gateway.transport.websocket import WebSocketProtocol
+from tidewire.gateway.transport.websocket_core import WebSocketOptions
 from tidewire.lookup.base import InProcessLookup, Lookup
 from tidewire.notify.base import LocalNotifier, Notifier
 from tidewire.store.base import Store
@@ -101,11 +101,11 @@ def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts)
     settings = node.settings
     backends: list[Backend] = []
     if parts.amqp:
-        from tidewire.extensions.amqp.server import AmqpServer
+        from tidewire.gateway.protocols.amqp.server import AmqpServer
 
         backends.append(AmqpServer(node, tls if settings.amqps_port else None))
     if parts.rocketmq:
-        from tidewire.extensions.rocketmq.server import RocketMQServer
+        from tidewire.gateway.protocols.rocketmq.server import RocketMQServer
 
         backends.append(RocketMQServer(node))
     if settings.lake_dir is not None:

@@ -8,7 +8,7 @@ and the tool on core 1 (taskset), waits `SETTLE_S`, sends SIGTERM and times the 
 released and says how many of its connections the broker had closed (`closed`: all N, or the run is reported as
 failed). Tidewire's own `drain.done` log line gives the drain's part of it (`drain_ms`; the rest is the
 process's start of shutdown and Python's exit). MQTT 5 by default: Tidewire then writes N DISCONNECT 0x8B
-packets, paced (`gateway.drain`), and waits for the clients to close; Mosquitto 2.0 closes the sockets.
+packets, paced (`gateway.ops.drain`), and waits for the clients to close; Mosquitto 2.0 closes the sockets.
 Targets alternate run by run, so background load spreads over both; the table shows medians.
 """
 

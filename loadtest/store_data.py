@@ -2,7 +2,7 @@
 directories that are cached between runs, plus the child-process steps that build and open them.
 
 Messages look like the gateway's: topics `dev/<i>/temp`, ~60-byte JSON payloads, QoS 1, and the queues
-`gateway.subscriptions.SubscriptionRegistry.queues_for` gives them with a small wildcard set: the full topic, the
+`gateway.core.subscriptions.SubscriptionRegistry.queues_for` gives them with a small wildcard set: the full topic, the
 first level (`dev/#`) and, for one topic in `WILDCARD_EVERY`, the wildcard `dev/<i>/+`. Sessions are MQTT 5,
 disconnected, expiry one day, with two exact-topic subscriptions (`cmd/<client>` and `fleet/<i>/config`).
 

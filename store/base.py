@@ -304,7 +304,7 @@ class Store(Protocol):
     async def list_wills(self) -> list[WillRecord]:
         """Wills still stored (at startup: their connections died with the previous process)."""
 
-    # --- bans (cluster-wide: every node re-reads them; `gateway.bans`) ---------------------------------------
+    # --- bans (cluster-wide: every node re-reads them; `gateway.ops.bans`) ---------------------------------------
     async def get_bans(self) -> list[Ban]:
         """Every stored ban, lapsed ones included (the reader deletes those)."""
 

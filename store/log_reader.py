@@ -18,7 +18,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from tidewire.gateway.ingress import Properties
+from tidewire.gateway.core.ingress import Properties
 from tidewire.store.base import PROTOCOL_NAMES, LogSource, Message
 
 log = logging.getLogger("tidewire.store.reader")

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tidewire.gateway.events import EventBuffer
+from tidewire.gateway.core.events import EventBuffer
 from tidewire.pipeline.lake.bridge import LakeBridge
 from tidewire.pipeline.lake.events import EventExporter
 from tidewire.store.base import LogSource

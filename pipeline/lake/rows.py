@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewire.gateway.ingress import Properties
+from tidewire.gateway.core.ingress import Properties
 from tidewire.pipeline.lake.schema import EVENTS_SCHEMA, MESSAGES_SCHEMA, USER_PROPERTIES
 from tidewire.store.log_reader import LogRecord
 
@@ -178,12 +178,12 @@ def messages_table(records: Sequence[LogRecord], json_cap: int = MAX_JSON_NUMBER
     return pa.Table.from_arrays(columns, schema=MESSAGES_SCHEMA)
 
 
-# gateway.events.Event: (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail)
+# gateway.core.events.Event: (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail)
 EventTuple = tuple[str, int, str, str, str | None, int | None, int | None, bool, str | None, str | None]
 
 
 def events_table(events: Iterable[EventTuple], node: str) -> pa.Table:
-    """An EVENTS_SCHEMA table of gateway events (tuples as `gateway.events.EventBuffer.drain` returns them)."""
+    """An EVENTS_SCHEMA table of gateway events (tuples as `gateway.core.events.EventBuffer.drain` returns them)."""
     rows = list(events)
     if not rows:
         return EVENTS_SCHEMA.empty_table()

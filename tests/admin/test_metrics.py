@@ -27,9 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import Gateway, PahoClient, v5_props, write_password_file
 from tests.integration.rawmqtt import RawClient
 from tidewire.admin.metrics import NodeCollector, node_registry, top_topics, version
-from tidewire.gateway.codec import Puback, Publish, Suback, Subscribe, SubscriptionRequest
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
+from tidewire.gateway.protocols.mqtt.codec import Puback, Publish, Suback, Subscribe, SubscriptionRequest
 from tidewire.gateway.security import Security
 from tidewire.gateway.server import open_listeners
 from tidewire.lookup.base import InProcessLookup

@@ -13,7 +13,7 @@ import aio_pika
 import pytest
 
 from tests.cluster.conftest import ClusterFactory
-from tests.extensions.rocketmq.conftest import Clients, wait_port
+from tests.gateway.protocols.rocketmq.conftest import Clients, wait_port
 from tests.integration.conftest import PahoFactory
 
 pytestmark = pytest.mark.timeout(120)

@@ -132,7 +132,7 @@ def test_cluster_up_runs_redis_and_nodes_and_sigterm_stops_them_all(
         tmp_path: Path, paho_factory: PahoFactory) -> None:
     base = consecutive_free_ports(4)  # MQTT: base, base + 1; cluster: base + 2, base + 3
     cbase = base + 2
-    cmd = [sys.executable, "-m", "tidewire.gateway.cluster_command", "up", "--nodes", "2", "--base-port", str(base),
+    cmd = [sys.executable, "-m", "tidewire.gateway.cli.cluster", "up", "--nodes", "2", "--base-port", str(base),
            "--cluster-base-port", str(cbase), "--data-dir", str(tmp_path / "c")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
@@ -166,7 +166,7 @@ def test_cluster_up_runs_redis_and_nodes_and_sigterm_stops_them_all(
         pub.publish("up/t", b"across", qos=1)
         assert sub.get(5.0).payload == b"across"
 
-        status = subprocess.run([sys.executable, "-m", "tidewire.gateway.cluster_command", "status", "--redis",
+        status = subprocess.run([sys.executable, "-m", "tidewire.gateway.cli.cluster", "status", "--redis",
                                  redis_url.group(0)], capture_output=True, text=True, timeout=30)
         assert status.returncode == 0, status.stdout + status.stderr
         assert re.search(r"\bn1\b", status.stdout) and re.search(r"\bn2\b", status.stdout), status.stdout

@@ -204,7 +204,7 @@ def test_dockerignore_keeps_sources_and_drops_local_state() -> None:
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = [p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]]
-    for needed in ["pyproject.toml", "README.md", *packages, "gateway/cli.py"]:
+    for needed in ["pyproject.toml", "README.md", *packages, "gateway/cli/__init__.py"]:
         assert not ignored(needed), needed
     for private in [".git", ".venv", "data", "tests", "deploy/tidewire.env", "gateway/__pycache__",
                     "data/api_token", ".helpers"]:

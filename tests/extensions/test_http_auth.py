@@ -378,7 +378,7 @@ async def test_password_never_logged_and_failures_rate_limited(
                 clock=clock, error_log_interval=10)
     tidewire = logging.getLogger("tidewire")
     propagate = tidewire.propagate
-    tidewire.propagate = True  # gateway.logs.setup_logging (another test) may have turned it off
+    tidewire.propagate = True  # gateway.ops.logs.setup_logging (another test) may have turned it off
     try:
         with caplog.at_level(logging.DEBUG):
             reasons = [(await down.authenticate(request(client_id=f"c{i}"))).reason for i in range(20)]

@@ -22,9 +22,9 @@ import pytest
 from tests.integration.paho import PahoClient, Received
 from tests.integration.rawmqtt import RawClient
 from tidewire.extensions.hooks import AllowAll
-from tidewire.gateway.codec import Puback, Publish, encode
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
+from tidewire.gateway.protocols.mqtt.codec import Puback, Publish, encode
 from tidewire.gateway.server import open_listeners
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier

@@ -1,4 +1,4 @@
-"""A tiny blocking raw-socket MQTT client on `gateway.codec`, for protocol edges no real client produces.
+"""A tiny blocking raw-socket MQTT client on `gateway.protocols.mqtt.codec`, for protocol edges no real client produces.
 
 It sends exactly what the test says (repeated QoS 2 packet ids, withheld acks, malformed bytes) and returns
 exactly what the server sent, so a test can assert on DUP flags, packet ids and DISCONNECT reason codes.
@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any
 
-from tidewire.gateway.codec import Connack, Connect, Disconnect, Packet, Parser, Publish, Will, encode
+from tidewire.gateway.protocols.mqtt.codec import Connack, Connect, Disconnect, Packet, Parser, Publish, Will, encode
 
 
 class ConnectionClosed(Exception):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.conftest import Gateway, GatewayFactory
 from tests.integration.rawmqtt import RawClient
-from tidewire.gateway.codec import Auth, Connack, Connect, Suback, Subscribe, SubscriptionRequest
+from tidewire.gateway.protocols.mqtt.codec import Auth, Connack, Connect, Suback, Subscribe, SubscriptionRequest
 
 AUTH_METHOD = 0x15
 AUTH_DATA = 0x16

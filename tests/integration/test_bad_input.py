@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.conftest import TARGET, Gateway, GatewayFactory, PahoClient, PahoFactory
 from tests.integration.rawmqtt import RawClient, mqtt_str, varint
-from tidewire.gateway.codec import Connack, Connect, Disconnect, Publish, encode
+from tidewire.gateway.protocols.mqtt.codec import Connack, Connect, Disconnect, Publish, encode
 
 MAX_PACKET = 1024
 

@@ -19,7 +19,16 @@ import pytest
 from tests.integration.conftest import TARGET, GatewayFactory, PahoFactory, write_password_file
 from tests.integration.rawmqtt import RawClient
 from tests.integration.test_limits import RoundTrips
-from tidewire.gateway.codec import Connack, Connect, Disconnect, Packet, PropertyId, Puback, Publish, encode
+from tidewire.gateway.protocols.mqtt.codec import (
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    PropertyId,
+    Puback,
+    Publish,
+    encode,
+)
 
 
 @dataclass(slots=True)

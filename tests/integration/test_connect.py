@@ -8,7 +8,7 @@ import pytest
 
 from tests.integration.conftest import TARGET, Gateway, GatewayFactory, PahoFactory
 from tests.integration.rawmqtt import RawClient, mqtt_str, varint
-from tidewire.gateway.codec import Connack
+from tidewire.gateway.protocols.mqtt.codec import Connack
 
 
 def raw_connect_bytes(level: int, client_id: str, flags: int = 0x02, name: str = "MQTT") -> bytes:
@@ -78,7 +78,7 @@ def test_v5_empty_client_id_gets_assigned_identifier(gateway: Gateway, paho_fact
 
 def test_silent_client_closed_after_1_5_keepalive_and_will_published(
         gateway: Gateway, paho_factory: PahoFactory) -> None:
-    from tidewire.gateway.codec import Will
+    from tidewire.gateway.protocols.mqtt.codec import Will
 
     watcher = paho_factory(gateway.port, "ka-watcher", version=4)
     watcher.connect()

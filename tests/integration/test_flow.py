@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.conftest import Gateway, PahoClient, PahoFactory
 from tests.integration.rawmqtt import RawClient
-from tidewire.gateway.codec import Suback, Subscribe, SubscriptionRequest
+from tidewire.gateway.protocols.mqtt.codec import Suback, Subscribe, SubscriptionRequest
 
 RECEIVE_MAXIMUM = 0x21
 MB = 1024 * 1024

@@ -19,7 +19,7 @@ import pytest
 
 from tests.integration.conftest import TARGET, GatewayFactory, PahoClient, PahoFactory
 from tests.integration.rawmqtt import RawClient
-from tidewire.gateway.codec import (
+from tidewire.gateway.protocols.mqtt.codec import (
     Connack,
     Connect,
     Packet,

@@ -14,7 +14,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from tests.integration.conftest import Gateway, PahoClient, PahoFactory, v5_props
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
-from tidewire.gateway.codec import (
+from tidewire.gateway.protocols.mqtt.codec import (
     Connack,
     Disconnect,
     Puback,

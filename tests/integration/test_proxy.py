@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.conftest import GatewayFactory
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
-from tidewire.gateway.codec import Publish, Suback, Subscribe, SubscriptionRequest
+from tidewire.gateway.protocols.mqtt.codec import Publish, Suback, Subscribe, SubscriptionRequest
 
 pytestmark = pytest.mark.tidewire_only  # Mosquitto 2.0.11 has no PROXY protocol
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory
 from tests.integration.rawmqtt import RawClient
-from tidewire.gateway.codec import (
+from tidewire.gateway.protocols.mqtt.codec import (
     Connack,
     Puback,
     Pubcomp,

@@ -18,7 +18,7 @@ from amqtt.client import MQTTClient
 
 from tests.integration.conftest import Gateway, GatewayFactory, PahoClient, PahoFactory
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
-from tidewire.gateway.codec import Connack, Puback, Publish, Suback, Subscribe, SubscriptionRequest
+from tidewire.gateway.protocols.mqtt.codec import Connack, Puback, Publish, Suback, Subscribe, SubscriptionRequest
 
 RECEIVE_MAXIMUM = 0x21
 SESSION_EXPIRY = 0x11

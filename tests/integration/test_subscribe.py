@@ -6,7 +6,7 @@ import pytest
 
 from tests.integration.conftest import Gateway, PahoFactory
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
-from tidewire.gateway.codec import Suback, Subscribe, SubscriptionRequest
+from tidewire.gateway.protocols.mqtt.codec import Suback, Subscribe, SubscriptionRequest
 
 TOPICS = ["sport/tennis/player1", "sport/tennis/player1/ranking", "sport/tennis", "sport", "sport/",
           "/finance", "sport/golf/player1"]

@@ -10,7 +10,7 @@ import pytest
 
 from loadtest import store_data, store_scale
 from loadtest.store_data import MessageMaker, count_label, parse_count
-from tidewire.gateway.topics import first_level_queue, matches
+from tidewire.gateway.core.topics import first_level_queue, matches
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidewire.gateway.topics import matches
+from tidewire.gateway.core.topics import matches
 from tidewire.store.base import NEVER_EXPIRES, GroupRecord, Message, SessionRecord, SubscriptionRecord, WillRecord
 from tidewire.store.embedded_meta import MetaLimits, MetaStore
 from tidewire.store.groups import GroupTable

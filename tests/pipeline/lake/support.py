@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from tidewire.gateway.ingress import Properties
+from tidewire.gateway.core.ingress import Properties
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, Message
 from tidewire.store.log_reader import LogRecord
 

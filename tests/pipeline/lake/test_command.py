@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from tests.pipeline.lake.support import T0, assert_once, messages, read_lake
-from tidewire.gateway.events import EventBuffer
+from tidewire.gateway.core.events import EventBuffer
 from tidewire.pipeline.lake.command import Lake, run_lake
 from tidewire.store.embedded import EmbeddedStore
 

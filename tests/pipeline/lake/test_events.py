@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from tests.pipeline.lake.support import published_files, read_lake, tmp_files
-from tidewire.gateway.events import EventBuffer
+from tidewire.gateway.core.events import EventBuffer
 from tidewire.pipeline.lake.events import EventExporter, node_file_prefix
 
 H = 3_600_000

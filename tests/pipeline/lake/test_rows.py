@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 
 from tests.pipeline.lake.support import record
-from tidewire.gateway.ingress import Properties
+from tidewire.gateway.core.ingress import Properties
 from tidewire.pipeline.lake.rows import MAX_JSON_NUMBERS, events_table, json_columns, messages_table
 from tidewire.pipeline.lake.schema import EVENTS_SCHEMA, MESSAGES_SCHEMA
 

@@ -1,0 +1,195 @@
+"""Notify dispatch: rounds that refresh the cache for notified queues and let their local readers pull.
+
+One round runs at a time. The names of a small batch this node appended itself are dispatched by the flush
+loop, in its own tick, right after the append (`run_inline`): the cache took the batch as appended
+(`QueueCache.add_appended`) or the store answers reads without suspending (the embedded one), so the
+subscribers' PUBLISH is written in the same loop tick as the append, with no task switch, Event or
+`call_soon` in between. A round whose reads did suspend (a networked store, a cold read) hands the next
+rounds that read to the dispatch task (`loop`), so that appends keep overlapping with reads; a round that
+read and ran to the end at once hands them back. Names from elsewhere (other nodes, resyncs) and large
+batches go through the task. A failed round is retried by the task with backoff; no name is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import types
+from collections.abc import Coroutine, Generator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.store.base import P2P_PREFIX
+
+if TYPE_CHECKING:
+    from tidewire.gateway.node import Node
+    from tidewire.gateway.sessions.session import Session
+
+log = logging.getLogger("tidewire.node")
+
+REFRESH_READS = 4  # store reads per queue per dispatch round before its readers pull
+# Appended messages up to which the flush loop dispatches them itself. A larger batch means load: its round goes
+# to the task, so that acks and sync completions are served between the append and the push (a tick of delay is
+# nothing next to that batch's own time, while a longer step delays publishers' acks).
+INLINE_MAX_MESSAGES = 64
+
+T = TypeVar("T")
+
+
+@types.coroutine
+def awaited(coro: Coroutine[Any, Any, T]) -> Generator[Any, Any, tuple[T, bool]]:
+    """`await coro` in the calling task: its result, and whether it suspended (False: it ran to its end at once).
+
+    Exactly `yield from`: whatever the coroutine waits on is handed to the calling task, and what the task
+    sends or throws back is handed on, so it runs in the caller's task as a plain `await` would."""
+    try:
+        pending = coro.send(None)
+    except StopIteration as done:
+        return done.value, False
+    while True:
+        try:
+            sent = yield pending
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # a cancel, too, is the coroutine's to handle
+            try:
+                pending = coro.throw(exc)
+            except StopIteration as done:
+                return done.value, True
+        else:
+            try:
+                pending = coro.send(sent)
+            except StopIteration as done:
+                return done.value, True
+
+
+class Dispatcher:
+    """The node's notify dispatch (see the module doc)."""
+
+    __slots__ = ("_busy", "_failure", "_fresh", "_inline", "_node", "_pending", "_retry", "_wanted")
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+        self._pending: set[str] = set()  # notified, not yet dispatched
+        self._fresh: set[str] = set()  # of those, queues the cache took from this node's append: no read needed
+        self._busy = False  # a round runs, or the task backs off after a failure: it takes `_pending` after
+        self._inline = True  # the last round that read the store did not suspend: the flush loop may read too
+        self._failure: Exception | None = None  # an inline round's, for the task's backoff
+        self._wanted = asyncio.Event()
+        self._retry = Backoff("dispatch")
+
+    @property
+    def inline(self) -> bool:
+        """Whether the flush loop runs a round that reads the store itself (else the dispatch task does; a
+        round that needs no read, every queue being taken from the append, is always the flush loop's)."""
+        return self._inline
+
+    def notified(self, queues: set[str]) -> None:
+        """Names from the notifier or a resync: the dispatch task takes them."""
+        if self._fresh:
+            self._fresh -= queues  # news from elsewhere: read them
+        self._pending |= queues
+        self._wanted.set()
+
+    def appended(self, queues: set[str], fresh: set[str]) -> None:
+        """Names of a batch this node just appended, `fresh` those the cache already took from the batch
+        (`QueueCache.add_appended`): `run_inline` takes them, unless rounds are the task's."""
+        if fresh:
+            self._fresh |= fresh - self._pending  # a name already waiting may have news from elsewhere
+        self._pending |= queues
+
+    async def run_inline(self, messages: int) -> None:
+        """One round in the calling task (the flush loop, which appended `messages`), if names wait and no other
+        round is under way."""
+        if not self._pending or self._busy:
+            return  # a round under way takes them when it ends
+        if messages > INLINE_MAX_MESSAGES:
+            self._wanted.set()
+            return
+        if not self._inline:
+            readers = self._node.subscriptions.readers
+            if any(q in readers for q in self._pending - self._fresh):
+                self._wanted.set()  # this round reads and reads suspend: the task's, not to hold up appends
+                return
+        self._busy = True
+        try:
+            failure = await self._round()
+        finally:
+            self._busy = False
+        if failure is not None:
+            self._failure = failure
+            self._wanted.set()
+        elif self._pending:  # notified while this round was suspended
+            self._wanted.set()
+
+    async def loop(self) -> None:
+        """The dispatch task."""
+        retry = self._retry
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            if self._busy:
+                continue  # an inline round is suspended: it hands over whatever is left when it ends
+            self._busy = True
+            try:
+                failure, self._failure = self._failure, None
+                while True:
+                    if failure is not None:
+                        await asyncio.sleep(retry.failed(failure))
+                    if not self._pending:
+                        break
+                    failure = await self._round()
+            finally:
+                self._busy = False
+
+    async def _round(self) -> Exception | None:
+        queues, self._pending = self._pending, set()
+        fresh, self._fresh = self._fresh, set()
+        try:
+            read, suspended = await awaited(self._dispatch(queues, fresh))
+        except Exception as exc:
+            # A read failed before any reader pulled: nothing was skipped. Notify the same queues again.
+            self._pending |= queues
+            stop_if_cancelled()
+            return exc
+        if read:  # a round without reads says nothing about the store
+            self._inline = not suspended
+        self._retry.succeeded()
+        return None
+
+    async def _dispatch(self, queues: set[str], fresh: set[str]) -> bool:
+        """One round; whether it read the store (refreshed a queue)."""
+        node = self._node
+        # P2P first, before any pull moves a cursor past a P2P message not yet seen
+        p2p: list[Session] = []
+        connections = node.connections
+        for queue in queues:
+            if queue.startswith(P2P_PREFIX):
+                conn = connections.get(queue[len(P2P_PREFIX):])
+                if conn is not None and conn.session is not None:
+                    conn.session.p2p_pending = True
+                    p2p.append(conn.session)
+        readers = node.subscriptions.readers
+        live = [q for q in queues if q in readers]
+        # Every refresh before any pull: a reader merging several queues must not pass a message of a queue
+        # whose refresh failed.
+        cache = node.cache
+        read = False
+        for queue in live:
+            if queue in fresh:
+                continue
+            read = True
+            if await cache.refresh(queue, max_reads=REFRESH_READS):
+                # The rest in a round of the task, after these readers pulled: a busy queue starves no one.
+                self._pending.add(queue)
+                self._wanted.set()
+        for queue in live:
+            for reader in list(readers.get(queue, ())):
+                try:
+                    reader.pull()
+                except Exception:  # one reader's bug must not stop delivery to every other one
+                    log.exception("dispatch.pull_failed", extra={"queue": queue})
+        for session in p2p:
+            session.pull()
+        return read

@@ -1,0 +1,184 @@
+"""The protocol-neutral ingress API: what any protocol handler (MQTT, AMQP, RocketMQ) hands the node to publish.
+
+A handler builds a `Message` with `neutral_message` from a topic, a payload and `Properties` (the neutral
+property model: MQTT 5's application properties, which AMQP basic properties and RocketMQ system/user
+properties map onto), checks it with `refuse_publish`, and calls `Node.publish(message, sink, token)`. The node
+appends it with the next batch and, once the batch is durable, calls `sink.durable([token, ...])` once per
+sink per round (one batched write of acks: MQTT PUBACKs, AMQP Basic.Ack multiple, RocketMQ responses), or
+`sink.failed(tokens, reason)` if it will never be stored. `FutureSink` turns that into one future per publish.
+
+The stored form of the properties is the MQTT 5 property block: MQTT subscribers get it forwarded unchanged,
+other protocols decode it with `Properties.from_block`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tidewire.gateway.protocols.mqtt.codec import PropertyId
+from tidewire.gateway.protocols.mqtt.codec.errors import PacketType, ProtocolError
+from tidewire.gateway.protocols.mqtt.codec.properties import ALLOWED, decode_block, encode_properties
+from tidewire.store.base import PROTOCOL_MQTT, Message
+
+if TYPE_CHECKING:
+    from tidewire.extensions.hooks import Authorizer, ClientInfo
+    from tidewire.gateway.config import Settings
+
+log = logging.getLogger("tidewire.ingress")
+
+_PUBLISH_PROPERTIES = ALLOWED[PacketType.PUBLISH]
+
+
+class DurableSink(Protocol):
+    """Who hears that published messages are durable (or will never be)."""
+
+    def durable(self, tokens: list[Any]) -> None:
+        """These publishes are stored and synced, in publish order (one call per sink per sync round)."""
+
+    def failed(self, tokens: list[Any], reason: str) -> None:
+        """These publishes were not stored and never will be (the node is stopping with them unappended)."""
+
+    def pause_publishes(self) -> None:
+        """The node's append queue is full: stop taking publishes from this source until resumed."""
+
+    def resume_publishes(self) -> None: ...
+
+
+class FutureSink:
+    """A sink whose tokens are futures: `publish_future` returns one that resolves once the message is durable."""
+
+    __slots__ = ()
+
+    def durable(self, tokens: list[Any]) -> None:
+        for future in tokens:
+            if not future.done():
+                future.set_result(None)
+
+    def failed(self, tokens: list[Any], reason: str) -> None:
+        for future in tokens:
+            if not future.done():
+                future.set_exception(PublishFailed(reason))
+
+    def pause_publishes(self) -> None:
+        pass  # callers await their futures: they slow down by themselves
+
+    def resume_publishes(self) -> None:
+        pass
+
+
+class PublishFailed(Exception):
+    """The message was not stored."""
+
+
+@dataclass(slots=True)
+class Properties:
+    """Application properties every protocol can carry, by their MQTT 5 names.
+
+    AMQP: content-type ↔ content_type, correlation-id ↔ correlation_data, reply-to ↔ response_topic,
+    headers ↔ user, expiration ↔ expiry_interval. RocketMQ: user properties ↔ user (tag and keys included)."""
+
+    content_type: str | None = None
+    correlation_data: bytes | None = None
+    response_topic: str | None = None
+    user: list[tuple[str, str]] = field(default_factory=list)
+    utf8_payload: bool = False  # MQTT payload format indicator 1
+    expiry_interval: int | None = None  # seconds; the store keeps the deadline, not this
+
+    def to_block(self) -> bytes:
+        """The stored property block (no message expiry: the message carries its deadline)."""
+        props: dict[int, Any] = {}
+        if self.utf8_payload:
+            props[PropertyId.PAYLOAD_FORMAT_INDICATOR] = 1
+        if self.content_type is not None:
+            props[PropertyId.CONTENT_TYPE] = self.content_type
+        if self.response_topic is not None:
+            props[PropertyId.RESPONSE_TOPIC] = self.response_topic
+        if self.correlation_data is not None:
+            props[PropertyId.CORRELATION_DATA] = self.correlation_data
+        if self.user:
+            props[PropertyId.USER_PROPERTY] = list(self.user)
+        return encode_properties(props) if props else b""
+
+    @classmethod
+    def from_block(cls, block: bytes, expires_at_ms: int = 0, now_ms: int = 0) -> Properties:
+        """Decode a stored block; `expiry_interval` is what is left of the deadline at `now_ms`."""
+        props = cls()
+        if expires_at_ms and now_ms:
+            props.expiry_interval = max(1, (expires_at_ms - now_ms + 999) // 1000)
+        if not block:
+            return props
+        try:
+            decoded = decode_block(block, 0, len(block), _PUBLISH_PROPERTIES)
+        except ProtocolError:
+            return props  # stored by this gateway from a checked packet: cannot happen; never fail a delivery
+        props.utf8_payload = decoded.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1
+        props.content_type = decoded.get(PropertyId.CONTENT_TYPE)
+        props.response_topic = decoded.get(PropertyId.RESPONSE_TOPIC)
+        props.correlation_data = decoded.get(PropertyId.CORRELATION_DATA)
+        props.user = list(decoded.get(PropertyId.USER_PROPERTY, ()))
+        return props
+
+
+def neutral_message(topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
+                    properties: Properties | None = None, publisher: str = "", now_ms: int,
+                    protocol: int = PROTOCOL_MQTT) -> Message:
+    """A message any handler can publish; `qos` 1 stands for durable (AMQP delivery-mode 2, RocketMQ)."""
+    block = properties.to_block() if properties is not None else b""
+    expiry = properties.expiry_interval if properties is not None else None
+    return Message(topic, payload, qos, retain, block, now_ms, now_ms + expiry * 1000 if expiry else 0, publisher,
+                   protocol=protocol)
+
+
+INVALID_TOPIC = "invalid topic"
+NOT_AUTHORIZED = "not authorized"
+
+
+def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInfo, topic: str) -> str | None:
+    """Why `client` may not publish to `topic`: `INVALID_TOPIC` (empty, wildcards, over the configured levels
+    or length), `NOT_AUTHORIZED` (`$SYS` or the ACL); None: it may."""
+    if not topic or "+" in topic or "#" in topic or "\x00" in topic or topic.count("/") >= settings.max_topic_levels:
+        return INVALID_TOPIC
+    limit = settings.max_topic_length
+    if len(topic) > limit or (len(topic) * 4 > limit and len(topic.encode()) > limit):
+        return INVALID_TOPIC
+    if topic.startswith("$SYS") or not authorizer.allow_publish(client, topic):
+        return NOT_AUTHORIZED
+    return None
+
+
+def tell_sinks(acks: list[tuple[DurableSink, Any]], reason: str = "") -> None:
+    """One call per sink with its tokens in order: `durable`, or `failed` when a `reason` is given."""
+    per_sink: dict[DurableSink, list[Any]] = {}
+    for sink, token in acks:
+        tokens = per_sink.get(sink)
+        if tokens is None:
+            per_sink[sink] = [token]
+        else:
+            tokens.append(token)
+    for sink, tokens in per_sink.items():
+        try:
+            if reason:
+                sink.failed(tokens, reason)
+            else:
+                sink.durable(tokens)
+        except Exception:  # one handler's bug must not keep the others' acks back
+            log.exception("publish.ack_failed")
+
+
+def publish_future(node_publish: Any, messages: Sequence[Message]) -> list[asyncio.Future[None]]:
+    """Publish `messages` through `node_publish` (Node.publish); one future each, resolved when durable."""
+    loop = asyncio.get_running_loop()
+    sink = _FUTURES
+    futures: list[asyncio.Future[None]] = []
+    for message in messages:
+        future: asyncio.Future[None] = loop.create_future()
+        node_publish(message, sink, future)
+        futures.append(future)
+    return futures
+
+
+_FUTURES = FutureSink()  # stateless: one instance serves every caller

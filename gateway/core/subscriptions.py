@@ -1,0 +1,386 @@
+"""Who reads which queue on this node, and which queues a topic is indexed into.
+
+Queues: the full topic, its first level (`a/#`), every wildcard filter of the cluster-wide wildcard set, and
+`p2p#<clientId>` for P2P topics. The wildcard set lives in the store: this node adds a filter when its first
+local holder (a session, online or stored, or a group) appears and removes it when its last one goes; an
+append carries the version of the set its queues were computed with, and the store refuses a stale one, so a
+message is never indexed without a wildcard some node registered before it was appended. Local
+readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name. A P2P queue
+has one reader, its client's session, which notify finds through the client's location.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Protocol
+
+from tidewire.extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
+from tidewire.gateway.core.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
+from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
+from tidewire.gateway.sessions.session import SHARED_PREFIX, Session
+from tidewire.gateway.sessions.shared import SharedGroup, parse_shared, strategy_for
+from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
+
+if TYPE_CHECKING:
+    from tidewire.gateway.node import Node
+    from tidewire.store.base import Store
+
+log = logging.getLogger("tidewire.subscriptions")
+
+_TOPIC_CACHE = 65536
+
+
+def p2p_target(topic: str) -> str | None:
+    """`<first>/p2p/<clientId>` → clientId."""
+    parts = topic.split("/", 2)
+    return parts[2] if len(parts) == 3 and parts[1] == "p2p" and parts[2] else None
+
+
+def is_first_level_queue(topic_filter: str) -> bool:
+    """`a/#` is the first-level queue every message of `a/...` is indexed into anyway."""
+    head = topic_filter[:-2]
+    return topic_filter.endswith("/#") and "/" not in head and "+" not in head and "#" not in head
+
+
+class Puller(Protocol):
+    def pull(self) -> None: ...
+
+
+class SubscriptionRegistry:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.readers: dict[str, set[Puller]] = {}
+        self.groups: dict[str, SharedGroup] = {}
+        self._holders: dict[str, set[str]] = {}  # wildcard filter → ids of local sessions/groups that need it
+        # Wildcard filters of stored (offline) sessions, from the store's counts at start and from sessions parked
+        # since: kept until the next start (an index too many costs writes; one too few would lose messages).
+        self._stored: set[str] = set()
+        # What appends are indexed with: the store's set and what is held here.
+        self._wildcards: FilterTrie[str] = FilterTrie()
+        self._indexed: set[str] = set()  # the filters in `_wildcards`
+        self.wildcard_version = -1  # of the store's set as last read; -1: none read yet (appends unchecked)
+        self._topic_queues: dict[str, tuple[str, ...]] = {}  # cleared whenever the wildcard set changes
+
+    # --- indexing ---------------------------------------------------------------------------------------
+    def queues_for(self, topic: str) -> tuple[str, ...]:
+        queues = self._topic_queues.get(topic)
+        if queues is None:
+            if len(self._topic_queues) >= _TOPIC_CACHE:
+                self._topic_queues.clear()  # bounded; hot topics come back on their next publish
+            queues = self._topic_queues[topic] = self._compute_queues(topic)
+        return queues
+
+    def _compute_queues(self, topic: str) -> tuple[str, ...]:
+        target = p2p_target(topic)
+        if target is not None:
+            return (p2p_queue(target),)  # reaches only that client: no topic, level or wildcard queue
+        first = first_level_queue(topic)
+        queues = [topic, first]
+        if len(self._wildcards):
+            queues += [f for f, _ in self._wildcards.match(topic)]
+        return tuple(queues)
+
+    @staticmethod
+    def _is_wildcard_queue(topic_filter: str) -> bool:
+        return is_wildcard(topic_filter) and not is_first_level_queue(topic_filter) and not topic_filter.startswith(
+            P2P_PREFIX)
+
+    def _held(self, topic_filter: str) -> bool:
+        return topic_filter in self._holders or topic_filter in self._stored
+
+    def _add_wildcard(self, topic_filter: str, owner: str | None) -> None:
+        """`owner` holds the filter from now on (None: a stored session, counted in `_stored`)."""
+        if not self._is_wildcard_queue(topic_filter):
+            return
+        if not self._held(topic_filter):
+            if topic_filter not in self._indexed:
+                self._indexed.add(topic_filter)
+                self._wildcards.add(topic_filter, "")
+                self._topic_queues.clear()  # indexed from now on by this node's appends
+            store = self.node.store
+            self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
+                store.add_wildcards([topic_filter])))
+        if owner is None:
+            self._stored.add(topic_filter)
+        else:
+            self._holders.setdefault(topic_filter, set()).add(owner)
+
+    def _remove_wildcard(self, topic_filter: str, owner: str) -> None:
+        holders = self._holders.get(topic_filter)
+        if holders is None or owner not in holders:
+            return
+        holders.discard(owner)
+        if not holders:
+            del self._holders[topic_filter]
+            if topic_filter not in self._stored:
+                store = self.node.store
+                self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
+                    store.remove_wildcards([topic_filter])))
+
+    async def _registered(self, change: Awaitable[int]) -> None:
+        await change
+        await self.refresh_wildcards()
+
+    async def wildcards_registered(self, filters: list[str]) -> None:
+        """Wait until the store has every wildcard among `filters` (before SUBACK: a message published after it
+        must be indexed into the new subscription's queue on every node)."""
+        for topic_filter in filters:
+            await self.node.writes.settled("wildcard:" + topic_filter)
+
+    async def refresh_wildcards(self) -> None:
+        """Read the store's wildcard set and index with it (plus what local holders are registering)."""
+        version, filters = await self.node.store.wildcards()
+        if version < self.wildcard_version:
+            return  # an older answer overtaken by a newer one
+        wanted = filters | self._holders.keys() | self._stored
+        indexed = self._indexed
+        if wanted != indexed:
+            for topic_filter in indexed - wanted:
+                self._wildcards.remove(topic_filter, "")
+            for topic_filter in wanted - indexed:
+                self._wildcards.add(topic_filter, "")
+            self._indexed = set(wanted)
+            self._topic_queues.clear()
+        self.wildcard_version = version
+
+    def wildcard_count(self) -> int:
+        return len(self._wildcards)
+
+    # --- readers ------------------------------------------------------------------------------------------
+    def _register(self, reader: Puller, queue: str) -> None:
+        readers = self.readers.get(queue)
+        if readers is None:
+            readers = self.readers[queue] = set()
+        if reader not in readers:
+            readers.add(reader)
+            self.node.cache.track(queue)
+            self.node.lookup.add_queue_subscriber(queue, self.node.node_id)
+
+    def _unregister(self, reader: Puller, queue: str) -> None:
+        readers = self.readers.get(queue)
+        if readers is not None and reader in readers:
+            readers.discard(reader)
+            if not readers:
+                del self.readers[queue]
+            self.node.cache.untrack(queue)
+            self.node.lookup.remove_queue_subscriber(queue, self.node.node_id)
+
+    # --- for other readers (consumer groups of other protocols: `gateway.core.consumers`) --------------------------
+    def add_reader(self, reader: Puller, queue: str) -> None:
+        self._register(reader, queue)
+
+    def remove_reader(self, reader: Puller, queue: str) -> None:
+        self._unregister(reader, queue)
+
+    def hold_wildcard(self, topic_filter: str, owner: str) -> None:
+        """`owner` needs `topic_filter` indexed (a no-op unless it is a wildcard queue)."""
+        self._add_wildcard(topic_filter, owner)
+
+    def release_wildcard(self, topic_filter: str, owner: str) -> None:
+        self._remove_wildcard(topic_filter, owner)
+
+    def routed(self, topic: str) -> bool:
+        """Does a reader on this node, a wildcard of the cluster-wide set, or a node the lookup names for one of
+        its queues take messages of `topic`? (An offline session's exact-topic subscription is not seen.)"""
+        readers = self.readers
+        # Not through `queues_for`: a topic asked about once (a client's $SYS event) must not fill its cache.
+        queues = self._topic_queues.get(topic) or self._compute_queues(topic)
+        for queue in queues:
+            if queue in readers:
+                return True
+        if len(self._wildcards) and self._wildcards.match(topic):
+            return True
+        if self.node.cluster is None and not queues[0].startswith(P2P_PREFIX):
+            return False  # one node: its lookup knows of no reader of these queues that `readers` does not
+        lookup = self.node.lookup
+        for queue in queues:  # subscribers on other nodes; a lookup that can't tell (None) counts as routed
+            nodes = lookup.nodes_for_queue(queue)
+            if nodes is None or nodes:
+                return True
+        return False
+
+    # --- shared groups --------------------------------------------------------------------------------------
+    def group(self, key: str, record: SessionRecord | None = None) -> SharedGroup:
+        group = self.groups.get(key)
+        if group is None:
+            parsed = parse_shared(key)
+            assert parsed is not None
+            name, topic_filter = parsed
+            settings = self.node.settings
+            if record is None:
+                last = self.node.store.last_seq()
+                record = SessionRecord(key, offset=last, sent_upto=last)
+                self.node.writes.save_session(record)
+            group = self.groups[key] = SharedGroup(
+                self.node, name, topic_filter, strategy_for(name, settings.shared_strategy,
+                                                            settings.shared_strategies),
+                record, settings.pull_batch)
+            group.serving = self.node.cluster is None  # in a cluster: once this node holds the group's lease
+            self._register(group, topic_filter)
+            self._add_wildcard(topic_filter, key)
+        return group
+
+    def _release_group(self, key: str, client_id: str) -> None:
+        group = self.groups.get(key)
+        if group is None:
+            return
+        group.refs.discard(client_id)
+        if not group.refs:
+            del self.groups[key]
+            self._unregister(group, group.queue)
+            self._remove_wildcard(group.queue, key)
+            self.node.writes.drop_session(key)
+
+    # --- sessions ---------------------------------------------------------------------------------------------
+    async def load(self, store: Store) -> None:
+        """At startup: the wildcard set and shared groups of the stored sessions, from the store's counts (not
+        every session: memory and time follow what is online)."""
+        groups = {r.client_id: r for r in await store.shared_groups()}
+        for topic_filter in await store.subscription_filters():
+            if topic_filter.startswith(SHARED_PREFIX):
+                if parse_shared(topic_filter) is not None:
+                    self.group(topic_filter, groups.get(topic_filter)).refs.update(
+                        await store.shared_members(topic_filter))
+            else:
+                self._add_wildcard(topic_filter, None)
+        for key in groups.keys() - self.groups.keys():
+            self.node.writes.drop_session(key)  # no member left
+
+    def park(self, record: SessionRecord) -> None:
+        """A persistent session went offline: its wildcards stay indexed, held as a stored session's."""
+        for topic_filter in record.subscriptions:
+            holders = self._holders.get(topic_filter)
+            if holders is not None and record.client_id in holders:
+                self._stored.add(topic_filter)
+                holders.discard(record.client_id)
+                if not holders:
+                    del self._holders[topic_filter]
+
+    def attach(self, session: Session, client: ClientInfo) -> None:
+        """An online session starts reading its queues (and joins its groups)."""
+        record = session.record
+        own_p2p = p2p_queue(session.client_id)
+        if own_p2p not in record.subscriptions:
+            record.subscriptions[own_p2p] = SubscriptionRecord(own_p2p, 2, since_seq=self.node.store.last_seq())
+        for topic_filter, sub in record.subscriptions.items():
+            if topic_filter.startswith(SHARED_PREFIX):
+                self.group(topic_filter).join(session, sub)
+                if self.node.cluster is not None:
+                    self.node.cluster.member_joined()
+            elif not topic_filter.startswith(P2P_PREFIX):  # the P2P queue is read by the session on notice
+                self._register(session, topic_filter)
+                # the ACL may have changed while the client was away
+                self._set_access(session, client, topic_filter,
+                                 self.node.authorizer.subscribe_access(client, topic_filter))
+        session.subscriptions_changed()
+
+    def resume_groups(self, session: Session) -> None:
+        """The session's connection is bound now: its groups may deliver to it (a group that tried while the
+        session was being restored found no connection and stopped)."""
+        for key in session.subscriptions:
+            if key.startswith(SHARED_PREFIX) and (group := self.groups.get(key)) is not None:
+                group.schedule_pull()
+
+    def detach(self, session: Session) -> None:
+        for topic_filter in session.subscriptions:
+            if topic_filter.startswith(SHARED_PREFIX):
+                group = self.groups.get(topic_filter)
+                if group is not None:
+                    group.leave(session)
+            elif not topic_filter.startswith(P2P_PREFIX):
+                self._unregister(session, topic_filter)
+
+    def forget(self, record: SessionRecord) -> None:
+        """The session is gone for good: its wildcard references and group memberships go too."""
+        for topic_filter in record.subscriptions:
+            if topic_filter.startswith(SHARED_PREFIX):
+                self._release_group(topic_filter, record.client_id)
+            else:
+                self._remove_wildcard(topic_filter, record.client_id)
+
+    # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------------
+    def subscribe(self, session: Session, client: ClientInfo, requests: list[SubscriptionRequest],
+                  sub_id: int) -> tuple[list[int], list[tuple[str, int, int]], list[str]]:
+        """Returns SUBACK codes, the (filter, qos, subscription id) whose retained messages to send, and the
+        wildcard filters being added to the store's set (SUBACK waits for them)."""
+        v5 = session.level >= 5
+        authorizer: Authorizer = self.node.authorizer
+        settings = self.node.settings
+        codes: list[int] = []
+        retained: list[tuple[str, int, int]] = []
+        registering: list[str] = []
+        for request in requests:
+            key = request.topic_filter
+            shared = parse_shared(key) if key.startswith(SHARED_PREFIX) else None
+            topic_filter = shared[1] if shared is not None else key
+            if (key.startswith(SHARED_PREFIX) and shared is None) or not valid_topic_filter(topic_filter) or (
+                    topic_filter.count("/") >= settings.max_topic_levels) or (
+                    len(key.encode()) > settings.max_topic_length):
+                codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
+                continue
+            if settings.max_subscriptions and key not in session.subscriptions and (
+                    sum(1 for k in session.subscriptions if not k.startswith(P2P_PREFIX))
+                    >= settings.max_subscriptions):
+                codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
+                continue
+            access = authorizer.subscribe_access(client, topic_filter)
+            if access == SubscribeAccess.DENIED:
+                log.info("acl.denied", extra={"client_id": session.client_id, "filter": key, "access": "subscribe"})
+                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
+                continue
+            qos = min(request.qos, 2)
+            existing = session.subscriptions.get(key)
+            since = existing.since_seq if existing is not None else self.node.store.last_seq()
+            sub = session.subscriptions[key] = SubscriptionRecord(
+                key, qos, request.no_local, request.retain_as_published, request.retain_handling, sub_id, since)
+            if shared is not None:
+                if key not in self.groups and self._is_wildcard_queue(topic_filter):
+                    registering.append(topic_filter)
+                self.group(key).join(session, sub)  # retained messages are not sent to shared subscriptions
+                if self.node.cluster is not None:
+                    self.node.cluster.member_joined()
+            else:
+                self._set_access(session, client, key, access)
+                if existing is None:
+                    self._register(session, key)
+                    if self._is_wildcard_queue(key) and not self._held(key):
+                        registering.append(key)
+                    self._add_wildcard(key, session.client_id)
+                if request.retain_handling == 0 or (request.retain_handling == 1 and existing is None):
+                    retained.append((key, qos, sub_id))
+            codes.append(qos)
+        session.subscriptions_changed()
+        return codes, retained, registering
+
+    def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
+        codes: list[int] = []
+        for key in filters:
+            if key.startswith(P2P_PREFIX) or session.subscriptions.pop(key, None) is None:
+                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+                continue
+            if key.startswith(SHARED_PREFIX):
+                group = self.groups.get(key)
+                if group is not None:
+                    group.leave(session)
+                self._release_group(key, session.client_id)
+            else:
+                if session.filtered:
+                    session.filtered.discard(key)
+                self._unregister(session, key)
+                self._remove_wildcard(key, session.client_id)
+            codes.append(ReasonCode.SUCCESS)
+        session.subscriptions_changed()
+        return codes
+
+    def _set_access(self, session: Session, client: ClientInfo, topic_filter: str, access: SubscribeAccess) -> None:
+        if access == SubscribeAccess.GRANTED:
+            if session.filtered:
+                session.filtered.discard(topic_filter)
+            return
+        if session.filtered is None:
+            session.filtered = set()
+        session.filtered.add(topic_filter)
+        if session.read_check is None:
+            authorizer = self.node.authorizer
+            session.read_check = lambda topic: authorizer.allow_read(client, topic)

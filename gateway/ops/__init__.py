@@ -1,0 +1,1 @@
+"""Running a node: bans, graceful drain, periodic chores, `$SYS` topics and structured logs."""

@@ -1,0 +1,70 @@
+"""The node's periodic chores: `$SYS` stats, offsets of idle sessions, session expiry, store retention."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.store.base import P2P_PREFIX
+
+if TYPE_CHECKING:
+    from tidewire.gateway.node import Node
+
+log = logging.getLogger("tidewire.node")
+
+RETENTION_INTERVAL = 60.0  # s between retention passes
+EXPIRE_BATCH = 1000  # sessions expired per tick at most: a backlog drains over the next ticks
+
+
+async def housekeeping_loop(node: Node) -> None:
+    retention_due = 0.0
+    stats_due = time.monotonic() + node.settings.sys_interval
+    retry = Backoff("housekeeping")
+    while True:
+        # Wake for the stats when they are due: a fixed 1 s nap that wakes a hair early skips a whole period.
+        await asyncio.sleep(max(0.01, min(1.0, stats_due - time.monotonic())))
+        interval = node.settings.sys_interval
+        if time.monotonic() >= stats_due - 0.005:
+            stats_due = max(stats_due + interval, time.monotonic() + interval / 2)
+            node.sys.stats(node.counters, gauges(node))
+        node.offsets_due()
+        try:
+            await expire_sessions(node)
+            if time.monotonic() >= retention_due:
+                enforce = getattr(node.store, "enforce_retention", None)
+                if enforce is not None:
+                    await enforce()
+                retention_due = time.monotonic() + RETENTION_INTERVAL
+        except Exception as exc:  # tried again on the next tick; the nap above is the backoff
+            stop_if_cancelled()
+            retry.failed(exc)
+            continue
+        retry.succeeded()
+
+
+async def expire_sessions(node: Node) -> None:
+    """Drop stored sessions whose client stayed away past their expiry interval (the store's expiry index)."""
+    now = int(time.time() * 1000)
+    for client_id in await node.store.due_sessions(now, EXPIRE_BATCH):
+        if client_id in node.connections:
+            continue
+        await node.writes.session_settled(client_id)  # the record saved at its disconnect, not an older one
+        record = await node.store.get_session(client_id)
+        if record is not None and node.sessions.expired(record, now):
+            await node.sessions.drop_stored(record, record.epoch)  # not if a node claimed it since it was read
+            log.info("session.expired", extra={"client_id": client_id})
+
+
+def gauges(node: Node) -> dict[str, int]:
+    """The node's current levels for `$SYS/brokers/<node>/stats/...` (counters are kept by the node)."""
+    subscriptions = node.subscriptions
+    return {"clients/connected": len(node.connections),
+            "subscriptions/count": sum(1 for conn in node.connections.values() if conn.session is not None
+                                       for f in conn.session.subscriptions if not f.startswith(P2P_PREFIX)),
+            "queues/local": len(subscriptions.readers),
+            "queues/wildcard": subscriptions.wildcard_count(),
+            "shared/groups": len(subscriptions.groups),
+            **(node.cluster.gauges() if node.cluster is not None else {})}

@@ -1,0 +1,391 @@
+"""One AMQP channel's commands: exchanges, queues and bindings, Basic.Publish with publisher confirms, and the
+consuming commands (handed to `consuming.Deliveries`).
+
+A channel is the `DurableSink` of its publishes: `node.publish(message, channel, seq)` and the node calls
+`durable` once the batch is synced, so a confirm (Basic.Ack, multiple when it can) means the message is
+stored. Mandatory publishes that nothing would receive come back as Basic.Return 312 NO_ROUTE (then the
+confirm, as RabbitMQ orders them) and are not stored. Every handler returns None or the `Fault` that closes
+the channel (or the connection, for hard codes).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from tidewire.extensions.hooks import SubscribeAccess
+from tidewire.gateway.core.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
+from tidewire.gateway.core.topics import valid_topic_filter
+from tidewire.gateway.protocols.amqp.codec import (
+    ACCESS_REFUSED,
+    COMMAND_INVALID,
+    NO_ROUTE,
+    NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    PRECONDITION_FAILED,
+    Fault,
+    Method,
+    Properties,
+    fault,
+)
+from tidewire.gateway.protocols.amqp.consuming import Deliveries
+from tidewire.gateway.protocols.amqp.exchanges import Exchange
+from tidewire.gateway.protocols.amqp.mapping import (
+    EXCHANGE_TYPES,
+    MAX_EXCHANGE_NAME,
+    MAX_QUEUE_NAME,
+    NAME,
+    binding_filter,
+    properties_in,
+    publish_topic,
+)
+from tidewire.gateway.protocols.amqp.queues import QueueSpec, group_name, parse_arguments
+from tidewire.store.base import PROTOCOL_AMQP, GroupRecord
+
+if TYPE_CHECKING:
+    from tidewire.gateway.protocols.amqp.connection import AmqpConnection
+
+Basic, Exch, Queue, Confirm = commands.Basic, commands.Exchange, commands.Queue, commands.Confirm
+Handler = Callable[[Any, Properties | None, bytes], Awaitable[Fault | None]]
+
+
+class Channel:
+    def __init__(self, conn: AmqpConnection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.node = conn.node
+        self.vhost = conn.core.vhost
+        self.deliveries = Deliveries(conn, number)
+        self.confirm = False
+        self.next_publish = 1
+        self.unconfirmed: dict[int, None] = {}  # publish seqs awaiting their confirm, in order
+        self.last_queue = ""  # the queue an empty queue name stands for (spec: last declared on the channel)
+        self.closed = False
+        self._handlers: dict[type, Handler] = {
+            Basic.Publish: self._publish, Basic.Ack: self._ack, Basic.Nack: self._nack, Basic.Reject: self._reject,
+            Basic.Consume: self._consume, Basic.Cancel: self._cancel, Basic.Get: self._get, Basic.Qos: self._qos,
+            Basic.Recover: self._recover, Basic.RecoverAsync: self._recover, Confirm.Select: self._confirm_select,
+            Exch.Declare: self._exchange_declare, Exch.Delete: self._exchange_delete,
+            Queue.Declare: self._queue_declare, Queue.Bind: self._queue_bind, Queue.Unbind: self._queue_unbind,
+            Queue.Purge: self._queue_purge, Queue.Delete: self._queue_delete,
+        }
+
+    async def handle(self, method: Method, properties: Properties | None, body: bytes) -> Fault | None:
+        handler = self._handlers.get(type(method))
+        if handler is None:
+            what = {commands.Tx.frame_id: "transactions", Exch.frame_id: "exchange-to-exchange bindings"}.get(
+                method.index >> 16, method.name)
+            return fault(NOT_IMPLEMENTED, f"{what} not supported", method)
+        return await handler(method, properties, body)
+
+    def _reply(self, method: Method) -> None:
+        self.conn.core.send_method(self.number, method)
+
+    async def close(self) -> None:
+        """The channel is gone (either side closed it, or the connection): stop consuming, requeue unacked."""
+        if self.closed:
+            return
+        self.closed = True
+        self.unconfirmed.clear()
+        self.conn.unblock(self)
+        await self.deliveries.close()
+
+    # --- DurableSink ---------------------------------------------------------------------------------------
+    def durable(self, tokens: list[Any]) -> None:
+        self._settle_confirms([t for t in tokens if t is not None], Basic.Ack)
+
+    def failed(self, tokens: list[Any], reason: str) -> None:
+        self._settle_confirms([t for t in tokens if t is not None], Basic.Nack)
+
+    def pause_publishes(self) -> None:
+        self.conn.block(self)
+
+    def resume_publishes(self) -> None:
+        self.conn.unblock(self)
+
+    def _settle_confirms(self, seqs: list[int], kind: Callable[[int, bool], Method]) -> None:
+        if not seqs or self.closed or not self.conn.core.channel_open(self.number):
+            return
+        for seq in seqs:
+            self.unconfirmed.pop(seq, None)
+        top = max(seqs)
+        first = next(iter(self.unconfirmed), None)
+        if len(seqs) > 1 and (first is None or first > top):
+            self._reply(kind(top, True))  # exact: nothing at or below `top` is still unconfirmed
+        else:
+            for seq in seqs:
+                self._reply(kind(seq, False))
+
+    # --- publishing ----------------------------------------------------------------------------------------
+    async def _publish(self, method: Any, properties: Properties | None, body: bytes) -> Fault | None:
+        conn = self.conn
+        exchange = await conn.server.exchanges.get(self.vhost, method.exchange)
+        if exchange is None:
+            return fault(NOT_FOUND, f"no exchange '{method.exchange}' in vhost '{self.vhost}'", method)
+        if exchange.internal:
+            return fault(ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange.name}'", method)
+        topic = publish_topic(exchange.name, exchange.kind, method.routing_key)
+        refused = refuse_publish(self.node.settings, self.node.authorizer, conn.info, topic)
+        if refused == NOT_AUTHORIZED:
+            return fault(ACCESS_REFUSED, f"publish to topic '{topic[:80]}' refused for user "
+                                         f"'{conn.info.username}'", method)
+        if refused is not None:
+            return fault(PRECONDITION_FAILED, f"routing key '{method.routing_key[:80]}' is not a valid topic "
+                                              f"on exchange '{exchange.name}'", method)
+        mapped = properties_in(properties, conn.info.username)
+        if isinstance(mapped, str):
+            return fault(PRECONDITION_FAILED, mapped, method)
+        neutral, qos = mapped
+        seq = None
+        if self.confirm:
+            seq = self.next_publish
+            self.next_publish += 1
+            self.unconfirmed[seq] = None
+        if method.mandatory and not await self.node.groups.routed(topic) and (
+                not await conn.server.queues.routed_in_store(topic)):
+            self.conn.core.send_content(self.number, Basic.Return(NO_ROUTE, "NO_ROUTE", exchange.name,
+                                                                  method.routing_key),
+                                        properties or Properties(), body)
+            if seq is not None:
+                self._settle_confirms([seq], Basic.Ack)
+            return None
+        message = neutral_message(topic, body, qos=qos, properties=neutral, publisher=conn.id,
+                                  now_ms=int(time.time() * 1000), protocol=PROTOCOL_AMQP)
+        self.node.publish(message, self, seq)
+        return None
+
+    async def _confirm_select(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        self.confirm = True
+        if not method.nowait:
+            self._reply(Confirm.SelectOk())
+        return None
+
+    # --- exchanges -----------------------------------------------------------------------------------------
+    async def _exchange_declare(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        name, kind, vhost = method.exchange, method.exchange_type, self.vhost
+        exchanges = self.conn.server.exchanges
+        if method.passive:
+            if await exchanges.get(vhost, name) is None:
+                return fault(NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'", method)
+        else:
+            if name == "":
+                return fault(ACCESS_REFUSED, "operation not permitted on the default exchange", method)
+            if kind == "headers":
+                return fault(NOT_IMPLEMENTED, "headers exchanges are not supported", method)
+            if kind not in EXCHANGE_TYPES:
+                return fault(COMMAND_INVALID, f"unknown exchange type '{kind[:40]}'", method)
+            if len(name) > MAX_EXCHANGE_NAME or not NAME.fullmatch(name):
+                return fault(PRECONDITION_FAILED, "invalid exchange name", method)
+            existing = await exchanges.get(vhost, name)
+            if existing is None:
+                if name.startswith("amq."):
+                    return fault(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", method)
+                existing = await exchanges.declare(vhost, Exchange(name, kind, bool(method.durable),
+                                                                   bool(method.auto_delete), bool(method.internal)))
+            for arg, mine, theirs in (("type", kind, existing.kind), ("durable", method.durable, existing.durable)):
+                if mine != theirs:
+                    return fault(PRECONDITION_FAILED, f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
+                                                      f"'{vhost}': received '{mine}' but current is '{theirs}'", method)
+        if not method.nowait:
+            self._reply(Exch.DeclareOk())
+        return None
+
+    async def _exchange_delete(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        name, vhost = method.exchange, self.vhost
+        server = self.conn.server
+        exchange = await server.exchanges.get(vhost, name)
+        if exchange is not None and exchange.predeclared:
+            return fault(ACCESS_REFUSED, f"deletion of exchange '{name}' is not allowed", method)
+        if exchange is not None:
+            if method.if_unused and await server.queues.bound_to(vhost, name):
+                return fault(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use", method)
+            await server.queues.drop_bindings(vhost, name)
+            await server.exchanges.delete(vhost, name)
+        if not method.nowait:
+            self._reply(Exch.DeleteOk())
+        return None
+
+    # --- queues --------------------------------------------------------------------------------------------
+    async def _queue(self, name: str, method: Method) -> GroupRecord | Fault:
+        name = name or self.last_queue
+        if not name:
+            return fault(NOT_FOUND, "no previously declared queue", method)
+        return await self.conn.server.queues.find(self.vhost, name, self.conn.id, method)
+
+    async def _learn_exchanges(self, record: GroupRecord) -> None:
+        """Read the types of the exchanges the queue is bound to: a delivery's routing key is derived from its
+        topic by its exchange's type (`mapping.origin`), and the binding may have been made on another node."""
+        exchanges = self.conn.server.exchanges
+        bindings = record.attrs.get("bindings")
+        for exchange in {b[0] for b in bindings if isinstance(b, list) and b} if isinstance(bindings, list) else ():
+            if isinstance(exchange, str) and exchange not in exchanges.kinds:
+                await exchanges.get(self.vhost, exchange)
+
+    async def _queue_declare(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        queues, vhost, conn = self.conn.server.queues, self.vhost, self.conn
+        name = method.queue
+        args = parse_arguments(method.arguments)
+        if isinstance(args, str):
+            return fault(PRECONDITION_FAILED, args, method)
+        created = False
+        if method.passive:
+            found = await self._queue(name, method)
+            if isinstance(found, Fault):
+                return found
+            record = found
+        else:
+            if not name:
+                name = "amq.gen-" + secrets.token_urlsafe(16)
+            elif len(name.encode()) > MAX_QUEUE_NAME or not NAME.fullmatch(name):
+                return fault(PRECONDITION_FAILED, "invalid queue name", method)
+            elif name.startswith("amq.") and await self.node.store.get_group(group_name(vhost, name)) is None:
+                return fault(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", method)
+            spec = QueueSpec(name, bool(method.durable), bool(method.exclusive), bool(method.auto_delete), *args)
+            declared = await queues.declare(vhost, spec, conn.id, method)
+            if isinstance(declared, Fault):
+                return declared
+            record, created = declared
+            if spec.exclusive:
+                conn.exclusive.add(record.name)
+        self.last_queue = queue = str(record.attrs.get("queue", name))
+        if not method.nowait:
+            count = 0 if created else await queues.message_count(record)
+            self._reply(Queue.DeclareOk(queue, count, len(queues.local_consumers.get(record.name, ()))))
+        return None
+
+    async def _binding(self, method: Any) -> tuple[GroupRecord, Exchange] | Fault:
+        found = await self._queue(method.queue, method)
+        if isinstance(found, Fault):
+            return found
+        if method.exchange == "":
+            return fault(ACCESS_REFUSED, "operation not permitted on the default exchange", method)
+        exchange = await self.conn.server.exchanges.get(self.vhost, method.exchange)
+        if exchange is None:
+            return fault(NOT_FOUND, f"no exchange '{method.exchange}' in vhost '{self.vhost}'", method)
+        return found, exchange
+
+    async def _queue_bind(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        found = await self._binding(method)
+        if isinstance(found, Fault):
+            return found
+        record, exchange = found
+        key = method.routing_key
+        settings = self.node.settings
+        topic_filter = binding_filter(exchange.name, exchange.kind, key)
+        if topic_filter is None or not valid_topic_filter(topic_filter) or (
+                topic_filter.count("/") >= settings.max_topic_levels) or (
+                len(topic_filter.encode()) > settings.max_topic_length):
+            return fault(PRECONDITION_FAILED, f"binding key '{key[:80]}' has no MQTT topic filter equivalent", method)
+        access = self.node.authorizer.subscribe_access(self.conn.info, topic_filter)
+        if access is not SubscribeAccess.GRANTED:
+            return fault(ACCESS_REFUSED, f"access to topic filter '{topic_filter[:80]}' refused for user "
+                                         f"'{self.conn.info.username}'", method)
+        await self.conn.server.queues.bind(record, exchange.name, key, topic_filter)
+        if not method.nowait:
+            self._reply(Queue.BindOk())
+        return None
+
+    async def _queue_unbind(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        found = await self._binding(method)
+        if isinstance(found, Fault):
+            return found
+        record, exchange = found
+        server = self.conn.server
+        await server.queues.unbind(record, exchange.name, method.routing_key)
+        if exchange.auto_delete and not await server.queues.bound_to(self.vhost, exchange.name):
+            await server.exchanges.delete(self.vhost, exchange.name)  # its last binding is gone
+        self._reply(Queue.UnbindOk())
+        return None
+
+    async def _queue_purge(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        found = await self._queue(method.queue, method)
+        if isinstance(found, Fault):
+            return found
+        count = await self.conn.server.queues.purge(found)
+        if not method.nowait:
+            self._reply(Queue.PurgeOk(count))
+        return None
+
+    async def _queue_delete(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        queues = self.conn.server.queues
+        name = method.queue or self.last_queue
+        found = await self._queue(name, method)
+        count = 0
+        if isinstance(found, Fault):
+            if found.code != NOT_FOUND:
+                return found
+        else:
+            if method.if_unused and queues.local_consumers.get(found.name):
+                return fault(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.vhost}' in use", method)
+            if method.if_empty and await queues.message_count(found):
+                return fault(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.vhost}' is not empty", method)
+            count = await queues.delete(found)
+            self.conn.exclusive.discard(found.name)
+        if not method.nowait:
+            self._reply(Queue.DeleteOk(count))
+        return None
+
+    # --- consuming -----------------------------------------------------------------------------------------
+    async def _qos(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        if method.prefetch_size:
+            return fault(NOT_IMPLEMENTED, f"prefetch_size!=0 ({method.prefetch_size})", method)
+        self.deliveries.qos(method.prefetch_count, bool(method.global_))
+        self._reply(Basic.QosOk())
+        return None
+
+    async def _consume(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        found = await self._queue(method.queue, method)
+        if isinstance(found, Fault):
+            return found
+        queues = self.conn.server.queues
+        tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
+        if tag in self.deliveries.consumers:
+            return fault(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag[:80]}'", method)
+        others = queues.local_consumers.get(found.name)
+        if others and (method.exclusive or any(getattr(c, "exclusive", False) for c in others)):
+            queue = found.attrs.get("queue", method.queue)
+            return fault(ACCESS_REFUSED, f"queue '{queue}' in vhost '{self.vhost}' in exclusive use", method)
+        await self._learn_exchanges(found)
+        if not method.nowait:
+            self._reply(Basic.ConsumeOk(tag))
+        queues.touch(found.name)
+        self.deliveries.consume(found.name, str(found.attrs.get("queue", method.queue)), tag, bool(method.no_ack),
+                                bool(method.exclusive))
+        return None
+
+    async def _cancel(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        await self.deliveries.cancel(method.consumer_tag)
+        if not method.nowait:
+            self._reply(Basic.CancelOk(method.consumer_tag))
+        return None
+
+    async def _get(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        found = await self._queue(method.queue, method)
+        if isinstance(found, Fault):
+            return found
+        self.conn.server.queues.touch(found.name)
+        await self._learn_exchanges(found)
+        await self.deliveries.get(found.name, bool(method.no_ack), 0)
+        return None
+
+    async def _ack(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        return await self.deliveries.settle(method.delivery_tag, bool(method.multiple), None, method)
+
+    async def _nack(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        return await self.deliveries.settle(method.delivery_tag, bool(method.multiple), bool(method.requeue), method)
+
+    async def _reject(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        return await self.deliveries.settle(method.delivery_tag, False, bool(method.requeue), method)
+
+    async def _recover(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        if not method.requeue:
+            return fault(NOT_IMPLEMENTED, "requeue=false", method)
+        await self.deliveries.recover()
+        if isinstance(method, Basic.Recover):
+            self._reply(Basic.RecoverOk())
+        return None

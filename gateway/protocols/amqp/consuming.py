@@ -1,0 +1,248 @@
+"""One channel's consuming side: consumers (Basic.Consume) over `node.groups`, Basic.Get, delivery tags, acks.
+
+Basic.Qos prefetch is the credit of `gateway.core.consumers.Consumer`: a consumer takes `prefetch - unacked` (its
+own prefetch, or `amqp_max_unacked` for prefetch 0), within the channel's shared limit when Qos was global. A
+no-ack consumer takes a batch at a time while the socket drains (the write buffer is its only limit) and its
+deliveries are settled as they are sent. A delivery's tag maps to its claim (group, seq, token): Ack settles
+it, Nack/Reject with requeue gives it back (redelivered: the claim's delivery count goes above 1), without
+requeue settles it (there are no dead-letter exchanges). Closing the channel requeues what it left unacked.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, NamedTuple
+
+from pamqp import commands
+
+from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.protocols.amqp.codec import PRECONDITION_FAILED, Fault, Method, fault
+from tidewire.gateway.protocols.amqp.mapping import origin, properties_out
+from tidewire.store.base import Message
+
+if TYPE_CHECKING:
+    from tidewire.gateway.protocols.amqp.connection import AmqpConnection
+
+Basic = commands.Basic
+
+
+class Unacked(NamedTuple):
+    group: str
+    seq: int
+    token: int
+    consumer: AmqpConsumer | None  # None: a Basic.Get
+
+
+class AmqpConsumer:
+    """A Basic.Consume: a competing consumer of the queue's group (`gateway.core.consumers.Consumer`)."""
+
+    __slots__ = ("active", "channel", "exclusive", "group", "no_ack", "prefetch", "queue", "tag", "unacked",
+                 "visibility_ms")
+
+    def __init__(self, channel: Deliveries, tag: str, queue: str, group: str, no_ack: bool, exclusive: bool,
+                 prefetch: int, visibility_ms: int) -> None:
+        self.channel = channel
+        self.tag = tag
+        self.queue = queue
+        self.group = group
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch
+        self.visibility_ms = visibility_ms
+        self.unacked = 0
+        self.active = True
+
+    def credit(self) -> int:
+        return self.channel.credit_for(self)
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        self.channel.deliver(self, deliveries)
+
+    def server_cancel(self) -> None:
+        self.channel.server_cancel(self)
+
+
+class Deliveries:
+    """Consumers, delivery tags and unacked deliveries of one channel."""
+
+    def __init__(self, conn: AmqpConnection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.next_tag = 1
+        self.unacked: dict[int, Unacked] = {}  # delivery tag → claim, in tag order
+        self.consumers: dict[str, AmqpConsumer] = {}
+        self.prefetch = 0  # Basic.Qos global=False: for consumers started from now on
+        self.channel_prefetch = 0  # Basic.Qos global=True: shared by the channel's consumers; 0: no limit
+        self.closed = False
+        settings = conn.node.settings
+        self.max_unacked = settings.amqp_max_unacked
+        self.batch = settings.pull_batch
+        self.visibility_ms = settings.consumer_timeout * 1000
+
+    # --- the Consumer protocol, for node.groups ----------------------------------------------------------
+    def credit_for(self, consumer: AmqpConsumer) -> int:
+        if self.closed or not consumer.active or not self.conn.writable:
+            return 0
+        if consumer.no_ack:
+            return self.batch
+        credit = (consumer.prefetch or self.max_unacked) - consumer.unacked
+        if self.channel_prefetch:
+            credit = min(credit, self.channel_prefetch - len(self.unacked))
+        return max(0, credit)
+
+    def deliver(self, consumer: AmqpConsumer, batch: list[Delivery]) -> None:
+        conn = self.conn
+        if self.closed or not consumer.active or not conn.core.channel_open(self.number):
+            conn.spawn(conn.node.groups.requeue(consumer.group, [(d.claim.seq, d.claim.token) for d in batch]))
+            return
+        settled: list[tuple[int, int]] = []
+        for message, claim in batch:
+            tag = self._tag()
+            self._send(Basic.Deliver(consumer.tag, tag, claim.deliveries > 1, *self._origin(message.topic)), message)
+            if consumer.no_ack:
+                settled.append((claim.seq, claim.token))
+            else:
+                self.unacked[tag] = Unacked(consumer.group, claim.seq, claim.token, consumer)
+                consumer.unacked += 1
+        if settled:
+            conn.spawn(conn.node.groups.ack(consumer.group, settled))
+            conn.node.groups.wake(consumer.group)  # its credit never runs out: ask for the next batch
+
+    def _origin(self, topic: str) -> tuple[str, str]:
+        return origin(topic, self.conn.server.exchanges.kinds)
+
+    def _tag(self) -> int:
+        tag = self.next_tag
+        self.next_tag += 1
+        return tag
+
+    def _send(self, method: Method, message: Message) -> None:
+        self.conn.core.send_content(self.number, method, properties_out(message, int(time.time() * 1000)),
+                                    message.payload)
+
+    def server_cancel(self, consumer: AmqpConsumer) -> None:
+        """The queue was deleted: Basic.Cancel to a client that understands it (consumer_cancel_notify)."""
+        if self.consumers.pop(consumer.tag, None) is None:
+            return
+        consumer.active = False
+        self.conn.node.groups.cancel(consumer.group, consumer)
+        core = self.conn.core
+        if core.channel_open(self.number) and core.client.capabilities.get("consumer_cancel_notify"):
+            core.send_method(self.number, Basic.Cancel(consumer.tag))
+
+    # --- commands ----------------------------------------------------------------------------------------
+    def consume(self, group: str, queue: str, tag: str, no_ack: bool, exclusive: bool) -> None:
+        consumer = AmqpConsumer(self, tag, queue, group, no_ack, exclusive, self.prefetch, self.visibility_ms)
+        self.consumers[tag] = consumer
+        self.conn.server.queues.local_consumers.setdefault(group, set()).add(consumer)
+        self.conn.node.groups.consume(group, consumer)
+
+    async def cancel(self, tag: str) -> None:
+        consumer = self.consumers.pop(tag, None)
+        if consumer is not None:
+            await self._stop(consumer)
+
+    async def _stop(self, consumer: AmqpConsumer) -> None:
+        consumer.active = False
+        server = self.conn.server
+        self.conn.node.groups.cancel(consumer.group, consumer)
+        local = server.queues.local_consumers.get(consumer.group)
+        if local is not None:
+            local.discard(consumer)
+            if not local:
+                del server.queues.local_consumers[consumer.group]
+        server.queues.touch(consumer.group)
+        if local:
+            return
+        record = await self.conn.node.store.get_group(consumer.group)
+        if record is not None and record.attrs.get("auto_delete"):
+            await server.queues.delete(record)  # its last consumer (on this node) is gone
+
+    async def get(self, group: str, no_ack: bool, count: int) -> None:
+        """Basic.Get: one message claimed now, or Get-Empty."""
+        node = self.conn.node
+        got = await node.groups.receive(group, 1, self.visibility_ms, 0)
+        if not got:
+            self.conn.core.send_method(self.number, Basic.GetEmpty())
+            return
+        message, claim = got[0]
+        if self.closed or not self.conn.core.channel_open(self.number):
+            await node.groups.requeue(group, [(claim.seq, claim.token)])
+            return
+        tag = self._tag()
+        self._send(Basic.GetOk(tag, claim.deliveries > 1, *self._origin(message.topic), message_count=count), message)
+        if no_ack:
+            await node.groups.ack(group, [(claim.seq, claim.token)])
+        else:
+            self.unacked[tag] = Unacked(group, claim.seq, claim.token, None)
+
+    def qos(self, count: int, shared: bool) -> None:
+        if shared:
+            self.channel_prefetch = count
+        else:
+            self.prefetch = count
+        self._wake(self.consumers.values())
+
+    async def settle(self, tag: int, multiple: bool, requeue: bool | None, method: Method) -> Fault | None:
+        """Ack (`requeue` None), Nack or Reject (requeue or drop) of `tag` (and all below it with `multiple`)."""
+        taken: list[Unacked] = []
+        if multiple:
+            if tag != 0 and tag not in self.unacked:
+                return fault(PRECONDITION_FAILED, f"unknown delivery tag {tag}", method)
+            for key in list(self.unacked):
+                if tag != 0 and key > tag:
+                    break
+                taken.append(self.unacked.pop(key))
+        else:
+            one = self.unacked.pop(tag, None)
+            if one is None:
+                return fault(PRECONDITION_FAILED, f"unknown delivery tag {tag}", method)
+            taken.append(one)
+        await self._give(taken, requeue=bool(requeue))
+        return None
+
+    async def recover(self) -> None:
+        """Basic.Recover: every unacked delivery of the channel goes back to its queue."""
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        await self._give(taken, requeue=True)
+
+    async def _give(self, taken: list[Unacked], requeue: bool) -> None:
+        by_group: dict[str, list[tuple[int, int]]] = {}
+        consumers: set[AmqpConsumer] = set()
+        for item in taken:
+            by_group.setdefault(item.group, []).append((item.seq, item.token))
+            if item.consumer is not None:
+                item.consumer.unacked -= 1
+                consumers.add(item.consumer)
+        groups = self.conn.node.groups
+        for group, handles in by_group.items():
+            if requeue:
+                await groups.requeue(group, handles)
+            else:
+                await groups.ack(group, handles)
+        self._wake(self.consumers.values() if self.channel_prefetch else consumers)
+
+    def _wake(self, consumers: Iterable[AmqpConsumer]) -> None:
+        groups = self.conn.node.groups
+        for group in {c.group for c in consumers if c.active}:
+            groups.wake(group)
+
+    def wake_all(self) -> None:
+        self._wake(self.consumers.values())
+
+    async def close(self) -> None:
+        """The channel is gone: its consumers stop, what it left unacked goes back to the queues."""
+        self.closed = True
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            await self._stop(consumer)
+        taken = list(self.unacked.values())
+        self.unacked.clear()
+        by_group: dict[str, list[tuple[int, int]]] = {}
+        for item in taken:
+            by_group.setdefault(item.group, []).append((item.seq, item.token))
+        for group, handles in by_group.items():
+            await self.conn.node.groups.requeue(group, handles)

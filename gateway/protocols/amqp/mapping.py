@@ -1,0 +1,260 @@
+"""AMQP names, routing keys and basic properties ↔ MQTT topics, filters and the neutral property model.
+
+As RabbitMQ's MQTT plugin: `amq.topic` *is* the MQTT topic space; a routing key maps to a topic by swapping
+`.` and `/` (`*` ↔ `+`, `#` ↔ `#` in binding keys). Every other exchange has a namespace of its own that MQTT
+`#` subscribers do not see (a `$` topic):
+
+- a topic exchange E: `$exchange/E/<mapped key>`; a direct exchange E: `$exchange/E/<escaped key>`;
+  a fanout exchange E: `$exchange/E`;
+- the default exchange "": `$queue/<escaped queue name>`, which every queue is bound to (an MQTT client may
+  publish there to reach one queue).
+
+Names and direct keys are escaped (`%`, `/`, `+`, `#`, U+0000 as `%XX`) so that they stay one level and never
+read as wildcards; an exchange named `p2p` is escaped as well, since `<first>/p2p/<id>` topics are the MQTT
+P2P form.
+
+Properties: content-type ↔ content type, correlation-id ↔ correlation data, reply-to ↔ response topic (through
+the key ↔ topic swap), headers ↔ user properties (values as strings: a header's type does not survive),
+expiration (ms) ↔ message expiry (s, rounded up), delivery-mode 2 ↔ QoS 1 (durable). The properties MQTT has
+no place for travel as user properties named `x-amqp-<name>` (message-id, timestamp (epoch s), type, app-id,
+priority, user-id, content-encoding) and are restored on delivery to AMQP.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from typing import Any
+
+from pamqp import commands
+
+from tidewire.gateway.core.ingress import Properties
+from tidewire.store.base import Message
+
+AMQ_TOPIC = "amq.topic"
+PREDECLARED = {AMQ_TOPIC: "topic", "amq.direct": "direct", "amq.fanout": "fanout"}
+EXCHANGE_TYPES = frozenset({"topic", "direct", "fanout"})
+QUEUE_PREFIX = "$queue/"
+EXCHANGE_PREFIX = "$exchange/"
+AMQP_PREFIX = "x-amqp-"  # user properties holding AMQP-only basic properties
+MAX_USER_STRING = 65535  # an MQTT UTF-8 string
+
+# What pamqp-based clients accept in an exchange or queue name (they validate what they receive).
+NAME = re.compile(r"^[a-zA-Z0-9\-_.:@#,/+ ]*$")
+MAX_EXCHANGE_NAME = 127
+MAX_QUEUE_NAME = 255
+
+_ESCAPES = {"%": "%25", "/": "%2F", "+": "%2B", "#": "%23", "\x00": "%00"}
+_SWAP = str.maketrans("./", "/.")
+
+
+def escape(name: str) -> str:
+    if not any(c in name for c in _ESCAPES):
+        return name
+    return "".join(_ESCAPES.get(c, c) for c in name)
+
+
+def unescape(level: str) -> str:
+    if "%" not in level:
+        return level
+    out: list[str] = []
+    i = 0
+    while i < len(level):
+        c = level[i]
+        if c == "%" and _hex(level[i + 1:i + 3]):
+            out.append(chr(int(level[i + 1:i + 3], 16)))
+            i += 3
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _hex(text: str) -> bool:
+    return len(text) == 2 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def _exchange_level(name: str) -> str:
+    return "%70" + name[1:] if name == "p2p" else escape(name)
+
+
+def key_to_topic(key: str) -> str:
+    return key.translate(_SWAP)
+
+
+def topic_to_key(topic: str) -> str:
+    return topic.translate(_SWAP)
+
+
+def binding_to_filter(key: str) -> str | None:
+    """A topic binding key as an MQTT filter; None when MQTT cannot express it (`#` not last, `*` in a word)."""
+    words = key.split(".")
+    levels: list[str] = []
+    for i, word in enumerate(words):
+        if word == "*":
+            levels.append("+")
+        elif word == "#":
+            if i != len(words) - 1:
+                return None
+            levels.append("#")
+        elif "*" in word or "#" in word or "+" in word:
+            return None
+        else:
+            levels.append(word.replace("/", "."))
+    return "/".join(levels)
+
+
+def queue_topic(queue: str) -> str:
+    return QUEUE_PREFIX + escape(queue)
+
+
+def publish_topic(exchange: str, kind: str, key: str) -> str:
+    """The topic a publish to `exchange` (of type `kind`) with routing key `key` is stored under."""
+    if exchange == "":
+        return queue_topic(key)
+    if exchange == AMQ_TOPIC:
+        return key_to_topic(key)
+    base = EXCHANGE_PREFIX + _exchange_level(exchange)
+    if kind == "fanout":
+        return base
+    if kind == "direct":
+        return base + "/" + escape(key)
+    return base + "/" + key_to_topic(key)
+
+
+def binding_filter(exchange: str, kind: str, key: str) -> str | None:
+    """The topic filter a binding of `key` to `exchange` stands for (None: not expressible)."""
+    if exchange == AMQ_TOPIC:
+        return binding_to_filter(key)
+    base = EXCHANGE_PREFIX + _exchange_level(exchange)
+    if kind == "fanout":
+        return base
+    if kind == "direct":
+        return base + "/" + escape(key)
+    mapped = binding_to_filter(key)
+    return None if mapped is None else base + "/" + mapped
+
+
+def origin(topic: str, kinds: dict[str, str]) -> tuple[str, str]:
+    """(exchange, routing key) of a stored message, for Basic.Deliver / Get-Ok. `kinds`: known exchange types
+    (an unknown one reads as direct). A fanout exchange's messages come back with an empty routing key."""
+    if topic.startswith(QUEUE_PREFIX):
+        return "", _shortstr_cut(unescape(topic[len(QUEUE_PREFIX):]))
+    if topic.startswith(EXCHANGE_PREFIX):
+        level, sep, rest = topic[len(EXCHANGE_PREFIX):].partition("/")
+        name = unescape(level)
+        if len(name) > MAX_EXCHANGE_NAME or not NAME.fullmatch(name):
+            return AMQ_TOPIC, _shortstr_cut(topic_to_key(topic))  # published by MQTT: no AMQP exchange of that name
+        if not sep:
+            return _shortstr_cut(name), ""
+        key = topic_to_key(rest) if kinds.get(name) == "topic" else unescape(rest)
+        return _shortstr_cut(name), _shortstr_cut(key)
+    return AMQ_TOPIC, _shortstr_cut(topic_to_key(topic))
+
+
+def _shortstr_cut(text: str) -> str:
+    raw = text.encode()
+    return text if len(raw) <= 255 else raw[:255].decode("utf-8", "ignore")
+
+
+def _shortstr(text: str) -> str | None:
+    return text if len(text.encode()) <= 255 else None
+
+
+# --- properties --------------------------------------------------------------------------------------------
+def _stringify(value: Any) -> str:
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, bytes | bytearray):
+        text = bytes(value).decode("utf-8", "replace")
+    elif isinstance(value, datetime.datetime):
+        text = str(int(value.timestamp()))
+    elif value is None:
+        text = ""
+    elif isinstance(value, dict | list):
+        text = json.dumps(value, default=str, separators=(",", ":"))
+    else:
+        text = str(value)
+    return text.replace("\x00", "")
+
+
+def properties_in(props: commands.Basic.Properties | None, username: str | None) -> tuple[Properties, int] | str:
+    """The neutral properties and QoS of a published message, or why it is refused (a 406 text)."""
+    out = Properties()
+    if props is None:
+        return out, 0
+    user = out.user
+    if props.content_type:
+        out.content_type = props.content_type
+    if props.correlation_id:
+        out.correlation_data = props.correlation_id.encode()
+    if props.reply_to:
+        out.response_topic = key_to_topic(props.reply_to)
+    if props.expiration is not None and props.expiration != "":
+        text = str(props.expiration)
+        if not text.isdigit() or len(text) > 10:
+            return f"invalid expiration '{text[:20]}'"
+        out.expiry_interval = max(1, (int(text) + 999) // 1000)
+    if props.user_id and username is not None and props.user_id != username:
+        return f"user_id property set to '{props.user_id[:40]}' but authenticated user was '{username}'"
+    for name, value in (("message-id", props.message_id), ("type", props.message_type), ("app-id", props.app_id),
+                        ("user-id", props.user_id), ("content-encoding", props.content_encoding),
+                        ("priority", props.priority), ("timestamp", props.timestamp)):
+        if value is not None and value != "":
+            user.append((AMQP_PREFIX + name, _stringify(value)))
+    headers = props.headers
+    if isinstance(headers, dict):
+        for key, raw in headers.items():
+            pair = (_stringify(key), _stringify(raw))
+            if len(pair[0].encode()) > MAX_USER_STRING or len(pair[1].encode()) > MAX_USER_STRING:
+                return f"header '{pair[0][:40]}' longer than {MAX_USER_STRING} bytes"
+            user.append(pair)
+    return out, 1 if props.delivery_mode == 2 else 0
+
+
+def properties_out(message: Message, now_ms: int) -> commands.Basic.Properties:
+    """Basic properties of a stored message (from any protocol) delivered to an AMQP consumer."""
+    props = Properties.from_block(message.properties, message.expires_at_ms, now_ms)
+    out = commands.Basic.Properties(delivery_mode=2 if message.qos else 1)
+    if props.content_type is not None:
+        out.content_type = _shortstr(props.content_type)
+    if props.correlation_data is not None:
+        out.correlation_id = _shortstr(props.correlation_data.decode("utf-8", "replace"))
+    if props.response_topic is not None:
+        out.reply_to = _shortstr(topic_to_key(props.response_topic))
+    if props.expiry_interval is not None:
+        out.expiration = str(props.expiry_interval * 1000)
+    headers: dict[str, Any] = {}
+    for key, value in props.user:
+        if key.startswith(AMQP_PREFIX):
+            _restore(out, key[len(AMQP_PREFIX):], value)
+        elif len(key.encode()) <= 128:  # a field table key is a shortstr, and pamqp cuts keys over 128 bytes
+            headers[key] = value
+    if headers:
+        out.headers = headers
+    return out
+
+
+def _restore(out: commands.Basic.Properties, name: str, value: str) -> None:
+    if name == "priority" or name == "timestamp":
+        if not value.isdigit() or len(value) > 12:
+            return
+        if name == "priority":
+            out.priority = min(int(value), 255)
+        else:
+            out.timestamp = datetime.datetime.fromtimestamp(int(value), datetime.UTC)
+        return
+    text = _shortstr(value)
+    if name == "message-id":
+        out.message_id = text
+    elif name == "type":
+        out.message_type = text
+    elif name == "app-id":
+        out.app_id = text
+    elif name == "user-id":
+        out.user_id = text
+    elif name == "content-encoding":
+        out.content_encoding = text

@@ -1,0 +1,290 @@
+"""AMQP queues as consumer groups of the store: definitions, bindings, purge, delete, expiry.
+
+A queue is the consumer group `amqp/<vhost>/<queue>` (`node.groups`): its filters are its bindings mapped to
+topic filters (`mapping.binding_filter`) plus `$queue/<name>` (the default exchange's binding every queue has).
+The log holds each message once; the group holds a position and its claims, so a durable queue's position
+survives a restart and any node can serve it. `attrs` keep the AMQP settings: `exclusive` (the owning
+connection's id), `auto_delete`, `expires_ms` (x-expires), `ttl_ms` (x-message-ttl), `bindings`
+([[exchange, key, filter], ...]) and `used_ms` (last use of an expiring queue seen by a node).
+
+Limits of the mapping, by design: message counts are estimates (claims pending, ready or unacked, plus what is
+new after the cursor, at most `COUNT_CAP` per binding); consumer counts, exclusive consumers and auto-delete
+see this node's consumers only; two nodes binding the same queue at the same instant may lose one binding
+(the record is read, changed and written back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tidewire.gateway.core.topics import matches
+from tidewire.gateway.protocols.amqp.codec import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Fault, Method, fault
+from tidewire.gateway.protocols.amqp.mapping import queue_topic
+from tidewire.store.base import GroupRecord, Message
+
+if TYPE_CHECKING:
+    from tidewire.gateway.node import Node
+
+GROUP_PREFIX = "amqp/"
+COUNT_CAP = 1000  # messages counted per binding for a message count (a count is an estimate, not a scan)
+PURGE_BATCH = 1000
+_FAR_MS = 1 << 50
+
+
+def group_name(vhost: str, queue: str) -> str:
+    return f"{GROUP_PREFIX}{vhost}/{queue}"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    name: str
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    expires_ms: int | None
+    ttl_ms: int | None
+
+
+def parse_arguments(arguments: Any) -> tuple[int | None, int | None] | str:
+    """(x-expires, x-message-ttl) from Queue.Declare's arguments, or why they are invalid. Other arguments are
+    accepted and ignored (x-queue-type, x-max-length, ... : not implemented)."""
+    if not isinstance(arguments, dict):
+        return None, None
+    expires = arguments.get("x-expires")
+    ttl = arguments.get("x-message-ttl")
+    if expires is not None and (not isinstance(expires, int) or isinstance(expires, bool) or expires <= 0):
+        return f"invalid arg 'x-expires': {str(expires)[:20]}"
+    if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0):
+        return f"invalid arg 'x-message-ttl': {str(ttl)[:20]}"
+    return expires, ttl
+
+
+class Cancellable(Protocol):
+    def server_cancel(self) -> None:
+        """The queue is gone: tell the client (Basic.Cancel) and stop."""
+
+
+class Queues:
+    """Queue operations for every connection of this node (one per server)."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.local_consumers: dict[str, set[Cancellable]] = {}  # group → consumers on this node
+        self._expiring: dict[str, tuple[int, float]] = {}  # group → (x-expires ms, last use here, monotonic)
+        self._stored_use: dict[str, float] = {}  # group → when `used_ms` was last written (monotonic)
+        self._listing: asyncio.Task[list[GroupRecord]] | None = None  # the store read of every group in flight
+        self._listings = 0  # how many such reads were started
+
+    # --- lookups -----------------------------------------------------------------------------------------
+    async def find(self, vhost: str, queue: str, conn_id: str, method: Method) -> GroupRecord | Fault:
+        """The queue's record, known to this node's groups (its TTL matcher installed); 404 / 405 otherwise."""
+        record = await self.node.groups.get(group_name(vhost, queue))
+        if record is None:
+            return fault(NOT_FOUND, f"no queue '{queue}' in vhost '{vhost}'", method)
+        owner = record.attrs.get("exclusive")
+        if owner and owner != conn_id:
+            return fault(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked queue '{queue}' in vhost "
+                                          f"'{vhost}'", method)
+        self._install(record)
+        return record
+
+    def _install(self, record: GroupRecord) -> None:
+        ttl = record.attrs.get("ttl_ms")
+        if isinstance(ttl, int):
+            def fresh(message: Message, ttl: int = ttl) -> bool:
+                return message.timestamp_ms + ttl > _now_ms()
+
+            self.node.groups.matcher(record.name, fresh)
+        expires = record.attrs.get("expires_ms")
+        if isinstance(expires, int):
+            self._expiring[record.name] = (expires, time.monotonic())
+
+    def touch(self, name: str) -> None:
+        """The queue is used (declared, consumed, read): an x-expires queue's clock starts again."""
+        entry = self._expiring.get(name)
+        if entry is not None:
+            self._expiring[name] = (entry[0], time.monotonic())
+
+    # --- declare -----------------------------------------------------------------------------------------
+    async def declare(self, vhost: str, spec: QueueSpec, conn_id: str,
+                      method: Method) -> tuple[GroupRecord, bool] | Fault:
+        attrs: dict[str, Any] = {"queue": spec.name, "exclusive": conn_id if spec.exclusive else "",
+                                 "auto_delete": spec.auto_delete, "expires_ms": spec.expires_ms,
+                                 "ttl_ms": spec.ttl_ms, "bindings": []}
+        record = GroupRecord(group_name(vhost, spec.name), [queue_topic(spec.name)], spec.durable, attrs=attrs)
+        stored, created = await self.node.groups.declare(record)
+        if not created:
+            found = await self.find(vhost, spec.name, conn_id, method)
+            if isinstance(found, Fault):
+                return found
+            stored = found
+            current = stored.attrs
+            for arg, mine, theirs in (("durable", spec.durable, stored.durable),
+                                      ("exclusive", spec.exclusive, bool(current.get("exclusive"))),
+                                      ("auto_delete", spec.auto_delete, bool(current.get("auto_delete"))),
+                                      ("x-expires", spec.expires_ms, current.get("expires_ms")),
+                                      ("x-message-ttl", spec.ttl_ms, current.get("ttl_ms"))):
+                if mine != theirs:
+                    return fault(PRECONDITION_FAILED, f"inequivalent arg '{arg}' for queue '{spec.name}' in vhost "
+                                                      f"'{vhost}': received '{_show(mine)}' but current is "
+                                                      f"'{_show(theirs)}'", method)
+        self._install(stored)
+        self.touch(stored.name)
+        return stored, created
+
+    # --- bindings ----------------------------------------------------------------------------------------
+    async def bind(self, record: GroupRecord, exchange: str, key: str, topic_filter: str) -> None:
+        bindings = _bindings(record)
+        if [exchange, key, topic_filter] not in bindings:
+            bindings.append([exchange, key, topic_filter])
+        await self._store_bindings(record, bindings)
+
+    async def unbind(self, record: GroupRecord, exchange: str, key: str) -> None:
+        bindings = [b for b in _bindings(record) if not (b[0] == exchange and b[1] == key)]
+        await self._store_bindings(record, bindings)
+
+    async def _store_bindings(self, record: GroupRecord, bindings: list[list[str]]) -> None:
+        # A copy: `record` may be the very object node.groups holds, and set_filters diffs old against new.
+        changed = dataclasses.replace(record, attrs={**record.attrs, "bindings": bindings})
+        queue = str(record.attrs.get("queue", record.name.rsplit("/", 1)[-1]))
+        await self.node.groups.set_filters(changed, [queue_topic(queue), *(b[2] for b in bindings)])
+
+    async def bound_to(self, vhost: str, exchange: str) -> list[GroupRecord]:
+        """Every queue of the vhost with a binding to `exchange` (a scan: exchange deletion is rare)."""
+        prefix = group_name(vhost, "")
+        return [record for record in await self.node.store.list_groups()
+                if record.name.startswith(prefix) and any(b[0] == exchange for b in _bindings(record))]
+
+    async def drop_bindings(self, vhost: str, exchange: str) -> None:
+        for record in await self.bound_to(vhost, exchange):
+            await self._store_bindings(record, [b for b in _bindings(record) if b[0] != exchange])
+
+    async def routed_in_store(self, topic: str) -> bool:
+        """Does a group stored *now* (on any node) read `topic`? For a mandatory publish that this node's view
+        (`node.groups.routed`, refreshed once a second) finds unroutable: the client may have bound the queue
+        through another node a moment ago. One store read serves every caller that arrived before it began;
+        when the store cannot answer, the publish counts as routed (stored, never wrongly returned)."""
+        try:
+            records = await self._groups_now()
+        except Exception:
+            return True
+        return any(matches(topic_filter, topic) for record in records for topic_filter in record.filters)
+
+    async def _groups_now(self) -> list[GroupRecord]:
+        arrived = self._listings
+        while True:
+            task = self._listing
+            if task is None or task.done():
+                self._listings += 1
+                task = self._listing = asyncio.get_running_loop().create_task(self.node.store.list_groups())
+            started = self._listings
+            result = await asyncio.shield(task)
+            if started > arrived:  # this read began after the caller arrived: it sees what the client saw
+                return result
+
+    # --- contents ----------------------------------------------------------------------------------------
+    async def message_count(self, record: GroupRecord) -> int:
+        """Estimate: claims pending (ready, or delivered and unacked) plus new messages after the cursor."""
+        store = self.node.store
+        cursor, pending = await store.group_position(record.name)
+        if cursor < 0:
+            return 0
+        seqs: set[int] = set()
+        for topic_filter in record.filters:
+            messages, _ = await store.read(topic_filter, cursor, COUNT_CAP)
+            seqs.update(m.seq for m in messages)
+        return pending + len(seqs)
+
+    async def purge(self, record: GroupRecord) -> int:
+        """Drop what is ready: new messages (the cursor moves to the log's end) and claims visible again.
+        Deliveries still unacked stay, as in RabbitMQ. Returns the estimated count dropped."""
+        count = await self.message_count(record)
+        store = self.node.store
+        cursor, _ = await store.group_position(record.name)
+        if cursor < 0:
+            return 0
+        await store.claim(record.name, cursor, max(cursor, store.last_seq()), [], self.node.node_id, _FAR_MS)
+        while True:
+            claims = await store.reclaim(record.name, self.node.node_id, _now_ms(), _FAR_MS, PURGE_BATCH)
+            if claims:
+                await store.settle(record.name, [(c.seq, c.token) for c in claims])
+            if len(claims) < PURGE_BATCH:
+                return count
+
+    async def delete(self, record: GroupRecord) -> int:
+        """Delete the queue; its consumers on this node get Basic.Cancel. Returns the estimated message count."""
+        count = await self.message_count(record)
+        for consumer in list(self.local_consumers.get(record.name, ())):
+            consumer.server_cancel()
+        self.local_consumers.pop(record.name, None)
+        self._expiring.pop(record.name, None)
+        self._stored_use.pop(record.name, None)
+        await self.node.groups.delete(record.name)
+        return count
+
+    # --- x-expires ---------------------------------------------------------------------------------------
+    async def expire_due(self) -> None:
+        """Delete the x-expires queues nobody used for that long. Use on this node is tracked here; use on
+        other nodes is what they wrote to `used_ms` (each node writes it while it has consumers)."""
+        groups = self.node.groups
+        now = time.monotonic()
+        for name, (expires_ms, last_used) in list(self._expiring.items()):
+            if groups.consumer_count(name):
+                self._expiring[name] = (expires_ms, now)
+                if now - self._stored_use.get(name, 0.0) >= max(expires_ms / 3000, 0.5):
+                    self._stored_use[name] = now
+                    await self._write_use(name)
+                continue
+            if (now - last_used) * 1000 < expires_ms:
+                continue
+            record = await self.node.store.get_group(name)
+            if record is None:
+                self._expiring.pop(name, None)
+                continue
+            used_ms = record.attrs.get("used_ms")
+            if isinstance(used_ms, int) and (idle_ms := _now_ms() - used_ms) < expires_ms:
+                self._expiring[name] = (expires_ms, now - idle_ms / 1000)  # used on another node: look again then
+                continue
+            await self.delete(record)
+
+    async def _write_use(self, name: str) -> None:
+        record = await self.node.store.get_group(name)
+        if record is not None:
+            record.attrs["used_ms"] = _now_ms()
+            await self.node.store.put_group(record)
+
+    async def forget_owner(self, conn_id: str, names: set[str]) -> None:
+        """A connection closed: its exclusive queues go."""
+        for name in names:
+            record = await self.node.store.get_group(name)
+            if record is not None and record.attrs.get("exclusive") == conn_id:
+                await self.delete(record)
+
+    async def drop_orphans(self) -> None:
+        """At start: exclusive queues of this node's previous life (their connections are gone)."""
+        marker = "-" + self.node.node_id + "-"
+        for record in await self.node.store.list_groups():
+            owner = record.attrs.get("exclusive")
+            if record.name.startswith(GROUP_PREFIX) and isinstance(owner, str) and marker in owner:
+                await self.node.groups.delete(record.name)
+
+
+def _bindings(record: GroupRecord) -> list[list[str]]:
+    raw = record.attrs.get("bindings")
+    if not isinstance(raw, list):
+        return []
+    return [list(map(str, b)) for b in raw if isinstance(b, list) and len(b) == 3]
+
+
+def _show(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)

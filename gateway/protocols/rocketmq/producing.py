@@ -1,0 +1,108 @@
+"""RocketMQ SendMessage: map each message (`mapping.inbound`), check it against the ACL, publish it through the
+neutral ingress and answer once it is durable.
+
+A client retries a send whose answer it did not get with the same message id; a bounded LRU of recent
+(access key, message id) pairs maps a retry to the first attempt's answer (or makes it wait for the attempt
+still in flight), so the message is stored once. The publish runs in its own task: a call that times out
+does not stop it, and its retry gets its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from rocketmq.grpc_protocol import service_pb2
+
+from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.core.ingress import INVALID_TOPIC, PublishFailed, neutral_message, publish_future, refuse_publish
+from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
+
+from .mapping import Code, Refusal, inbound, message_id, status
+
+if TYPE_CHECKING:
+    from tidewire.gateway.node import Node
+
+DEDUP_CAPACITY = 65_536  # recent message ids remembered for retries (per node)
+MAX_SEND_BATCH = 1024  # messages in one SendMessage
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Producing:
+    """The producer half of the service, on one node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.settings = node.settings
+        self._recent: OrderedDict[tuple[str, str], asyncio.Future[Any]] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def send(self, caller: ClientInfo, request: Any) -> Any:
+        if len(request.messages) > MAX_SEND_BATCH:
+            return service_pb2.SendMessageResponse(status=status(Code.BAD_REQUEST,
+                                                                 f"over {MAX_SEND_BATCH} messages in one send"))
+        entries = await asyncio.gather(*(self._one(caller, pb) for pb in request.messages))
+        response = service_pb2.SendMessageResponse()
+        for entry in entries:
+            response.entries.append(entry)
+        codes = {entry.status.code for entry in entries}
+        if len(codes) == 1:
+            response.status.CopyFrom(entries[0].status)
+        else:
+            response.status.CopyFrom(status(Code.MULTIPLE_RESULTS if codes else Code.BAD_REQUEST,
+                                            "" if codes else "no message"))
+        return response
+
+    async def _one(self, caller: ClientInfo, pb: Any) -> Any:
+        settings = self.settings
+        mapped = inbound(pb, settings.rocketmq_second_topic_property, settings.rocketmq_max_body)
+        if isinstance(mapped, Refusal):
+            return _entry(pb, mapped.code, mapped.reason)
+        why = refuse_publish(settings, self.node.authorizer, caller, mapped.topic)
+        if why is not None:
+            code = Code.ILLEGAL_TOPIC if why == INVALID_TOPIC else Code.FORBIDDEN
+            return _entry(pb, code, why)
+        key = (caller.username or "", mapped.message_id)
+        answer = self._recent.get(key)
+        if answer is not None:
+            self._recent.move_to_end(key)
+        else:
+            answer = asyncio.get_running_loop().create_future()
+            self._recent[key] = answer
+            while len(self._recent) > DEDUP_CAPACITY:
+                self._recent.popitem(last=False)
+            message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
+                                      publisher=caller.client_id, now_ms=_now_ms(), protocol=PROTOCOL_ROCKETMQ)
+            task = asyncio.get_running_loop().create_task(self._publish(key, message, answer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(answer)
+
+    async def _publish(self, key: tuple[str, str], message: Message, answer: asyncio.Future[Any]) -> None:
+        try:
+            await publish_future(self.node.publish, [message])[0]
+        except PublishFailed as exc:
+            if self._recent.get(key) is answer:
+                del self._recent[key]  # not stored: a retry tries again
+            answer.set_result(_entry(None, Code.INTERNAL_SERVER_ERROR, f"not stored: {exc}"))
+            return
+        except BaseException:
+            if self._recent.get(key) is answer:
+                del self._recent[key]
+            if not answer.done():
+                answer.set_result(_entry(None, Code.INTERNAL_SERVER_ERROR, "not stored"))
+            raise
+        answer.set_result(service_pb2.SendResultEntry(status=status(Code.OK), message_id=message_id(message.seq),
+                                                      offset=message.seq))
+
+
+def _entry(pb: Any, code: int, reason: str) -> Any:
+    entry = service_pb2.SendResultEntry(status=status(code, reason))
+    if pb is not None:
+        entry.message_id = pb.system_properties.message_id
+    return entry

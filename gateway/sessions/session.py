@@ -1,0 +1,489 @@
+"""A client's delivery state: subscriptions, one cursor over the merge of its queues, the in-flight window.
+
+Offsets are global seqs, so a session walks all its queues with a single cursor: a message indexed into two
+of its queues (overlapping filters) has one seq and is delivered once, at the highest granted QoS, carrying
+every matching subscription identifier. The committed offset (what survives a disconnect or a restart) is
+just below the oldest unacknowledged message. Shared-subscription messages are handed in by their group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+from tidewire.gateway.core.retry import STORE_RETRY_S
+from tidewire.gateway.protocols.mqtt.codec import pubrel
+from tidewire.gateway.protocols.mqtt.outbound import encoded_publish, encoded_publish_with, with_dup
+from tidewire.gateway.sessions.parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
+from tidewire.pipeline.lake.event_names import ACKED, DELIVERED, DROPPED
+from tidewire.store.base import P2P_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
+
+_NO_HORIZON = 1 << 62
+SHARED_PREFIX = "$share/"
+
+
+class Session:
+    __slots__ = (
+        "_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "client_id", "conn", "cursor",
+        "extra", "filtered", "inflight", "level", "owner", "p2p_pending", "p2p_sub", "pending", "persistent", "plain",
+        "pull_batch", "read_check", "record", "retry_interval", "stored", "stream_subs", "window",
+    )
+
+    def __init__(self, owner: SessionOwner, record: SessionRecord, *, persistent: bool, window: int,
+                 pull_batch: int, retry_interval: float, stored: bool = True) -> None:
+        self.owner = owner
+        self.record = record
+        self.client_id = record.client_id
+        self.level = record.protocol_level
+        self.persistent = persistent
+        self.window = window
+        self.pull_batch = pull_batch
+        self.retry_interval = retry_interval
+        self.cursor = record.offset
+        self.inflight: dict[int, Inflight] = {}
+        self.extra: deque[tuple[Message, int, tuple[int, ...]]] | None = None  # retained, waiting for credit
+        self.conn: Writer | None = None
+        self.aliases: dict[str, int] | None = None  # outgoing topic aliases of the current connection
+        # Filters the ACL grants only in part: each delivery through them is checked with `read_check`.
+        self.filtered: set[str] | None = None
+        self.read_check: Callable[[str], bool] | None = None
+        self.stream_subs: tuple[SubscriptionRecord, ...] = ()  # a tuple: most sessions have none, and () is free
+        # May the store hold a record of this session? False only for one started clean and never saved, which
+        # has nothing to delete when it ends.
+        self.stored = stored
+        # The P2P queue has one reader and is not cached: it is read from the store when notify says so.
+        self.p2p_sub: SubscriptionRecord | None = None
+        self.p2p_pending = False
+        self.plain = True  # no subscription needs per-message options: the fast path applies
+        self.pending = False
+        self._pid = 0
+        self._reading_store = False
+        self._pull_handle: asyncio.Handle | None = None
+        self._retry_handle: asyncio.TimerHandle | None = None
+        for pid in record.outbound_pubrel:
+            entry = self.inflight[pid] = Inflight(None, 2, False, 0.0)
+            entry.released = True
+        self.subscriptions_changed()
+
+    @property
+    def subscriptions(self) -> dict[str, SubscriptionRecord]:
+        return self.record.subscriptions
+
+    def subscriptions_changed(self) -> None:
+        if not self.record.subscriptions:  # a new session, before it has even its P2P queue
+            self.stream_subs, self.p2p_sub, self.plain = (), None, not self.filtered
+            return
+        self.stream_subs = tuple(s for s in self.record.subscriptions.values()
+                                 if not s.filter.startswith((SHARED_PREFIX, P2P_PREFIX)))
+        self.p2p_sub = self.record.subscriptions.get(p2p_queue(self.client_id))
+        self.plain = not self.filtered and not any(
+            s.no_local or s.retain_as_published or s.subscription_id for s in self.stream_subs)
+
+    # --- connection lifecycle ---------------------------------------------------------------------------
+    def attach(self, conn: Writer, *, fresh: bool = False) -> None:
+        """Bind to a (new) connection and resend what is in flight: PUBREL, or PUBLISH with DUP. `fresh`: the
+        session was made in this same call, so nothing can wait in its P2P queue (no append ran since)."""
+        self.conn = conn
+        self.aliases = {} if conn.alias_max else None  # aliases never outlive a connection
+        self.p2p_pending = self.p2p_sub is not None and not fresh  # anything sent to it while it was away
+        if self.inflight:
+            chunks, published = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id)
+            if chunks:
+                conn.write_chunks(chunks)
+                self.owner.count_out(published, sum(map(len, chunks)), published)
+            self._arm_retry()
+        self.pull()
+
+    def detach(self) -> None:
+        """The connection is gone: shared-subscription messages in flight go back to their groups."""
+        self.conn = None
+        for pid in [pid for pid, e in self.inflight.items() if e.group is not None and not e.released]:
+            entry = self.inflight.pop(pid)
+            if entry.group is not None and entry.message is not None:
+                entry.group.returned(entry.message)
+        if self._pull_handle is not None:
+            self._pull_handle.cancel()
+            self._pull_handle = None
+        if self._retry_handle is not None:
+            self._retry_handle.cancel()
+            self._retry_handle = None
+
+    def committed_offset(self) -> int:
+        """Every seq at or below this is handled; the oldest unacknowledged stream message holds it back."""
+        low = self.cursor
+        for entry in self.inflight.values():
+            if entry.stream and not entry.released and entry.message is not None and entry.message.seq <= low:
+                low = entry.message.seq - 1
+        return low
+
+    def snapshot(self) -> SessionRecord:
+        """The record to save (every save takes one, so the session counts as stored from here on)."""
+        self.stored = True
+        record = self.record
+        record.offset = self.committed_offset()
+        record.sent_upto = max(record.sent_upto, self.cursor)
+        record.outbound_pubrel = [pid for pid, e in self.inflight.items() if e.released]
+        return record
+
+    def credit(self) -> int:
+        """Free in-flight slots for QoS 1/2 (0 while the socket is backed up)."""
+        conn = self.conn
+        if conn is None or conn.paused:
+            return 0
+        return self.window - len(self.inflight)
+
+    # --- acknowledgements -------------------------------------------------------------------------------
+    def on_puback(self, pid: int) -> None:
+        entry = self.inflight.pop(pid, None)
+        if entry is not None:
+            self._acked(entry)
+
+    def on_pubrec(self, pid: int, failed: bool) -> bool:
+        """False if the packet id is unknown (the caller answers PUBREL 0x92 on 5.0)."""
+        entry = self.inflight.get(pid)
+        if entry is None:
+            return False
+        if failed:  # 5.0 PUBREC with an error code ends the exchange
+            del self.inflight[pid]
+            self._acked(entry)
+            return True
+        if not entry.released:
+            entry.released = True
+            if entry.group is not None and entry.message is not None:
+                entry.group.acked(entry.message.seq)
+            self.owner.session_dirty(self)
+        if self.conn is not None:
+            self.conn.write_chunks([pubrel(pid)])
+        return True
+
+    def on_pubcomp(self, pid: int) -> None:
+        entry = self.inflight.pop(pid, None)
+        if entry is not None:
+            self._acked(entry)
+
+    def _acked(self, entry: Inflight) -> None:
+        events = self.owner.events
+        if events is not None and entry.message is not None:
+            m = entry.message
+            events.add(ACKED, int(time.time() * 1000), self.client_id, "mqtt", m.topic, m.seq, entry.qos)
+        if entry.stream:
+            self.owner.session_dirty(self)
+        elif entry.group is not None and not entry.released and entry.message is not None:
+            entry.group.acked(entry.message.seq)
+        if self.pending or self.extra:
+            self._schedule_pull()  # once per tick: every ack read in this tick frees credit first
+
+    # --- pushing ----------------------------------------------------------------------------------------
+    def send_retained(self, messages: list[Message], max_qos: int, sub_id: int) -> None:
+        if self.extra is None:
+            self.extra = deque()
+        ids = (sub_id,) if sub_id else ()
+        for message in messages:
+            self.extra.append((message, message.qos if message.qos < max_qos else max_qos, ids))
+        self.pull()
+
+    def resume_writing(self) -> None:
+        if self.pending:
+            self.pull()
+
+    def push_shared(self, message: Message, qos: int, sub_id: int, group: GroupHandle) -> bool:
+        """Deliver one message chosen for this member by its group; False if it can't go out now."""
+        conn = self.conn
+        if conn is None or conn.paused or (qos and len(self.inflight) >= self.window):
+            return False
+        chunks: list[bytes] = []
+        sent = self._encode_one(chunks, message, qos, False, (sub_id,) if sub_id else (), False, False, group,
+                                int(time.time() * 1000))
+        if chunks:
+            conn.write_chunks(chunks)
+            self.owner.count_out(1, sum(map(len, chunks)))
+            self._arm_retry()
+        return sent
+
+    def pull(self) -> None:
+        """Push what the cache holds for this session, within credit; read the store if behind the cache."""
+        conn = self.conn
+        if conn is None:
+            return
+        if conn.paused or self._reading_store:
+            self.pending = True
+            return
+        self.pending = False
+        if self.extra and not self._push_extra(conn):
+            return
+        if self.p2p_pending:
+            self._reading_store = True
+            asyncio.get_running_loop().create_task(self._pull_from_store())
+            return
+        lists: list[tuple[SubscriptionRecord, list[Message]]] = []
+        cache = self.owner.cache
+        cursor = self.cursor
+        horizon = _NO_HORIZON
+        for sub in self.stream_subs:
+            got = cache.get(sub.filter, cursor if cursor > sub.since_seq else sub.since_seq, self.pull_batch)
+            if got is None:
+                self._reading_store = True
+                asyncio.get_running_loop().create_task(self._pull_from_store())
+                return
+            messages, upto = got
+            if upto < horizon:
+                horizon = upto
+            if messages:
+                lists.append((sub, messages))
+        if lists:
+            self._push_merged(conn, lists, horizon)
+
+    async def _pull_from_store(self) -> None:
+        p2p_sub = self.p2p_sub if self.p2p_pending else None
+        p2p_complete = False
+        try:
+            cursor = self.cursor
+            subs = [*self.stream_subs, p2p_sub] if p2p_sub is not None else list(self.stream_subs)
+            answers: list[tuple[SubscriptionRecord, list[Message], int]] = []
+            for sub in subs:
+                answers.append((sub, *await self._read(sub, cursor, 0)))
+            # A queue read before a message of another queue was appended may be known only below that
+            # message: read those again, sealed up to it, rather than pass it or wait for a notify.
+            needed = max((m[-1].seq for _, m, _ in answers if m), default=0)
+            for i, (sub, messages, upto) in enumerate(answers):
+                if upto < needed and len(messages) < self.pull_batch:
+                    answers[i] = (sub, *await self._read(sub, cursor, needed))
+        except OSError:
+            # The store is failing (the node's loops log it): nothing moved, so try the same pull again later.
+            asyncio.get_running_loop().call_later(STORE_RETRY_S, self.pull)
+            return
+        finally:
+            self._reading_store = False
+        if self.conn is None:
+            return
+        if self.cursor != cursor:
+            self.pull()  # moved meanwhile: read again from where it is now
+            return
+        horizon = min((upto for _, _, upto in answers), default=_NO_HORIZON)
+        lists = [(sub, messages) for sub, messages, _ in answers if messages]
+        for sub, messages, _ in answers:
+            if sub is p2p_sub:
+                p2p_complete = len(messages) < self.pull_batch and (not messages or messages[-1].seq <= horizon)
+        if lists:
+            self._push_merged(self.conn, lists, horizon)
+        if p2p_complete and not self.pending:
+            self.p2p_pending = False
+        elif self.pending:
+            self.pull()  # work that came in while the store was read (retained messages, a notify) waits no more
+
+    async def _read(self, sub: SubscriptionRecord, cursor: int, seal: int) -> tuple[list[Message], int]:
+        after = cursor if cursor > sub.since_seq else sub.since_seq
+        got = self.owner.cache.get(sub.filter, after, self.pull_batch) if not seal else None
+        if got is not None:
+            return got
+        messages, upto = await self.owner.store.read(sub.filter, after, self.pull_batch, seal)
+        return messages, upto
+
+    def _catch_up(self, lagging: list[str], seal: int) -> None:
+        """Queues known only below a message waiting in another queue: refresh them (sealed up to it), then
+        pull again. The session reads nothing else meanwhile."""
+        self._reading_store = True
+        asyncio.get_running_loop().create_task(self._refresh_then_pull(lagging, seal))
+
+    async def _refresh_then_pull(self, lagging: list[str], seal: int) -> None:
+        try:
+            for queue in lagging:
+                await self.owner.cache.refresh(queue, seal)
+        except OSError:
+            self._reading_store = False
+            asyncio.get_running_loop().call_later(STORE_RETRY_S, self.pull)
+            return
+        self._reading_store = False
+        self.pull()
+
+    def _push_merged(self, conn: Writer, lists: list[tuple[SubscriptionRecord, list[Message]]],
+                     horizon: int) -> None:
+        """Push the merge of `lists` up to `horizon`, the seq up to which every queue of the session is known:
+        a message beyond it waits until the queues known less far are caught up."""
+        if len(lists) == 1 and self.plain:
+            sub, messages = lists[0]
+            if messages[-1].seq <= horizon:
+                self._push(conn, messages, None, sub.qos, len(messages) == self.pull_batch)
+                return
+        merged, deliveries, beyond = merge(lists, horizon, self.client_id, self.filtered, self.read_check)
+        truncated = any(len(messages) == self.pull_batch for _, messages in lists)
+        if merged:
+            self._push(conn, merged, deliveries, 0, truncated and not beyond)
+        if beyond and not self.pending and not self._reading_store:
+            cache = self.owner.cache
+            lagging = [sub.filter for sub in self.stream_subs if cache.known_upto(sub.filter) < beyond]
+            if lagging:
+                self._catch_up(lagging, beyond)
+            elif truncated and merged:
+                self._schedule_pull()
+
+    def _push(self, conn: Writer, messages: list[Message], deliveries: dict[int, Delivery] | None, cap: int,
+              more: bool) -> None:
+        chunks: list[bytes] = []
+        inflight = self.inflight
+        window = self.window
+        level = self.level
+        sent_upto = self.record.sent_upto
+        now = time.monotonic()
+        now_ms = int(time.time() * 1000)
+        cursor = self.cursor
+        blocked = False
+        simple = not (conn.alias_max or conn.max_packet)
+        retain = False
+        ids: tuple[int, ...] = ()
+        sent = retried = 0
+        events = self.owner.events
+        client_id = self.client_id
+        for message in messages:
+            if deliveries is not None:
+                qos, retain, ids = deliveries[message.seq]
+            else:
+                qos = cap
+            if message.qos < qos:
+                qos = message.qos
+            if qos and len(inflight) >= window:
+                blocked = True
+                break
+            if qos < 0:
+                cursor = message.seq
+                continue
+            if simple and not ids and not message.expires_at_ms:
+                parts = message.encoded.get((level, qos, retain)) if message.encoded is not None else None
+                head, tail = parts if parts is not None else encoded_publish(message, level, qos, retain)
+                if qos == 0:
+                    chunks.append(head)
+                else:
+                    pid = self._next_pid()
+                    inflight[pid] = Inflight(message, qos, True, now, retain, ids)
+                    if message.seq <= sent_upto:  # sent before this connection (not acknowledged): again, as DUP
+                        chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
+                        retried += 1
+                    else:
+                        chunks += (head, pid.to_bytes(2, "big"), tail)
+                sent += 1
+                if events is not None:
+                    events.add(DELIVERED, now_ms, client_id, "mqtt", message.topic, message.seq, qos,
+                               message.seq <= sent_upto)
+            else:
+                dup = message.seq <= sent_upto
+                if self._encode_one(chunks, message, qos, retain, ids, dup, True, None, now_ms):
+                    sent += 1
+                    retried += dup and qos > 0
+            cursor = message.seq
+        if cursor != self.cursor:
+            self.cursor = cursor
+            if cursor > sent_upto:
+                self.record.sent_upto = cursor
+            self.owner.session_dirty(self)
+        if chunks:
+            conn.write_chunks(chunks)
+            self.owner.count_out(sent, sum(map(len, chunks)), retried)
+            self._arm_retry()
+        if blocked:
+            self.pending = True
+        elif more:
+            self._schedule_pull()
+
+    def _encode_one(self, chunks: list[bytes], message: Message, qos: int, retain: bool, ids: tuple[int, ...],
+                    dup: bool, stream: bool, group: GroupHandle | None, now_ms: int) -> bool:
+        """Encode one delivery with its per-receiver properties; False if expired or too large for the client."""
+        expiry = 0
+        events = self.owner.events
+        if message.expires_at_ms:
+            remaining = message.expires_at_ms - now_ms
+            if remaining <= 0:
+                self.owner.counters.drop("expired")
+                if events is not None:
+                    events.add(DROPPED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup,
+                               "expired")
+                return False
+            expiry = (remaining + 999) // 1000  # the interval left, forwarded (MQTT 5 §3.3.2.3.3)
+        conn = self.conn
+        assert conn is not None
+        alias = 0
+        send_topic = True
+        aliases = self.aliases
+        if aliases is not None and self.level >= 5:
+            alias = aliases.get(message.topic, 0)
+            if alias:
+                send_topic = False
+            elif len(aliases) < conn.alias_max:
+                alias = len(aliases) + 1  # assigned below, once the packet is known to go out
+        head, tail = encoded_publish_with(message, self.level, qos, retain, ids, expiry, alias, send_topic)
+        if conn.max_packet and len(head) + len(tail) + (2 if qos else 0) > conn.max_packet:
+            self.owner.counters.drop("too_large")
+            if events is not None:
+                events.add(DROPPED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup,
+                           "too_large")
+            return False  # too large for this client only (MQTT 5 §3.1.2.11.4): skipped, not an error
+        if alias and send_topic and aliases is not None:
+            aliases[message.topic] = alias
+        if events is not None:
+            events.add(DELIVERED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup)
+        if qos == 0:
+            chunks.append(head)
+            return True
+        pid = self._next_pid()
+        self.inflight[pid] = Inflight(message, qos, stream, time.monotonic(), retain, ids, group)
+        chunks += (with_dup(head) if dup else head, pid.to_bytes(2, "big"), tail)
+        return True
+
+    def _push_extra(self, conn: Writer) -> bool:
+        """Send queued retained messages within credit; False when credit ran out first."""
+        chunks: list[bytes] = []
+        extra = self.extra
+        assert extra is not None
+        now_ms = int(time.time() * 1000)
+        sent = 0
+        while extra:
+            message, qos, ids = extra[0]
+            if qos and len(self.inflight) >= self.window:
+                self.pending = True
+                break
+            extra.popleft()
+            sent += self._encode_one(chunks, message, qos, True, ids, False, False, None, now_ms)
+        if chunks:
+            conn.write_chunks(chunks)
+            self.owner.count_out(sent, sum(map(len, chunks)))
+            self._arm_retry()
+        if extra:
+            return False
+        self.extra = None
+        return True
+
+    def _schedule_pull(self) -> None:
+        if self._pull_handle is None:
+            self._pull_handle = asyncio.get_running_loop().call_soon(self._scheduled_pull)
+
+    def _scheduled_pull(self) -> None:
+        self._pull_handle = None
+        self.pull()
+
+    def _next_pid(self) -> int:
+        pid = self._pid
+        inflight = self.inflight
+        while True:
+            pid = pid % 65535 + 1
+            if pid not in inflight:
+                self._pid = pid
+                return pid
+
+    # --- retry (MQTT 3.1.1 only: 5.0 forbids resending on a live connection) ----------------------------
+    def _arm_retry(self) -> None:
+        if self.level >= 5 or self._retry_handle is not None or not self.inflight or self.conn is None:
+            return
+        self._retry_handle = asyncio.get_running_loop().call_later(self.retry_interval, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_handle = None
+        conn = self.conn
+        if conn is None:
+            return
+        deadline = time.monotonic() - self.retry_interval
+        chunks, published = resend(self.inflight, self.level, deadline, self.owner.events, self.client_id)
+        if chunks:
+            conn.write_chunks(chunks)
+            self.owner.count_out(published, sum(map(len, chunks)), published)
+        self._arm_retry()

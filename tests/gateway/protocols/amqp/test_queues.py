@@ -1,0 +1,158 @@
+"""AMQP queue semantics against the real gateway: server-named, exclusive, auto-delete, x-expires,
+x-message-ttl, bind/unbind, purge, delete conditions, and the reply codes of the refusals."""
+
+from __future__ import annotations
+
+import time
+
+import pika
+import pika.exceptions
+import pytest
+from pika.adapters.blocking_connection import BlockingChannel
+
+from tests.gateway.protocols.amqp.conftest import AmqpGateway, PikaFactory
+from tests.gateway.protocols.amqp.helpers import collector
+
+
+def closed_with(code: int, action: object) -> None:
+    assert callable(action)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+        action()
+    assert closed.value.reply_code == code, closed.value
+
+
+def publish(channel: BlockingChannel, key: str, body: bytes, **props: str) -> None:
+    channel.basic_publish("amq.topic", key, body, pika.BasicProperties(delivery_mode=2, **props))
+
+
+def test_server_named_queue_bind_unbind(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
+    gw = amqp_gateway()
+    channel = pika_factory(gw.amqp_port).channel()
+    channel.confirm_delivery()
+    queue = channel.queue_declare("", exclusive=True).method.queue
+    assert queue.startswith("amq.gen-")
+    channel.queue_bind(queue, "amq.topic", "a.*.c")
+    publish(channel, "a.b.c", b"1")
+    publish(channel, "a.b.d", b"2")
+    assert channel.basic_get(queue, auto_ack=True)[2] == b"1"
+    # (consumed before the unbind: a queue reads its bindings' topics, what an unbound binding had routed
+    # and nobody took yet is no longer read)
+    channel.queue_unbind(queue, "amq.topic", "a.*.c")
+    publish(channel, "a.b.c", b"3")
+    assert channel.basic_get(queue, auto_ack=True) == (None, None, None)
+
+
+def test_declare_refusals(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
+    gw = amqp_gateway()
+    conn = pika_factory(gw.amqp_port)
+    closed_with(404, lambda: conn.channel().queue_declare("missing", passive=True))
+    channel = conn.channel()
+    channel.queue_declare("durable-q", durable=True)
+    closed_with(406, lambda: channel.queue_declare("durable-q", durable=False))
+    closed_with(403, lambda: conn.channel().queue_declare("amq.mine"))
+    closed_with(404, lambda: conn.channel().queue_bind("durable-q", "no-such-exchange", "k"))
+    closed_with(404, lambda: conn.channel().queue_bind("no-such-queue", "amq.topic", "k"))
+    closed_with(406, lambda: conn.channel().queue_bind("durable-q", "amq.topic", "#.tail"))  # not an MQTT filter
+    closed_with(406, lambda: conn.channel().queue_declare("q-bad-ttl", arguments={"x-message-ttl": -1}))
+    assert conn.is_open
+
+
+def test_exclusive_queue_is_locked_and_goes_with_its_connection(amqp_gateway: AmqpGateway,
+                                                                pika_factory: PikaFactory) -> None:
+    gw = amqp_gateway()
+    owner = pika_factory(gw.amqp_port)
+    owner.channel().queue_declare("mine", exclusive=True, durable=True)
+    other = pika_factory(gw.amqp_port)
+    closed_with(405, lambda: other.channel().queue_declare("mine", exclusive=True, durable=True))
+    closed_with(405, lambda: other.channel().basic_get("mine"))
+    owner.close()
+    deadline = time.monotonic() + 3
+    while True:
+        try:
+            other.channel().queue_declare("mine", passive=True)
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            assert exc.reply_code == 404
+            break
+        assert time.monotonic() < deadline, "exclusive queue outlived its connection"
+        time.sleep(0.1)
+
+
+def test_auto_delete_queue_goes_with_its_last_consumer(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
+    gw = amqp_gateway()
+    conn = pika_factory(gw.amqp_port)
+    channel = conn.channel()
+    channel.queue_declare("transient", auto_delete=True)
+    first = channel.basic_consume("transient", collector([]))
+    second = channel.basic_consume("transient", collector([]))
+    channel.basic_cancel(first)
+    assert channel.queue_declare("transient", passive=True).method.consumer_count == 1
+    channel.basic_cancel(second)
+    closed_with(404, lambda: channel.queue_declare("transient", passive=True))
+
+
+def test_exclusive_consumer_and_delete_conditions(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
+    gw = amqp_gateway()
+    conn = pika_factory(gw.amqp_port)
+    channel = conn.channel()
+    channel.confirm_delivery()
+    channel.queue_declare("shared", durable=True)
+    channel.queue_bind("shared", "amq.topic", "s")
+    channel.basic_consume("shared", collector([], ack=False), exclusive=True)
+    closed_with(403, lambda: conn.channel().basic_consume("shared", collector([])))
+    closed_with(406, lambda: conn.channel().queue_delete("shared", if_unused=True))
+    channel.close()
+    channel = conn.channel()
+    channel.confirm_delivery()
+    publish(channel, "s", b"x")
+    closed_with(406, lambda: channel.queue_delete("shared", if_empty=True))
+    channel = conn.channel()
+    assert channel.queue_delete("shared").method.message_count == 1
+    channel.queue_delete("shared")  # gone already: still Delete-Ok
+
+
+def test_purge_drops_what_is_ready(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
+    gw = amqp_gateway()
+    channel = pika_factory(gw.amqp_port).channel()
+    channel.confirm_delivery()
+    channel.queue_declare("purged", durable=True)
+    channel.queue_bind("purged", "amq.topic", "p.#")
+    for i in range(10):
+        publish(channel, "p.x", b"%d" % i)
+    method, _, _ = channel.basic_get("purged")  # one unacked: purge leaves it
+    assert method is not None
+    channel.basic_nack(method.delivery_tag, requeue=True)  # ...and one requeued: purge drops it
+    assert channel.queue_purge("purged").method.message_count == 10
+    assert channel.basic_get("purged") == (None, None, None)
+    publish(channel, "p.y", b"after")
+    assert channel.basic_get("purged", auto_ack=True)[2] == b"after"
+
+
+def test_message_ttl_skips_old_messages(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
+    gw = amqp_gateway()
+    channel = pika_factory(gw.amqp_port).channel()
+    channel.confirm_delivery()
+    channel.queue_declare("ttl", durable=True, arguments={"x-message-ttl": 300})
+    channel.queue_bind("ttl", "amq.topic", "ttl")
+    publish(channel, "ttl", b"old")
+    time.sleep(0.5)
+    publish(channel, "ttl", b"fresh")
+    assert channel.basic_get("ttl", auto_ack=True)[2] == b"fresh"
+    assert channel.basic_get("ttl") == (None, None, None)
+    publish(channel, "ttl", b"expiring", expiration="200")  # per-message expiration as well
+    time.sleep(0.4)
+    assert channel.basic_get("ttl") == (None, None, None)
+
+
+def test_x_expires_deletes_an_unused_queue(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
+    gw = amqp_gateway()
+    conn = pika_factory(gw.amqp_port)
+    channel = conn.channel()
+    channel.queue_declare("short-lived", arguments={"x-expires": 600})
+    channel.queue_declare("kept-alive", arguments={"x-expires": 600})
+    got: list[tuple[int, bytes, bool]] = []
+    channel.basic_consume("kept-alive", collector(got))
+    deadline = time.monotonic() + 1.8
+    while time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.1)
+    closed_with(404, lambda: conn.channel().queue_declare("short-lived", passive=True))
+    assert conn.channel().queue_declare("kept-alive", passive=True).method.consumer_count == 1

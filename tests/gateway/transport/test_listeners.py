@@ -1,0 +1,78 @@
+"""Listener configuration and admission of new CONNECTs (quotas, connect rate, pending auth, overload)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tidewire.gateway.config import Settings
+from tidewire.gateway.protocols.mqtt.codec import ConnackCode311, ReasonCode
+from tidewire.gateway.protocols.mqtt.connect import Refusal
+from tidewire.gateway.transport.listeners import Admission, make_listeners, tls_context
+
+
+def test_listeners_take_node_defaults_and_their_own_overrides() -> None:
+    settings = Settings(port=1883, ws_port=8083, max_connections=50, max_connection_rate=10,
+                        listeners={"ws": {"max_connections": 5, "max_connection_rate": 0, "proxy_protocol": True}})
+    made = {listener.name: (listener, port) for listener, port in make_listeners(settings, 0.0)}
+    assert set(made) == {"mqtt", "ws"}
+    mqtt, ws = made["mqtt"][0], made["ws"][0]
+    assert (mqtt.max_connections, mqtt.rate is not None, mqtt.proxy_protocol) == (50, True, False)
+    assert (ws.max_connections, ws.rate, ws.proxy_protocol) == (5, None, True)
+    assert ws.websocket and not ws.tls and made["ws"][1] == 8083
+
+
+def test_certificate_user_names_only_on_tls_listeners() -> None:
+    settings = Settings(port=1883, tls_port=8883, wss_port=8084, use_identity_as_username=True)
+    names = {listener.name: listener.cert_username for listener, _ in make_listeners(settings, 0.0)}
+    assert names == {"mqtt": None, "mqtts": "cn", "wss": "cn"}
+
+
+def _refusal(admission: Admission, *args: object) -> Refusal:
+    with pytest.raises(Refusal) as info:
+        admission.check(*args)  # type: ignore[arg-type]
+    return info.value
+
+
+def test_admission_refuses_each_limit_with_its_code() -> None:
+    settings = Settings(max_connections=1, max_connection_rate=1, connection_rate_burst=2, max_pending_connects=1)
+    listener = make_listeners(settings, 0.0)[0][0]
+    admission = Admission(settings)
+    admission.check(listener, 0.0, False)
+    listener.connections = 1
+    assert _refusal(admission, listener, 0.0, False).code5 == ReasonCode.SERVER_BUSY
+    admission.check(listener, 0.0, True)  # a reconnecting client takes its own place: rate token 2 of 2
+    listener.connections = 0
+    rate = _refusal(admission, listener, 0.0, False)
+    assert (rate.code5, rate.code311) == (ReasonCode.CONNECTION_RATE_EXCEEDED, ConnackCode311.SERVER_UNAVAILABLE)
+    admission.check(listener, 1.0, False)  # a token a second
+    admission.pending = 1
+    assert _refusal(admission, listener, 5.0, False).code5 == ReasonCode.SERVER_BUSY
+    admission.pending = 0
+    admission.lag_ms = settings.overload_loop_lag_ms + 1
+    assert "overloaded" in _refusal(admission, listener, 5.0, False).detail
+    admission.lag_ms = 0
+    admission.check(listener, 6.0, True)
+    admission.draining = True  # the node stops: even a reconnecting client goes elsewhere
+    stopping = _refusal(admission, listener, 7.0, True)
+    assert (stopping.code5, stopping.code311) == (ReasonCode.SERVER_UNAVAILABLE, ConnackCode311.SERVER_UNAVAILABLE)
+
+
+async def test_loop_lag_is_measured() -> None:
+    admission = Admission(Settings())
+    watch = asyncio.create_task(admission.watch_loop_lag(interval=0.01))
+    await asyncio.sleep(0.03)
+    assert admission.lag_ms < 50
+    time.sleep(0.2)  # block the loop, as a CPU-bound burst would
+    await asyncio.sleep(0.005)
+    watch.cancel()
+    assert admission.lag_ms > 80
+
+
+def test_tls_needs_a_certificate_and_a_ca_for_client_certificates(tmp_path: object) -> None:
+    with pytest.raises(ValueError):
+        tls_context(Settings(tls_port=8883))
+    with pytest.raises(ValueError):
+        tls_context(Settings(tls_port=8883, certfile="c.pem", keyfile="k.pem", require_certificate=True))
