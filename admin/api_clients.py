@@ -26,8 +26,7 @@ from tidewire.admin.models import (
 from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.node import Node
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
-from tidewire.gateway.protocols.mqtt.connection import MqttConnection
-from tidewire.gateway.protocols.mqtt.lifecycle import ConnectionBase
+from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
 from tidewire.gateway.sessions.session import SHARED_PREFIX
 from tidewire.gateway.sessions.shared import parse_shared
 from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord
@@ -54,7 +53,7 @@ def _subscriptions(records: dict[str, SubscriptionRecord]) -> list[Subscription]
             for topic, r in sorted(records.items()) if not topic.startswith(P2P_PREFIX)]
 
 
-def mqtt_client(node: Node, conn: ConnectionBase) -> Client:
+def mqtt_client(node: Node, conn: ChannelBase) -> Client:
     session = conn.session
     subscriptions = sum(1 for t in session.subscriptions if not t.startswith(P2P_PREFIX)) if session else 0
     return Client(client_id=conn.client_id, username=conn.info.username, peer=conn.peer, listener=conn.listener.name,
@@ -73,10 +72,10 @@ def _amqp_connections(found: Endpoints) -> list[AmqpConnection]:
     return [c for live in found.amqp.connections.values() for c in live] if found.amqp is not None else []
 
 
-def _online(node: Node, client_id: str) -> MqttConnection:
+def _online(node: Node, client_id: str) -> ChannelBase:
     """The client's MQTT connection on this node, with its session bound (404, or 409 while connecting)."""
     conn = node.connections.get(client_id)
-    if not isinstance(conn, MqttConnection):
+    if not isinstance(conn, ChannelBase):
         raise not_found("no such client on this node")
     if conn.session is None:
         raise HTTPException(409, "the client is still connecting")
@@ -97,7 +96,7 @@ def _check_filter(node: Node, key: str, no_local: bool) -> None:
         raise HTTPException(400, "no_local on a shared subscription")
 
 
-def session_answer(node: Node, record: SessionRecord, conn: ConnectionBase | None) -> Session:
+def session_answer(node: Node, record: SessionRecord, conn: ChannelBase | None) -> Session:
     live = conn.session if conn is not None else None
     offset, sent_upto = record.offset, record.sent_upto
     if live is not None:  # the stored record lags the live session: its positions as they are now
@@ -120,7 +119,7 @@ def router(node: Node) -> APIRouter:
         """Clients on this node, by client id; `client_id`, `username` and `peer` match substrings, `protocol`
         exactly. Filtered and sorted on the connections themselves: only the page's answers are built (this runs
         in the loop that serves the clients)."""
-        rows: list[tuple[str, ConnectionBase | AmqpConnection]] = []
+        rows: list[tuple[str, ChannelBase | AmqpConnection]] = []
         if protocol in (None, "mqtt"):
             rows += node.connections.items()
         if protocol in (None, "amqp"):
@@ -133,7 +132,7 @@ def router(node: Node) -> APIRouter:
             rows = [row for row in rows if peer in row[1].peer]
         rows.sort(key=lambda row: row[0])
         chosen, meta = pages.cut(rows)
-        data = [mqtt_client(node, conn) if isinstance(conn, ConnectionBase) else amqp_client(node, conn)
+        data = [mqtt_client(node, conn) if isinstance(conn, ChannelBase) else amqp_client(node, conn)
                 for _, conn in chosen]
         return Page[Client](data=data, meta=meta)
 
@@ -199,7 +198,7 @@ def router(node: Node) -> APIRouter:
     async def kick(client_id: str, found: Found) -> Response:
         """Disconnect the client (MQTT 5: DISCONNECT 0x98 Administrative action; its will is published)."""
         conn = node.connections.get(client_id)
-        if isinstance(conn, MqttConnection):
+        if isinstance(conn, ChannelBase):
             conn.kick(KICK_DETAIL)
             return Response(status_code=204)
         for amqp in _amqp_connections(found):
@@ -240,8 +239,8 @@ def router(node: Node) -> APIRouter:
     async def delete_session(client_id: str) -> Response:
         """End the session for good: kicked first if online here; 409 if online on another node."""
         conn = node.connections.get(client_id)
-        kicked = isinstance(conn, MqttConnection)
-        if isinstance(conn, MqttConnection):
+        kicked = isinstance(conn, ChannelBase)
+        if isinstance(conn, ChannelBase):
             conn.kick(KICK_DETAIL)
         await node.writes.session_settled(client_id)  # what closing it wrote (a parked record) comes first
         record = await node.store.get_session(client_id)

@@ -49,7 +49,7 @@ from tidewire.store.base import Message, StaleWildcards, Store
 
 if TYPE_CHECKING:
     from tidewire.gateway.cluster import ClusterRole
-    from tidewire.gateway.protocols.mqtt.lifecycle import ConnectionBase
+    from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
 
 log = logging.getLogger("tidewire.node")
 
@@ -76,7 +76,7 @@ class Node:
         # Cache refreshes read 4 pull batches at once: one round trip of a networked store serves more readers.
         self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch * 4,
                                 metrics=settings.metrics)
-        self.connections: dict[str, ConnectionBase] = {}
+        self.connections: dict[str, ChannelBase] = {}
         self.bans = BanList(self)  # cluster-wide bans, checked on connect (gateway.ops.bans)
         self.subscriptions = SubscriptionRegistry(self)
         self.groups = ConsumerGroups(self)  # competing consumers of other protocols (AMQP queues, RocketMQ)
@@ -206,8 +206,7 @@ class Node:
         self._appending_acks, self._acks = [], []
         if lost:
             tell_sinks(lost, "the node stopped before storing it")
-        transports = [conn.transport for conn in conns if conn.transport is not None]
-        if still := await wait_closed(transports, min(self.settings.close_drain_timeout, left())):
+        if still := await wait_closed([conn.io for conn in conns], min(self.settings.close_drain_timeout, left())):
             log.info("stop.clients_not_closed", extra={"connections": still})
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -220,13 +219,13 @@ class Node:
         if not task.cancelled() and task.exception() is not None:
             log.error("task.failed", exc_info=task.exception())
 
-    def released(self, conn: ConnectionBase, session: Session) -> None:
+    def released(self, conn: ChannelBase, session: Session) -> None:
         """A connection ended (`SessionOpener.close`): no offsets of its session to save, no reading to resume."""
         self._dirty.discard(session)
         self._held.discard(conn)
 
     # --- subscriptions ----------------------------------------------------------------------------------
-    def subscribe(self, session: Session, conn: ConnectionBase, requests: list[SubscriptionRequest],
+    def subscribe(self, session: Session, conn: ChannelBase, requests: list[SubscriptionRequest],
                   sub_id: int = 0) -> tuple[list[int], list[tuple[str, int, int]], list[str]]:
         codes, retained, registering = self.subscriptions.subscribe(session, conn.info, requests, sub_id)
         for request, code in zip(requests, codes, strict=True):

@@ -20,7 +20,7 @@ from tidewire.gateway.cluster import ClusterRole
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
 from tidewire.gateway.ops.drain import drain
-from tidewire.gateway.protocols.mqtt.connection import MqttConnection
+from tidewire.gateway.protocols.mqtt.connection import MqttProtocol
 from tidewire.gateway.security import Security
 from tidewire.gateway.transport.accept_loop import AcceptLoop
 from tidewire.gateway.transport.listeners import Listener, make_listeners, reload_certificate, tls_context
@@ -266,8 +266,8 @@ def protocol_factory(node: Node, listener: Listener) -> Callable[[tuple[str, int
 
     def make(peer: tuple[str, int] | None = None) -> asyncio.Protocol:
         if listener.websocket:
-            return WebSocketProtocol(lambda: MqttConnection(node, listener, peer), ws)
-        return MqttConnection(node, listener, peer)
+            return WebSocketProtocol(lambda: MqttProtocol(node, listener, peer), ws)
+        return MqttProtocol(node, listener, peer)
 
     return make
 

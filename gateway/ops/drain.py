@@ -43,7 +43,7 @@ from tidewire.gateway.transport.accept_loop import AcceptLoop
 if TYPE_CHECKING:
     from tidewire.gateway.config import Settings
     from tidewire.gateway.node import Node
-    from tidewire.gateway.protocols.mqtt.lifecycle import ConnectionBase
+    from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
 
 log = logging.getLogger("tidewire.drain")
 
@@ -52,6 +52,10 @@ QUIESCE_S = 1.0  # at most this long (and a quarter of the node's budget) for pu
 POLL_S = 0.005  # how often the drain looks whether what it waits for is done
 _RESERVE_S = 1.0  # kept back from the node's flush for leaving the cluster and closing the store
 _RESERVE_SHARE = 0.2  # ... or this share of drain_timeout when that is less
+
+
+class _Closing(Protocol):
+    def is_closing(self) -> bool: ...
 
 
 class _Closable(Protocol):
@@ -103,7 +107,7 @@ class Budget:
         return True
 
 
-async def quiesce(conns: Sequence[ConnectionBase], seconds: float, failing: Callable[[], bool]) -> None:
+async def quiesce(conns: Sequence[ChannelBase], seconds: float, failing: Callable[[], bool]) -> None:
     """Stop reading every client, then wait (at most `seconds`, not while the store is `failing`) until what they
     already sent is stored and acknowledged: a publisher gets its PUBACK rather than sending it again elsewhere."""
     for conn in conns:
@@ -115,7 +119,7 @@ async def quiesce(conns: Sequence[ConnectionBase], seconds: float, failing: Call
         waiting = [conn for conn in waiting if conn.unacked_in > 0]
 
 
-async def disconnect_all(conns: Sequence[ConnectionBase], reason: int, properties: dict[int, Any] | None) -> None:
+async def disconnect_all(conns: Sequence[ChannelBase], reason: int, properties: dict[int, Any] | None) -> None:
     """`conn.shutdown(reason, properties)` for each, `DISCONNECT_BATCH` per loop turn so that acks, the flush
     and other clients' traffic run between batches."""
     for start in range(0, len(conns), DISCONNECT_BATCH):
@@ -124,11 +128,11 @@ async def disconnect_all(conns: Sequence[ConnectionBase], reason: int, propertie
         await asyncio.sleep(0)
 
 
-async def wait_closed(transports: Sequence[asyncio.BaseTransport], timeout: float) -> int:
-    """Until every transport is closing (the client closed after reading our last packet, or its close drain
+async def wait_closed(connections: Sequence[_Closing], timeout: float) -> int:
+    """Until every connection is closing (the client closed after reading our last packet, or its close drain
     ran out) or `timeout`: our DISCONNECTs have left the process. Returns how many were still open."""
     deadline = time.monotonic() + timeout
-    open_ = [t for t in transports if not t.is_closing()]
+    open_ = [t for t in connections if not t.is_closing()]
     while open_ and time.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
         open_ = [t for t in open_ if not t.is_closing()]

@@ -14,7 +14,7 @@ from tidewire.store.base import SessionRecord, expiry_deadline
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node
-    from tidewire.gateway.protocols.mqtt.lifecycle import ConnectionBase
+    from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
 
 log = logging.getLogger("tidewire.node")
 
@@ -37,7 +37,7 @@ class SessionOpener:
             lock = self._locks[client_id] = asyncio.Lock()
         return lock
 
-    async def open(self, conn: ConnectionBase, client_id: str, level: int, clean_start: bool,
+    async def open(self, conn: ChannelBase, client_id: str, level: int, clean_start: bool,
                    expiry: int, window: int) -> tuple[Session, bool]:
         """Take over or restore the client's session (or start one); returns it and `session_present`."""
         node = self.node
@@ -95,7 +95,7 @@ class SessionOpener:
             del self._locks[client_id]
         return session, present
 
-    def open_clean(self, conn: ConnectionBase, client_id: str, level: int, window: int) -> Session | None:
+    def open_clean(self, conn: ChannelBase, client_id: str, level: int, window: int) -> Session | None:
         """A clean session (nothing kept after it ends) started at once, without a store call, when nothing of the
         client's exists or is under way: one node, no connection, no open or write in flight (so no stored will),
         and a store that knows at once it holds no session of the client. Else None: `open` does it."""
@@ -112,7 +112,7 @@ class SessionOpener:
         node.subscriptions.attach(session, conn.info)
         return session
 
-    def close(self, conn: ConnectionBase, session: Session, *, transfer: bool = False) -> None:
+    def close(self, conn: ChannelBase, session: Session, *, transfer: bool = False) -> None:
         """The connection is gone. Unless the session moves to a new connection, park it in the store."""
         node = self.node
         if node.connections.get(session.client_id) is conn:

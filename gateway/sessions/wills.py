@@ -6,25 +6,41 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from tidewire.gateway.core.writes import RecordWrites
 from tidewire.store.base import Message, Store, WillRecord, expiry_deadline
 
 
-class DelayedWills:
-    __slots__ = ("_publish", "_timers", "_writes")
+class _Timer(Protocol):
+    def cancel(self) -> None: ...
 
-    def __init__(self, publish: Callable[[Message], None], writes: RecordWrites) -> None:
+
+CallLater = Callable[..., _Timer]  # (delay, callback, *args) -> a timer, as `loop.call_later`
+
+
+def _loop_call_later(delay: float, callback: Callable[..., None], *args: Any) -> _Timer:
+    return asyncio.get_running_loop().call_later(delay, callback, *args)
+
+
+class DelayedWills:
+    """`call_later` arms the delay's timer (the running loop's by default; a test passes its own clock's)."""
+
+    __slots__ = ("_call_later", "_publish", "_timers", "_writes")
+
+    def __init__(self, publish: Callable[[Message], None], writes: RecordWrites,
+                 call_later: CallLater = _loop_call_later) -> None:
         self._publish = publish
         self._writes = writes
-        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._call_later = call_later
+        self._timers: dict[str, _Timer] = {}
 
     def publish_after(self, client_id: str, message: Message, delay: int) -> None:
         self.cancel(client_id)
         if delay <= 0:
             self._fire(client_id, message)
         else:
-            self._timers[client_id] = asyncio.get_running_loop().call_later(delay, self._fire, client_id, message)
+            self._timers[client_id] = self._call_later(delay, self._fire, client_id, message)
 
     def cancel(self, client_id: str) -> None:
         """The client is back: its will is not published."""

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,9 +52,10 @@ class Terms:
     ack_properties: dict[int, Any] = field(default_factory=dict)
 
 
-def negotiate(packet: Connect, settings: Settings, peer: str) -> Terms:
-    """Terms of the connection, or `Refusal` with the CONNACK codes to answer. Who the client is comes
-    later (authentication): until then `terms.info` is anonymous, whatever user name the client claims."""
+def negotiate(packet: Connect, settings: Settings, peer: str, now_ms: int) -> Terms:
+    """Terms of the connection (a will expires from `now_ms`), or `Refusal` with the CONNACK codes to answer. Who
+    the client is comes later (authentication): until then `terms.info` is anonymous, whatever user name the
+    client claims."""
     v5 = packet.protocol_level >= 5
     props = packet.properties
     ack: dict[int, Any] = {}
@@ -90,7 +90,6 @@ def negotiate(packet: Connect, settings: Settings, peer: str) -> Terms:
             raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.TOPIC_NAME_INVALID, "invalid will topic")
         if len(will.topic) > settings.max_topic_length or will.topic.count("/") >= settings.max_topic_levels:
             raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.TOPIC_NAME_INVALID, "will topic too long")
-        now_ms = int(time.time() * 1000)
         will_props = {k: v for k, v in will.properties.items() if k != PropertyId.WILL_DELAY_INTERVAL}
         terms.will = Message(will.topic, will.payload, will.qos, will.retain, stored_properties(will_props), 0,
                              expires_at(will.properties, now_ms), client_id)

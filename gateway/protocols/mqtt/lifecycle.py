@@ -1,21 +1,19 @@
-"""One MQTT connection's life around its packets: the socket, reading holds, writing, its deadlines (CONNECT
-timeout, keepalive, close drain: on the listener's shared `Deadlines`) and credential expiry, and every way it
-ends (abort, takeover, shutdown, graceful close).
+"""The life of one MQTT channel around its packets, sans-IO: its state, why reading is held, its one deadline
+(CONNECT timeout, keepalive, close drain) and credential expiry, and every way it ends (abort, takeover, kick,
+shutdown, graceful close). What it asks of the connection goes through `ChannelIo`; time comes from `Clock`.
 
-`MqttConnection` (gateway/protocols/mqtt/connection.py) adds the packets; this class keeps only what belongs to
-the socket: protocol level, keepalive, the will, inbound QoS 2 packet ids, and flow control in both directions.
+`Handshake` (CONNECT) and `MqttChannel` (the packets after it) build on this class.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.extensions.auth import AuthSession
 from tidewire.extensions.hooks import ClientInfo
-from tidewire.gateway.node import Node
+from tidewire.gateway.core.clock import Clock
 from tidewire.gateway.protocols.mqtt.codec import (
     Connack,
     ConnackCode311,
@@ -27,10 +25,13 @@ from tidewire.gateway.protocols.mqtt.codec import (
     encode,
 )
 from tidewire.gateway.protocols.mqtt.connect import Terms
-from tidewire.gateway.sessions.session import Session
-from tidewire.gateway.transport.listeners import Bucket, Listener
+from tidewire.gateway.transport.listeners import CertUsername, Listener
 from tidewire.gateway.transport.ratelimit import InboundLimiter
 from tidewire.store.base import NEVER_EXPIRES, Ban, Message
+
+if TYPE_CHECKING:
+    from tidewire.gateway.node import Node
+    from tidewire.gateway.sessions.session import Session
 
 log = logging.getLogger("tidewire.conn")
 
@@ -41,30 +42,65 @@ _NOBODY = ClientInfo("", None)
 HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
 
 
-class ConnectionBase(asyncio.Protocol):
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class ChannelIo(Protocol):
+    """What a channel asks of its connection: the asyncio protocol under it (or a test's recorder)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def writelines(self, chunks: list[bytes]) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None:
+        """Close now (what is queued is still sent)."""
+
+    def is_closing(self) -> bool:
+        """Closed, or closing (nothing more is read)."""
+
+    def end_output(self) -> bool:
+        """Start a graceful close: end our side after what is queued (a FIN, where the transport can half-close)
+        and keep reading. False when the connection is closing already or the peer is gone (it is closed then)."""
+
+    def set_deadline(self, when: float | None) -> None:
+        """Call `deadline_due(now)` at `when` (the clock's monotonic time, up to one tick later); None: no deadline."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable: ...
+
+    def certificate_name(self, kind: CertUsername) -> str | None:
+        """The verified client certificate's CN (`kind` "cn") or RFC 4514 subject ("subject"); None: no certificate."""
+
+
+class ChannelBase:
     __slots__ = (
-        "_backlog", "_bucket", "_expiry_handle", "_holds", "_socket_full", "_state", "_subacks", "alias_max",
-        "aliases_in", "auth", "clean_start", "client_id", "connected_at", "expiry", "inbound_qos2", "info",
-        "keepalive", "last_rx", "level", "limiter", "listener", "max_packet", "node", "parser", "paused", "peer",
-        "pending_qos1", "session", "transport", "unacked_in", "will", "will_delay",
+        "_backlog", "_expiry_handle", "_holds", "_socket_full", "_state", "alias_max", "aliases_in", "auth",
+        "clean_start", "client_id", "clock", "connected_at", "expiry", "inbound_qos2", "info", "io", "keepalive",
+        "last_rx", "level", "limiter", "listener", "max_packet", "node", "parser", "paused", "peer",
+        "pending_qos1", "session", "unacked_in", "will", "will_delay",
     )
 
-    def __init__(self, node: Node, listener: Listener, peer: tuple[str, int] | None = None) -> None:
+    def __init__(self, node: Node, listener: Listener, io: ChannelIo, peer: str, clock: Clock) -> None:
         self.node = node
         self.listener = listener
+        self.io = io
+        self.clock = clock
+        self.peer = peer
         self.parser = Parser(node.settings.max_packet_size)
-        self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.client_id = ""
         self.level = 4
         self.keepalive = 0
         self.expiry = 0
-        self.last_rx = 0.0
-        self.connected_at = 0.0
+        self.last_rx = now = clock.monotonic()
+        self.connected_at = clock.time()  # for operators (admin API, dashboard)
         self.clean_start = True  # as the CONNECT said (for operators: a 5.0 session's expiry is separate)
         self.paused = False
         self._holds = 0
-        self._subacks: asyncio.Task[None] | None = None  # SUBACKs waiting for the store, sent in order
         self._socket_full = False  # the transport asked us to stop writing
         self.limiter: InboundLimiter | None = None
         self.unacked_in = 0  # inbound QoS 1/2 publishes waiting for the store
@@ -77,43 +113,38 @@ class ConnectionBase(asyncio.Protocol):
         self.inbound_qos2: set[int] | None = None  # created on the first QoS 2 publish
         self.will: Message | None = None
         self.will_delay = 0
-        self.peer = f"{peer[0]}:{peer[1]}" if peer is not None else ""  # the real client behind a PROXY header
         self.info = _NOBODY
         self._state = NEW
         self._backlog: list[Any] | None = None  # read while CONNECT is processed, or over the inbound rate
-        self._bucket: Bucket | None = None  # where its deadline is filed: CONNECT timeout, keepalive, close drain
-        self._expiry_handle: asyncio.TimerHandle | None = None  # credentials (token) expiry
+        self._expiry_handle: Cancellable | None = None  # credentials (token) expiry
+        self.init_packets()
+        io.set_deadline(now + node.settings.connect_timeout)
 
-    # --- asyncio.Protocol ---------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports aren't asyncio subclasses
-        if not self.peer:
-            peer = self.transport.get_extra_info("peername")
-            self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.transport.set_write_buffer_limits(high=self.node.settings.write_buffer_high)
-        self.last_rx = now = time.monotonic()
-        self.connected_at = time.time()  # for operators (admin API, dashboard)
-        self._bucket = self.listener.deadlines.file(self, now + self.node.settings.connect_timeout)
+    def init_packets(self) -> None:
+        """The packet handling's own state (MqttChannel)."""
 
-    def eof_received(self) -> bool | None:
-        return None  # close our side too: a half-closed MQTT connection is of no use
+    @property
+    def closed(self) -> bool:
+        return self._state == CLOSED
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def connection_lost(self, reason: str) -> None:
+        """The connection is gone (the client closed it, or it broke)."""
         if self._state != CLOSED:
-            self._closed(will=True, reason="connection lost" if exc is None else str(exc))
+            self._closed(will=True, reason=reason)
         else:  # the client closed while we drained
-            self._unfile()
+            self.io.set_deadline(None)
 
+    # --- reading holds ------------------------------------------------------------------------------------
     def _hold(self, why: int) -> None:
-        if not self._holds and self.transport is not None:
-            self.transport.pause_reading()
+        if not self._holds:
+            self.io.pause_reading()
         self._holds |= why
 
     def _release(self, why: int) -> None:
         if self._holds & why:
             self._holds &= ~why
-            if not self._holds and self.transport is not None and self._state != CLOSED:
-                self.transport.resume_reading()
+            if not self._holds and self._state != CLOSED:
+                self.io.resume_reading()
 
     def pause_publishes(self) -> None:
         """The node's append queue is full: stop reading this publisher; nothing it sent is dropped."""
@@ -122,32 +153,22 @@ class ConnectionBase(asyncio.Protocol):
     def resume_publishes(self) -> None:
         self._release(HOLD_PIPELINE)
 
-    def pause_writing(self) -> None:
-        self.paused = True
-        self._socket_full = True
-
-    def resume_writing(self) -> None:
-        self._socket_full = False
-        if self._subacks is None:  # deliveries also wait for a SUBACK still owed (see `_suback_later`)
-            self.paused = False
-            if self.session is not None:
-                self.session.resume_writing()
-
     # --- writing ------------------------------------------------------------------------------------------
     def write_chunks(self, chunks: list[bytes]) -> None:
-        if self._state != CLOSED and self.transport is not None:
+        """The session's deliveries."""
+        if self._state != CLOSED:
             if len(chunks) == 1:
-                self.transport.write(chunks[0])
+                self.io.write(chunks[0])
             else:
-                self.transport.writelines(chunks)
+                self.io.writelines(chunks)
 
     def durable(self, acks: list[bytes]) -> None:
         """The node's `DurableSink` call: PUBACK/PUBREC packets whose messages are now durable."""
         self.unacked_in -= len(acks)
         self.pending_qos1 -= sum(1 for ack in acks if ack[0] == 0x40)
-        if self._state == CLOSED or self.transport is None:
+        if self._state == CLOSED:
             return
-        self.transport.writelines(acks)
+        self.io.writelines(acks)
         if self._holds & HOLD_STORE and self.unacked_in <= self.node.settings.max_inbound_qos2 // 2:
             self._release(HOLD_STORE)
 
@@ -157,8 +178,8 @@ class ConnectionBase(asyncio.Protocol):
         self.pending_qos1 -= sum(1 for ack in acks if ack[0] == 0x40)
 
     def _send(self, packet: Any) -> None:
-        if self.transport is not None and self._state != CLOSED:
-            self.transport.write(encode(packet, self.level))
+        if self._state != CLOSED:
+            self.io.write(encode(packet, self.level))
 
     # --- closing ------------------------------------------------------------------------------------------
     def abort(self, reason: int, message: str) -> None:
@@ -168,24 +189,23 @@ class ConnectionBase(asyncio.Protocol):
         if self.level >= 5 and self._state == CONNECTED:
             self._send(Disconnect(reason, {PropertyId.REASON_STRING: message[:200]}))
         elif self._state == NEW and reason == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
-            if self.transport is not None:  # 3.1.1 form: the only one a client of any level can read
-                self.transport.write(encode(Connack(False, ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION), 4))
+            # the 3.1.1 form: the only one a client of any level can read
+            self.io.write(encode(Connack(False, ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION), 4))
         elif self._state == NEW and self.parser.protocol_level == 5:
             self.level = 5
             self._send(Connack(False, reason))  # a malformed 5.0 CONNECT is answered with a CONNACK
         self._closed(will=True, reason=message)
 
     def shutdown(self, reason: int, properties: dict[int, Any] | None = None) -> None:
-        """The node stops (`gateway.ops.drain`): 5.0 gets DISCONNECT `reason` with `properties` (0x8B, or 0x9C with a
-        Server Reference), 3.1.1 a closed connection; the session is parked. The client sent no DISCONNECT, so
+        """The node stops (`gateway.ops.drain`): 5.0 gets DISCONNECT `reason` with `properties` (0x8B, or 0x9C with
+        a Server Reference), 3.1.1 a closed connection; the session is parked. The client sent no DISCONNECT, so
         its will is due (MQTT 5 3.1.2.5): published now when its delay is 0 or the session ends with the
         connection; a delayed one stays stored, for the client to cancel by coming back in time (here or on
         another node), else the next start publishes it."""
         if self.level >= 5 and self._state == CONNECTED:
             self._send(Disconnect(reason, properties if properties is not None
                                   else {PropertyId.REASON_STRING: "server shutting down"}))
-        delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
-        self._closed(will=delay <= 0, reason="server shutdown", keep_will=True)
+        self._closed(will=self._will_delay() <= 0, reason="server shutdown", keep_will=True)
 
     def kick(self, detail: str) -> None:
         """Closed by an operator (a ban): 5.0 gets DISCONNECT 0x98 Administrative action (0x8A Banned is not a
@@ -207,58 +227,55 @@ class ConnectionBase(asyncio.Protocol):
         self._closed(will=True, reason="session taken over", transfer=True)
         return session
 
+    def _will_delay(self) -> int:
+        """The will's delay, never past the session's end (MQTT 5 3.1.3.2.2)."""
+        return min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
+
     def _closed(self, *, will: bool, reason: str, transfer: bool = False, keep_will: bool = False,
                 drain: bool = True) -> None:
         """`drain`: we sent a last packet the client must read (see `_close_gracefully`); not when the client
         ended the connection itself."""
         was_connected = self._state == CONNECTED
         self._state = CLOSED
-        self._unfile()
+        self.io.set_deadline(None)
         if self._expiry_handle is not None:
             self._expiry_handle.cancel()
             self._expiry_handle = None
         if drain:
             self._close_gracefully()
-        elif self.transport is not None:
-            self.transport.close()
+        else:
+            self.io.close()
         if not was_connected or self.session is None:
             return
+        node = self.node
         self.listener.connections -= 1
         session, self.session = self.session, None
-        self.node.sessions.close(self, session, transfer=transfer)
+        node.sessions.close(self, session, transfer=transfer)
         if self.will is not None and will:
-            delay = min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay
-            self.node.wills.publish_after(self.client_id, self.will, delay)
+            node.wills.publish_after(self.client_id, self.will, self._will_delay())
         elif self.will is not None and not keep_will:
-            self.node.writes.drop_will(self.client_id)
-        at = logging.INFO if self.node.sys.activity.line("disconnected") else logging.DEBUG  # as client.connected
+            node.writes.drop_will(self.client_id)
+        at = logging.INFO if node.sys.activity.line("disconnected") else logging.DEBUG  # as client.connected
         if log.isEnabledFor(at):
             log.log(at, "client.disconnected", extra={"client_id": self.client_id, "peer": self.peer,
                                                          "reason": reason})
-        self.node.sys.event(self.client_id, "disconnected", address=self.peer, proto_ver=self.level, reason=reason)
+        node.sys.event(self.client_id, "disconnected", address=self.peer, proto_ver=self.level, reason=reason)
 
     def _close_gracefully(self) -> None:
         """Our last packet (CONNACK refusal, DISCONNECT) must reach a client that may still be sending: closing
         a socket with unread input makes the kernel send a reset, which can destroy our packet before the
         client reads it. So: end our side (FIN after the queued bytes), keep reading and dropping what the
         client still sends, and close when it closes or after `close_drain_timeout`."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
         timeout = self.node.settings.close_drain_timeout
         if timeout <= 0:
-            transport.close()
+            self.io.close()
             return
-        if transport.can_write_eof():
-            try:
-                transport.write_eof()
-            except OSError:  # the peer is already gone (ENOTCONN): nothing left to drain
-                transport.close()
-                return
+        if not self.io.end_output():
+            return
         # TLS and WebSocket cannot half-close: the client closes after reading our packet, or the deadline does.
         self._holds = 0
-        transport.resume_reading()
-        self._file(time.monotonic() + timeout)
+        self.io.resume_reading()
+        self.io.set_deadline(self.clock.monotonic() + timeout)
 
     def _refuse(self, code311: int, code5: int, detail: str) -> None:
         log.info("client.refused", extra={"client_id": self.client_id, "peer": self.peer, "detail": detail})
@@ -270,24 +287,13 @@ class ConnectionBase(asyncio.Protocol):
         self.node.bans.banned_refused += 1
         return self._refuse(ConnackCode311.NOT_AUTHORIZED, ReasonCode.BANNED, f"banned ({ban.kind})")
 
-    def _take_terms(self, terms: Terms) -> None:
-        """What CONNECT negotiated, for the life of the connection."""
-        self.info = terms.info
-        self.keepalive = terms.keepalive
-        self.expiry = terms.expiry
-        self.alias_max = terms.alias_max
-        self.max_packet = terms.max_packet
-        self.will = terms.will
-        self.will_delay = terms.will_delay
-
     def expiry_at(self, when: float | None) -> None:
-        """Close the connection when its credentials expire (epoch seconds; None: never)."""
+        """Close the connection when its credentials expire (the clock's epoch seconds; None: never)."""
         if self._expiry_handle is not None:
             self._expiry_handle.cancel()
             self._expiry_handle = None
         if when is not None:
-            delay = max(0.0, when - time.time())
-            self._expiry_handle = asyncio.get_running_loop().call_later(delay, self._credentials_expired)
+            self._expiry_handle = self.io.call_later(max(0.0, when - self.clock.time()), self._credentials_expired)
 
     def _credentials_expired(self) -> None:
         self._expiry_handle = None
@@ -299,20 +305,8 @@ class ConnectionBase(asyncio.Protocol):
         self._closed(will=True, reason="credentials expired")
 
     # --- deadlines ----------------------------------------------------------------------------------------
-    def _file(self, when: float) -> None:
-        """Our (one) deadline is now `when` (time.monotonic())."""
-        self._unfile()
-        self._bucket = self.listener.deadlines.file(self, when)
-
-    def _unfile(self) -> None:
-        if self._bucket is not None:
-            self._bucket.discard(self)
-            self._bucket = None
-
     def deadline_due(self, now: float) -> None:
-        """`Deadlines` calls this when our deadline passed: CONNECT timeout, keepalive or the end of a close drain,
-        by state."""
-        self._bucket = None
+        """Our deadline passed: CONNECT timeout, keepalive or the end of a close drain, by state."""
         state = self._state
         if state == CONNECTED:
             if self.keepalive:
@@ -320,8 +314,8 @@ class ConnectionBase(asyncio.Protocol):
         elif state == NEW:
             log.info("client.connect_timeout", extra={"peer": self.peer})
             self._closed(will=False, reason="no CONNECT")
-        elif state == CLOSED and self.transport is not None:
-            self.transport.close()  # the drain is over
+        elif state == CLOSED:
+            self.io.close()  # the drain is over
 
     def _keepalive_check(self, now: float) -> None:
         limit = self.keepalive * 1.5
@@ -335,4 +329,4 @@ class ConnectionBase(asyncio.Protocol):
             log.info("client.keepalive_timeout", extra={"client_id": self.client_id, "idle_s": round(idle, 2)})
             self._closed(will=True, reason="keepalive timeout")
             return
-        self._file(now - idle + limit)
+        self.io.set_deadline(now - idle + limit)

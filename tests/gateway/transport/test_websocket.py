@@ -1,5 +1,5 @@
 """WebSocketProtocol over real sockets: the websockets client, paho-mqtt over WebSocket, and a raw socket for
-what no well-behaved client sends. The inner protocol records what reaches it, as MqttConnection would see it."""
+what no well-behaved client sends. The inner protocol records what reaches it, as MqttProtocol would see it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,331 @@
+"""One MQTT connection's rules, sans-IO: bytes and time in, packets and decisions out (as EMQX's `emqx_channel`
+under `emqx_connection`, or an `h11.Connection` under uvicorn's protocol).
+
+The channel holds the connection's state (NEW → CONNECTING → [AUTHENTICATING] → CONNECTED → CLOSED), the
+packets after CONNECT, flow control in both directions, the deadlines (CONNECT timeout, keepalive, close drain)
+and every way a connection ends (abort, takeover, kick, shutdown, credential expiry, graceful close). It never
+touches a socket, an event loop or the system clock: what it needs of its connection goes through `ChannelIo`
+(write, pause and resume reading, close, one deadline, a timer), time through the `Clock` it is given, and
+the node's work through the node's own calls. `MqttProtocol` (gateway/protocols/mqtt/connection.py) is the
+asyncio side that moves the bytes.
+
+CONNECT and enhanced authentication are in `Handshake` (gateway/protocols/mqtt/handshake.py), a base of this
+class.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Any
+
+from tidewire.gateway.core.ingress import INVALID_TOPIC, refuse_publish
+from tidewire.gateway.protocols.mqtt.codec import (
+    PINGRESP,
+    Auth,
+    Disconnect,
+    Pingreq,
+    PropertyId,
+    ProtocolError,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    ReasonCode,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    encode,
+    puback,
+    pubcomp,
+    pubrec,
+)
+from tidewire.gateway.protocols.mqtt.connect import expires_at, stored_properties
+from tidewire.gateway.protocols.mqtt.handshake import Handshake
+from tidewire.gateway.protocols.mqtt.lifecycle import (
+    AUTHENTICATING,
+    CLOSED,
+    CONNECTED,
+    CONNECTING,
+    HOLD_RATE,
+    HOLD_STORE,
+    NEW,
+)
+from tidewire.gateway.sessions.session import Session
+from tidewire.pipeline.lake.event_names import DROPPED
+from tidewire.store.base import Message
+
+log = logging.getLogger("tidewire.conn")
+
+
+class _PendingSuback:
+    """A SUBACK owed in order: sent once it is `ready` and every earlier one was sent."""
+
+    __slots__ = ("ready", "retained", "session", "suback")
+
+    def __init__(self, suback: Suback, session: Session, retained: list[tuple[str, int, int]]) -> None:
+        self.suback = suback
+        self.session = session
+        self.retained = retained
+        self.ready = False
+
+
+class MqttChannel(Handshake):
+    __slots__ = ("_subacks",)
+
+    def init_packets(self) -> None:
+        self._subacks: deque[_PendingSuback] | None = None  # SUBACKs waiting for the store, sent in order
+
+    # --- bytes in -----------------------------------------------------------------------------------------
+    def receive(self, data: bytes) -> None:
+        """Bytes read from the connection."""
+        if self._state == CLOSED:
+            return  # draining after our last packet: read and drop, so the kernel doesn't reset the socket
+        self.last_rx = self.clock.monotonic()
+        try:
+            packets = self.parser.feed(data)
+        except ProtocolError as exc:
+            self.abort(exc.reason_code, exc.message)
+            return
+        if self._backlog is not None and self._state == CONNECTED:
+            self._backlog.extend(packets)  # over its inbound rate: these wait their turn behind the others
+            return
+        self._dispatch(packets)
+
+    def _dispatch(self, packets: list[Any]) -> None:
+        limiter = self.limiter
+        for index, packet in enumerate(packets):
+            state = self._state
+            if state == CONNECTED:
+                if limiter is not None and type(packet) is Publish:
+                    wait = limiter.admit(self.clock.monotonic(), len(packet.payload) + len(packet.topic))
+                    if wait > 0:
+                        # Over the client's rate: stop reading it and keep what was already read (one read's
+                        # worth at most), so the rate holds within a read and nothing is dropped.
+                        self._backlog = packets[index:]
+                        self._hold(HOLD_RATE)
+                        self.io.call_later(wait, self._metered_resume)
+                        return
+                self._handle(packet)
+            elif state == AUTHENTICATING:
+                if type(packet) is Auth:
+                    self._on_auth(packet)
+                else:
+                    self.abort(ReasonCode.PROTOCOL_ERROR, f"{type(packet).__name__} during authentication")
+            elif state == CONNECTING:
+                if self._backlog is None:
+                    self._backlog = []
+                self._backlog.append(packet)
+            elif state == NEW:
+                self._on_connect(packet)  # the parser rejects anything but a CONNECT first
+            else:
+                return
+
+    def _metered_resume(self) -> None:
+        packets, self._backlog = self._backlog, None
+        if self._state != CONNECTED or packets is None:
+            return
+        self._dispatch(packets)
+        if self._backlog is None:
+            self._release(HOLD_RATE)
+
+    def run_backlog(self) -> None:
+        """What was read while CONNECT was processed, once the session is open."""
+        backlog, self._backlog = self._backlog or [], None
+        for queued in backlog:
+            if self._state != CONNECTED:
+                break
+            self._handle(queued)
+
+    # --- writing flow control (the transport's buffer) ------------------------------------------------------
+    def pause_writing(self) -> None:
+        self.paused = True
+        self._socket_full = True
+
+    def resume_writing(self) -> None:
+        self._socket_full = False
+        if self._subacks is None:  # deliveries also wait for a SUBACK still owed (see `_on_subscribe`)
+            self.paused = False
+            if self.session is not None:
+                self.session.resume_writing()
+
+    # --- packets after CONNECT ----------------------------------------------------------------------------
+    def _handle(self, packet: Any) -> None:
+        kind = type(packet)
+        if kind is Publish:
+            self._on_publish(packet)
+        elif kind is Puback:
+            assert self.session is not None
+            self.session.on_puback(packet.packet_id)
+        elif kind is Pubrec:
+            assert self.session is not None
+            if not self.session.on_pubrec(packet.packet_id, packet.reason_code >= 0x80) and self.level >= 5:
+                self._send(Pubrel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
+        elif kind is Pubcomp:
+            assert self.session is not None
+            self.session.on_pubcomp(packet.packet_id)
+        elif kind is Pubrel:
+            self._on_pubrel(packet)
+        elif kind is Pingreq:
+            self.io.write(PINGRESP)
+        elif kind is Subscribe:
+            self._on_subscribe(packet)
+        elif kind is Unsubscribe:
+            self._on_unsubscribe(packet)
+        elif kind is Disconnect:
+            self._on_disconnect(packet)
+        elif kind is Auth and self.level >= 5:
+            self._on_auth(packet)
+        else:
+            self.abort(ReasonCode.PROTOCOL_ERROR, f"unexpected {kind.__name__}")
+
+    def _on_publish(self, packet: Publish) -> None:
+        v5 = self.level >= 5
+        qos = packet.qos
+        pid = packet.packet_id
+        topic = packet.topic
+        props = packet.properties
+        node = self.node
+        if props and PropertyId.TOPIC_ALIAS in props:
+            alias = props[PropertyId.TOPIC_ALIAS]
+            if not 0 < alias <= node.settings.topic_alias_maximum:
+                return self.abort(ReasonCode.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
+            if self.aliases_in is None:
+                self.aliases_in = {}
+            if topic:
+                self.aliases_in[alias] = topic
+            else:
+                known = self.aliases_in.get(alias)
+                if known is None:
+                    return self.abort(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} was never set")
+                topic = known
+        refused = refuse_publish(node.settings, node.authorizer, self.info, topic)
+        if refused == INVALID_TOPIC:
+            log.info("client.topic_refused", extra={"client_id": self.client_id, "detail": "topic too long"})
+            if qos:
+                self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.TOPIC_NAME_INVALID if v5 else 0))
+            return None
+        if v5 and props.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1 and qos:
+            try:
+                packet.payload.decode("utf-8")
+            except UnicodeDecodeError:
+                self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.PAYLOAD_FORMAT_INVALID))
+                return None
+        if refused is not None:
+            log.info("acl.denied", extra={"client_id": self.client_id, "topic": topic, "access": "publish"})
+            node.counters.drop("not_authorized")
+            if node.events is not None:
+                node.events.add(DROPPED, int(self.clock.time() * 1000), self.client_id, "mqtt", topic, None, qos,
+                                reason="not_authorized")
+            code = ReasonCode.NOT_AUTHORIZED if v5 else 0
+            if qos == 1:
+                self._send(Puback(pid, code))
+            elif qos == 2:
+                self._send(Pubrec(pid, code))
+            return None
+        if qos == 2 and self.inbound_qos2 is not None and pid in self.inbound_qos2:
+            self.io.write(pubrec(pid))  # a resend before PUBREL: acknowledge, don't store twice
+            return None
+        now_ms = int(self.clock.time() * 1000)
+        message = Message(topic, packet.payload, qos, packet.retain, stored_properties(props) if v5 else b"",
+                          now_ms, expires_at(props, now_ms) if v5 else 0, self.client_id)
+        if qos == 0:
+            node.publish(message)
+            return None
+        if qos == 2:
+            if self.inbound_qos2 is None:
+                self.inbound_qos2 = set()
+            if len(self.inbound_qos2) >= node.settings.max_inbound_qos2:
+                return self.abort(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS 2 publishes in flight")
+            self.inbound_qos2.add(pid)
+        self.unacked_in += 1
+        if qos == 1:
+            self.pending_qos1 += 1
+            if v5 and self.pending_qos1 + len(self.inbound_qos2 or ()) > node.settings.max_inbound_qos2:
+                return self.abort(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged publishes than allowed")
+        if self.unacked_in > node.settings.max_inbound_qos2 and not self._holds & HOLD_STORE:
+            # The store is behind: stop reading this client until its acks catch up (no unbounded buffer).
+            self._hold(HOLD_STORE)
+        node.publish(message, self, puback(pid) if qos == 1 else pubrec(pid))
+        return None
+
+    def _on_pubrel(self, packet: Pubrel) -> None:
+        pid = packet.packet_id
+        known = self.inbound_qos2 is not None and pid in self.inbound_qos2
+        if known:
+            self.inbound_qos2.discard(pid)  # type: ignore[union-attr]
+        code = 0 if known or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
+        self.io.write(pubcomp(pid) if code == 0 else encode(Pubcomp(pid, code), self.level))
+
+    def _on_subscribe(self, packet: Subscribe) -> None:
+        session = self.session
+        assert session is not None
+        node = self.node
+        if any(s.no_local and s.topic_filter.startswith("$share/") for s in packet.subscriptions):
+            return self.abort(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
+        ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER) if packet.properties else None
+        codes, retained, registering = node.subscribe(session, self, packet.subscriptions, ids[0] if ids else 0)
+        log.info("client.subscribed", extra={"client_id": self.client_id,
+                                             "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
+        if session.persistent:
+            node.writes.save_session(session.snapshot())
+        # In a cluster, SUBACK waits for what it acknowledges to be in the store: a new wildcard in the store's
+        # set (what is published after it, on any node, is then indexed into the subscription's queue), and a
+        # persistent session's record (a takeover by another node reads it from there). SUBACKs keep their order.
+        saved = session.persistent and node.cluster is not None
+        suback = Suback(packet.packet_id, codes)
+        if registering or saved or self._subacks is not None:
+            # Deliveries wait too: a client sees the SUBACK before anything of the new subscription.
+            self.paused = True
+            pending = _PendingSuback(suback, session, retained)
+            if self._subacks is None:
+                self._subacks = deque()
+            self._subacks.append(pending)
+            node.spawn(self._settle_suback(pending, registering, saved))
+            return
+        self._send(suback)
+        if retained:
+            node.spawn(node.send_retained(session, retained))
+
+    async def _settle_suback(self, pending: _PendingSuback, registering: list[str], saved: bool) -> None:
+        await self.node.subscriptions.wildcards_registered(registering)
+        if saved:
+            await self.node.writes.session_settled(pending.session.client_id)
+        pending.ready = True
+        self._send_ready_subacks()
+
+    def _send_ready_subacks(self) -> None:
+        subacks = self._subacks
+        while subacks and subacks[0].ready:
+            pending = subacks.popleft()
+            if self.session is not pending.session:
+                continue
+            self._send(pending.suback)
+            if pending.retained:
+                self.node.spawn(self.node.send_retained(pending.session, pending.retained))
+        if not subacks:
+            self._subacks = None
+            if not self._socket_full:
+                self.resume_writing()
+
+    def _on_unsubscribe(self, packet: Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes = self.node.unsubscribe(session, packet.topic_filters)
+        self._send(Unsuback(packet.packet_id, codes))
+        if session.persistent:
+            self.node.writes.save_session(session.snapshot())
+
+    def _on_disconnect(self, packet: Disconnect) -> None:
+        new_expiry = packet.properties.get(PropertyId.SESSION_EXPIRY_INTERVAL)
+        if new_expiry is not None and self.session is not None:
+            if self.expiry == 0 and new_expiry != 0:
+                return self.abort(ReasonCode.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0")
+            self.expiry = min(new_expiry, self.node.settings.max_session_expiry)
+            self.session.record.expiry_interval = self.expiry
+            self.session.persistent = self.expiry > 0
+        with_will = packet.reason_code == ReasonCode.DISCONNECT_WITH_WILL
+        self._closed(will=with_will, reason=f"client disconnect {packet.reason_code:#x}", drain=False)
+        return None

@@ -1,0 +1,252 @@
+"""CONNECT to CONNACK on an MQTT channel, sans-IO: admission, negotiation, bans, who the client is (certificate,
+the authentication chain, or MQTT 5 enhanced authentication with AUTH, also for re-authentication), the will's
+ACL check, then the session: opened at once when it is clean and nobody else holds it, else after the store.
+
+A CONNECT that needs nothing to wait for is answered within the call that read it: no task, no store call.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tidewire.extensions.authn import AuthRequest, Identity, Refused
+from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.protocols.mqtt.codec import (
+    Auth,
+    Connack,
+    ConnackCode311,
+    Connect,
+    PropertyId,
+    ReasonCode,
+    encode,
+)
+from tidewire.gateway.protocols.mqtt.connect import Refusal, Terms, check_will, negotiate, refusal_codes
+from tidewire.gateway.protocols.mqtt.lifecycle import (
+    AUTHENTICATING,
+    CLOSED,
+    CONNECTED,
+    CONNECTING,
+    HOLD_CONNECT,
+    ChannelBase,
+)
+from tidewire.gateway.sessions.session import Session
+from tidewire.gateway.transport.ratelimit import InboundLimiter
+from tidewire.store.base import WillRecord
+
+log = logging.getLogger("tidewire.conn")
+_CONNACK_ACCEPTED_311 = encode(Connack(False, 0), 4)  # the answer to nearly every 3.1.1 CONNECT
+
+
+class Handshake(ChannelBase):
+    __slots__ = ()
+
+    def _on_connect(self, packet: Connect) -> None:
+        assert isinstance(packet, Connect)  # the parser rejects anything else first
+        self.level = packet.protocol_level
+        self._state = CONNECTING  # reading is held only if the CONNECT has to wait (HOLD_CONNECT)
+        node = self.node
+        self.client_id = packet.client_id
+        try:
+            node.admission.check(self.listener, self.clock.monotonic(), packet.client_id in node.connections)
+            terms = negotiate(packet, node.settings, self.peer, int(self.clock.time() * 1000))
+        except Refusal as refusal:
+            return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+        self.client_id = terms.client_id
+        ban = node.bans.check(terms.client_id, None, self.peer)  # before any authentication work
+        if ban is not None:
+            return self._banned(ban)
+        proof = self._credentials(packet, terms)
+        if isinstance(proof, Refusal):
+            return self._refuse(proof.code311, proof.code5, proof.detail)
+        if isinstance(proof, AuthRequest):
+            node.admission.pending += 1
+            self._hold(HOLD_CONNECT)
+            node.spawn(self._authenticate(packet, terms, proof))
+            return None
+        self._authenticated(packet, terms, proof)
+        return None
+
+    def _credentials(self, packet: Connect, terms: Terms) -> Identity | Refused | Refusal | AuthRequest | None:
+        """Who the client is, when that is known at once: the certificate's name, or the answer of a chain with no
+        source to ask (anonymous, or refused). Else the request for the chain (`_authenticate` awaits its
+        answer), or None when MQTT 5 enhanced authentication (AUTH) decides, in its own exchange."""
+        listener = self.listener
+        if listener.cert_username is not None:
+            name = self.io.certificate_name(listener.cert_username)
+            if name is None:
+                return Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED,
+                               "no client certificate to take the user name from")
+            return Identity(name, source="certificate")
+        if PropertyId.AUTHENTICATION_METHOD in packet.properties:
+            return None
+        chain = self.node.auth
+        if not chain.sources:  # no source to wait for: decided here, not in a task
+            answer = self.node.admission.sourceless(chain, packet.username is not None or packet.password is not None)
+            if answer is not None:
+                return answer
+        return AuthRequest(terms.client_id, packet.username, packet.password, self.peer, "mqtt", listener.name)
+
+    async def _authenticate(self, packet: Connect, terms: Terms, request: AuthRequest) -> None:
+        try:
+            result = await self.node.auth.authenticate(request)
+        finally:
+            self.node.admission.pending -= 1
+        if self._state != CLOSED:
+            self._authenticated(packet, terms, result)
+
+    def _authenticated(self, packet: Connect, terms: Terms, proof: Identity | Refused | None) -> None:
+        """The chain (or the certificate) answered; None: the AUTH exchange starts now and proves who it is."""
+        if isinstance(proof, Refused):
+            code311, code5 = refusal_codes(proof.failure)
+            return self._refuse(code311, code5, f"authentication failed ({proof.failure.value}, {proof.source})")
+        node = self.node
+        if proof is not None:
+            terms.info = ClientInfo(terms.client_id, proof.username, self.peer, self.level, proof.superuser,
+                                    proof.acl)
+            # The user name only counts once proven; the id and address again: a ban may be newer than the CONNECT.
+            ban = node.bans.check(terms.client_id, proof.username, self.peer)
+            if ban is not None:
+                return self._banned(ban)
+            if proof.expires_at is not None:
+                self.expiry_at(proof.expires_at)
+            try:
+                check_will(terms, node.authorizer)
+            except Refusal as refusal:
+                return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+            return self._open_session(packet, terms)
+        method = packet.properties[PropertyId.AUTHENTICATION_METHOD]  # the will is checked once AUTH succeeded
+        auth = node.enhanced_auth.begin(method, terms.client_id, packet.username) if node.enhanced_auth else None
+        if auth is None:
+            return self._refuse(0, ReasonCode.BAD_AUTHENTICATION_METHOD, f"unknown auth method {method!r}")
+        self.auth = (auth, method, packet, terms)
+        self._state = AUTHENTICATING
+        self._on_auth(Auth(ReasonCode.CONTINUE_AUTHENTICATION,
+                           {PropertyId.AUTHENTICATION_DATA: packet.properties.get(PropertyId.AUTHENTICATION_DATA)}))
+        if self._state == AUTHENTICATING:
+            self._release(HOLD_CONNECT)
+        return None
+
+    def _on_auth(self, packet: Auth) -> None:
+        """One step of MQTT 5 enhanced authentication, at CONNECT or re-authentication (AUTH 0x19)."""
+        if self._state == CONNECTED:
+            method = packet.properties.get(PropertyId.AUTHENTICATION_METHOD)
+            if packet.reason_code != ReasonCode.REAUTHENTICATE or method is None or self.auth is not None:
+                return self.abort(ReasonCode.PROTOCOL_ERROR, "unexpected AUTH")
+            auth = self.node.enhanced_auth.begin(method, self.client_id, self.info.username) \
+                if self.node.enhanced_auth else None
+            if auth is None:
+                return self.abort(ReasonCode.BAD_AUTHENTICATION_METHOD, "re-authentication method changed")
+            self.auth = (auth, method, None, None)
+        if self.auth is None or packet.reason_code not in (ReasonCode.CONTINUE_AUTHENTICATION,
+                                                           ReasonCode.REAUTHENTICATE):
+            return self.abort(ReasonCode.PROTOCOL_ERROR, "unexpected AUTH")
+        auth, method, connect, terms = self.auth
+        result = auth.step(packet.properties.get(PropertyId.AUTHENTICATION_DATA))
+        props: dict[int, Any] = {PropertyId.AUTHENTICATION_METHOD: method}
+        if result.data is not None:
+            props[PropertyId.AUTHENTICATION_DATA] = result.data
+        if not result.done:
+            self._send(Auth(ReasonCode.CONTINUE_AUTHENTICATION, props))
+            return None
+        self.auth = None
+        if not result.success:  # one log line either way, from abort or _refuse
+            if connect is None:
+                return self.abort(ReasonCode.NOT_AUTHORIZED, f"re-authentication failed ({result.reason})")
+            return self._refuse(0, ReasonCode.NOT_AUTHORIZED, f"authentication failed ({result.reason})")
+        if connect is None:  # re-authenticated
+            self._send(Auth(ReasonCode.SUCCESS, props))
+            return None
+        assert terms is not None
+        terms.ack_properties.update(props)
+        terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level)
+        ban = self.node.bans.check(terms.client_id, result.username, self.peer)
+        if ban is not None:
+            return self._banned(ban)
+        try:
+            check_will(terms, self.node.authorizer)
+        except Refusal as refusal:
+            return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+        self._state = CONNECTING
+        self._open_session(connect, terms)
+        return None
+
+    def _take_terms(self, terms: Terms) -> None:
+        """What CONNECT negotiated, for the life of the connection."""
+        self.info = terms.info
+        self.keepalive = terms.keepalive
+        self.expiry = terms.expiry
+        self.alias_max = terms.alias_max
+        self.max_packet = terms.max_packet
+        self.will = terms.will
+        self.will_delay = terms.will_delay
+
+    def _open_session(self, packet: Connect, terms: Terms) -> None:
+        """Authenticated: a clean session the node can start at once is answered now; any other (a session to
+        restore or take over, a store to ask first) after the store."""
+        self._take_terms(terms)
+        if packet.clean_start and not terms.expiry:
+            opened = self.node.sessions.open_clean(self, terms.client_id, self.level, terms.window)
+            if opened is not None:
+                return self._established(packet, terms, opened, False, fresh=True)
+        self._hold(HOLD_CONNECT)
+        self.node.spawn(self._open(packet, terms))
+        return None
+
+    async def _open(self, packet: Connect, terms: Terms) -> None:
+        """Take over or restore the session (or start one), then answer."""
+        client_id = terms.client_id
+        node = self.node
+        session, present = await node.sessions.open(self, client_id, self.level, packet.clean_start, self.expiry,
+                                                    terms.window)
+        if self._state == CLOSED:  # the connection died while we were restoring the session
+            node.sessions.close(self, session)
+            return None
+        if self.will is not None and node.cluster is not None:
+            # Stored before CONNACK: if this node dies from here on, a survivor publishes it.
+            node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, node.node_id))
+            await node.writes.will_settled(client_id)
+            if self._state == CLOSED:
+                node.sessions.close(self, session)
+                return None
+        self._established(packet, terms, session, present)
+        return None
+
+    def _established(self, packet: Connect, terms: Terms, session: Session, present: bool, *,
+                     fresh: bool = False) -> None:
+        """The session is this connection's: CONNACK, then what waited for it. `fresh`: opened in this call."""
+        node = self.node
+        client_id = terms.client_id
+        self.session = session
+        self.clean_start = packet.clean_start
+        self.listener.connections += 1
+        if self.will is not None and node.cluster is None:
+            node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, node.node_id))
+        ack = terms.ack_properties
+        if self.level >= 5 or present or ack:
+            self._send(Connack(present, 0, ack))
+        else:
+            self.io.write(_CONNACK_ACCEPTED_311)
+        self._state = CONNECTED
+        keepalive = self.keepalive
+        # At info up to a rate (a connect storm must not be a log storm: `activity` counts the rest), else at debug.
+        at = logging.INFO if node.sys.activity.line("connected") else logging.DEBUG
+        if log.isEnabledFor(at):
+            log.log(at, "client.connected", extra={"client_id": client_id, "peer": self.peer, "level": self.level,
+                                                      "keepalive": keepalive, "clean_start": packet.clean_start,
+                                                      "session_present": present})
+        node.sys.event(client_id, "connected", address=self.peer, proto_ver=self.level, keepalive=keepalive,
+                       clean_start=packet.clean_start, expiry_interval=self.expiry, session_present=present)
+        now = self.clock.monotonic()
+        self.io.set_deadline(now + keepalive * 1.5 if keepalive else None)
+        settings = node.settings
+        if settings.max_inbound_rate or settings.max_inbound_bytes_rate:
+            self.limiter = InboundLimiter(settings.max_inbound_rate, settings.max_inbound_bytes_rate, now)
+        session.attach(self, fresh=fresh)
+        node.subscriptions.resume_groups(session)
+        self.run_backlog()
+        if self._state == CONNECTED:
+            self._release(HOLD_CONNECT)
+
+    def run_backlog(self) -> None:
+        """What was read while CONNECT was processed (MqttChannel)."""
