@@ -63,7 +63,7 @@ def mqtt_client(node: Node, conn: ChannelBase) -> Client:
 
 
 def amqp_client(node: Node, conn: AmqpConnection) -> Client:
-    return Client(client_id=conn.id, username=conn.info.username, peer=conn.peer, listener=conn.listener,
+    return Client(client_id=conn.id, username=conn.info.username, peer=conn.peer, listener=conn.listener.name,
                   protocol="amqp", proto_ver=None, clean_start=None, keepalive=None, connected_at=None,
                   subscriptions=0, inflight=0, node=node.node_id)
 

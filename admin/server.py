@@ -70,7 +70,7 @@ def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequen
         for backend in backends:
             if isinstance(backend, AmqpServer):
                 found.amqp = backend
-                found.listeners += [ListenerSpec(name, host, port, settings.max_connections)
+                found.listeners += [ListenerSpec(name, host, port, backend.listeners[name].max_connections)
                                     for name, port in sorted(backend.ports.items())]
     if settings.rocketmq_port:
         from tidewire.gateway.protocols.rocketmq.server import RocketMQServer

@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-ListenerName = Literal["mqtt", "mqtts", "ws", "wss"]
+ListenerName = Literal["mqtt", "mqtts", "ws", "wss", "amqp", "amqps"]
 
 
 class ListenerOptions(BaseModel):

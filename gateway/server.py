@@ -4,7 +4,6 @@ cleanly on SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import signal
@@ -22,8 +21,13 @@ from tidewire.gateway.node import Node
 from tidewire.gateway.ops.drain import drain
 from tidewire.gateway.protocols.mqtt.connection import MqttProtocol
 from tidewire.gateway.security import Security
-from tidewire.gateway.transport.accept_loop import AcceptLoop
-from tidewire.gateway.transport.listeners import Listener, make_listeners, reload_certificate, tls_context
+from tidewire.gateway.transport.listeners import (
+    Listener,
+    make_listeners,
+    open_listener,
+    reload_certificate,
+    tls_context,
+)
 from tidewire.gateway.transport.websocket import WebSocketProtocol
 from tidewire.gateway.transport.websocket_core import WebSocketOptions
 from tidewire.lookup.base import InProcessLookup, Lookup
@@ -273,26 +277,12 @@ def protocol_factory(node: Node, listener: Listener) -> Callable[[tuple[str, int
 
 
 async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closable]:
+    """The MQTT listeners (AMQP opens its own through the same `open_listener`)."""
     settings = node.settings
-    loop = asyncio.get_running_loop()
     servers: list[_Closable] = []
     for listener, port in make_listeners(settings, time.monotonic()):
-        factory = protocol_factory(node, listener)
-        ctx = tls if listener.tls else None
-        if listener.proxy_protocol or ctx is not None:
-            # Our own accept loop: it reads PROXY headers, and it sees (and logs) failed TLS handshakes.
-            accepting = AcceptLoop(factory, settings.host, port, ssl=ctx, name=listener.name,
-                                   header_timeout=settings.proxy_protocol_timeout,
-                                   ssl_handshake_timeout=settings.connect_timeout,
-                                   trusted=settings.proxy_protocol_trusted, proxy_protocol=listener.proxy_protocol)
-            await accepting.start()
-            listener.port = accepting.sockets[0].getsockname()[1]
-            servers.append(accepting)
-        else:
-            server = await loop.create_server(functools.partial(factory, None), settings.host, port,
-                                              backlog=4096, reuse_address=True)
-            listener.port = server.sockets[0].getsockname()[1] if server.sockets else port
-            servers.append(server)
+        servers.append(await open_listener(listener, port, protocol_factory(node, listener), settings,
+                                           tls if listener.tls else None))
         log.info("listening", extra={"listener": listener.name, "host": settings.host, "port": listener.port,
                                      "max_connections": listener.max_connections,
                                      "proxy_protocol": listener.proxy_protocol})

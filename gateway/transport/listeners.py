@@ -1,10 +1,11 @@
-"""Listeners and admission: MQTT over TCP, TLS, WebSocket and secure WebSocket, each with its own limits and
-the deadlines of its connections; the TLS context and the identity a client certificate proves; whether a new
-CONNECT may proceed.
+"""Listeners and admission, for every protocol: MQTT over TCP, TLS, WebSocket and secure WebSocket, and AMQP
+over TCP and TLS, each with its own limits, PROXY protocol and the deadlines of its connections; the TLS context
+and the identity a client certificate proves; whether a new connection may proceed.
 
-A new CONNECT is refused cleanly (a CONNACK with a reason, never a reset) when its listener is full, the
-listener's connect rate is exceeded, too many CONNECTs are already waiting for authentication, or the event
-loop is overloaded; clients already connected are served as before.
+A new connection is refused cleanly (MQTT: a CONNACK with a reason; AMQP: Connection.Close; never a reset) when
+its listener is full, the listener's connect rate is exceeded, too many connects are already waiting for
+authentication, the event loop is overloaded, or the node is stopping; clients already connected are served as
+before. `Admission.refusal` says which, in neutral terms; each protocol answers it with its own code.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from cryptography.x509.oid import NameOID
 
 from tidewire.extensions.authn import AuthChain, AuthRequest, Identity, Refused
 from tidewire.gateway.config import ListenerName, Settings
-from tidewire.gateway.protocols.mqtt.codec import ConnackCode311, ReasonCode
-from tidewire.gateway.protocols.mqtt.connect import Refusal
+from tidewire.gateway.transport.accept_loop import AcceptLoop, ProtocolFactory
 from tidewire.gateway.transport.ratelimit import TokenBucket
 
 log = logging.getLogger("tidewire.listener")
@@ -114,29 +114,68 @@ class Listener:
         return self.name in ("ws", "wss")
 
 
+def make_listener(settings: Settings, name: ListenerName, now: float) -> Listener:
+    """One listener with the node's limits and its own overrides (`listeners.<name>`)."""
+    opts = settings.listeners.get(name)
+    max_connections = settings.max_connections
+    rate, burst, proxy = settings.max_connection_rate, settings.connection_rate_burst, settings.proxy_protocol
+    if opts is not None:
+        max_connections = opts.max_connections or max_connections
+        rate = opts.max_connection_rate if opts.max_connection_rate is not None else rate
+        burst = opts.connection_rate_burst or burst
+        proxy = opts.proxy_protocol if opts.proxy_protocol is not None else proxy
+    cert_username: CertUsername = None
+    if name in ("mqtts", "wss"):
+        cert_username = "cn" if settings.use_identity_as_username else (
+            "subject" if settings.use_subject_as_username else None)
+    return Listener(name, max_connections, TokenBucket(rate, burst, now) if rate else None, proxy, cert_username)
+
+
 def make_listeners(settings: Settings, now: float) -> list[tuple[Listener, int]]:
-    """The configured listeners with their ports."""
+    """The configured MQTT listeners with their ports."""
     ports: list[tuple[ListenerName, int | None]] = [("mqtt", settings.port), ("mqtts", settings.tls_port),
                                                     ("ws", settings.ws_port), ("wss", settings.wss_port)]
-    made: list[tuple[Listener, int]] = []
-    for name, port in ports:
-        if port is None:
-            continue
-        opts = settings.listeners.get(name)
-        max_connections = settings.max_connections
-        rate, burst, proxy = settings.max_connection_rate, settings.connection_rate_burst, settings.proxy_protocol
-        if opts is not None:
-            max_connections = opts.max_connections or max_connections
-            rate = opts.max_connection_rate if opts.max_connection_rate is not None else rate
-            burst = opts.connection_rate_burst or burst
-            proxy = opts.proxy_protocol if opts.proxy_protocol is not None else proxy
-        cert_username: CertUsername = None
-        if name in ("mqtts", "wss"):
-            cert_username = "cn" if settings.use_identity_as_username else (
-                "subject" if settings.use_subject_as_username else None)
-        made.append((Listener(name, max_connections, TokenBucket(rate, burst, now) if rate else None, proxy,
-                              cert_username), port))
-    return made
+    return [(make_listener(settings, name, now), port) for name, port in ports if port is not None]
+
+
+class Server(Protocol):
+    """An open listener: asyncio's `Server` or an `AcceptLoop`."""
+
+    @property
+    def sockets(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+async def open_listener(listener: Listener, port: int, factory: ProtocolFactory, settings: Settings,
+                        tls: ssl.SSLContext | None) -> Server:
+    """Listen on `port` for `listener` (any protocol); `factory(peer)` makes each connection's protocol, `peer`
+    being the client's address from a PROXY header (else None). Sets `listener.port` to the bound port."""
+    if listener.proxy_protocol or tls is not None:
+        # Our own accept loop: it reads PROXY headers, and it sees (and logs) failed TLS handshakes.
+        accepting = AcceptLoop(factory, settings.host, port, ssl=tls, name=listener.name,
+                               header_timeout=settings.proxy_protocol_timeout,
+                               ssl_handshake_timeout=settings.connect_timeout,
+                               trusted=settings.proxy_protocol_trusted, proxy_protocol=listener.proxy_protocol)
+        await accepting.start()
+        listener.port = accepting.sockets[0].getsockname()[1]
+        return accepting
+    server = await asyncio.get_running_loop().create_server(lambda: factory(None), settings.host, port,
+                                                            backlog=4096, reuse_address=True)
+    listener.port = server.sockets[0].getsockname()[1] if server.sockets else port
+    return server
+
+
+AdmissionKind = Literal["stopping", "busy", "rate"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRefusal:
+    """Why a new connection is turned away: the node is `stopping` (go to another node), `busy` (full,
+    overloaded, too many in authentication) or over its connect `rate`; `detail` for the log and the client."""
+
+    kind: AdmissionKind
+    detail: str
 
 
 class Admission:
@@ -172,19 +211,19 @@ class Admission:
     def overloaded(self) -> bool:
         return bool(self.max_lag_ms) and self.lag_ms > self.max_lag_ms
 
-    def check(self, listener: Listener, now: float, reconnecting: bool) -> None:
-        """Raise `Refusal` when a new CONNECT on `listener` must be refused."""
-        busy = ConnackCode311.SERVER_UNAVAILABLE
+    def refusal(self, listener: Listener, now: float, reconnecting: bool) -> AdmissionRefusal | None:
+        """Why a new connection on `listener` must be refused, or None (then it takes a rate token)."""
         if self.draining:  # a client that got in before the listener closed: let it go to another node now
-            raise Refusal(busy, ReasonCode.SERVER_UNAVAILABLE, "the node is stopping")
+            return AdmissionRefusal("stopping", "the node is stopping")
         if self.overloaded:
-            raise Refusal(busy, ReasonCode.SERVER_BUSY, f"overloaded (event loop lag {self.lag_ms:.0f} ms)")
+            return AdmissionRefusal("busy", f"overloaded (event loop lag {self.lag_ms:.0f} ms)")
         if self.pending >= self.max_pending:
-            raise Refusal(busy, ReasonCode.SERVER_BUSY, "too many connects in authentication")
+            return AdmissionRefusal("busy", "too many connects in authentication")
         if listener.connections >= listener.max_connections and not reconnecting:
-            raise Refusal(busy, ReasonCode.SERVER_BUSY, f"max connections on listener {listener.name}")
+            return AdmissionRefusal("busy", f"max connections on listener {listener.name}")
         if listener.rate is not None and not listener.rate.take(now):
-            raise Refusal(busy, ReasonCode.CONNECTION_RATE_EXCEEDED, f"connect rate on listener {listener.name}")
+            return AdmissionRefusal("rate", f"connect rate on listener {listener.name}")
+        return None
 
     async def watch_loop_lag(self, interval: float = 0.1) -> None:
         """Sample how late the event loop wakes us: the clearest sign that new work would hurt current work."""

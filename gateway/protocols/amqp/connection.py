@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from tidewire.extensions.authn import AuthRequest, Refused
 from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.protocols.amqp.channel import Channel
-from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, INTERNAL_ERROR, Fault
+from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, INTERNAL_ERROR, NOT_ALLOWED, Fault
 from tidewire.gateway.protocols.amqp.core import ConnectionCore
 from tidewire.gateway.protocols.amqp.events import (
     Authenticate,
@@ -29,7 +29,7 @@ from tidewire.gateway.protocols.amqp.events import (
     Event,
     Opened,
 )
-from tidewire.gateway.transport.listeners import certificate_name
+from tidewire.gateway.transport.listeners import Listener, certificate_name
 
 if TYPE_CHECKING:
     from tidewire.gateway.protocols.amqp.server import AmqpServer
@@ -39,10 +39,13 @@ log = logging.getLogger("tidewire.amqp")
 MAX_BACKLOG = 1024  # events waiting for the worker before reading pauses
 TICK_S = 1.0  # heartbeat / handshake checks (a quarter of the heartbeat when that is shorter)
 REFUSED_TEXT = "Login was refused using authentication mechanism PLAIN. For details see the broker logfile."
+# How AMQP answers an admission refusal (gateway.transport.listeners.AdmissionRefusal), decided at Start-Ok and
+# sent at Connection.Open: RabbitMQ's codes for a node that is shutting down and for a connection limit.
+ADMISSION_CODES = {"stopping": CONNECTION_FORCED, "busy": NOT_ALLOWED, "rate": NOT_ALLOWED}
 
 
 class AmqpConnection(asyncio.Protocol):
-    def __init__(self, server: AmqpServer, listener: str) -> None:
+    def __init__(self, server: AmqpServer, listener: Listener, peer: tuple[str, int] | None = None) -> None:
         self.server = server
         self.node = server.node
         self.listener = listener  # "amqp" or "amqps"
@@ -51,7 +54,8 @@ class AmqpConnection(asyncio.Protocol):
         self.channels: dict[int, Channel] = {}
         self.exclusive: set[str] = set()  # group names of the exclusive queues it declared
         self.writable = True
-        self.peer = ""
+        self.peer = f"{peer[0]}:{peer[1]}" if peer is not None else ""  # the real client behind a PROXY header
+        self.counted = False  # logged in: counted in its listener's connections
         self.core: ConnectionCore = server.new_core(self._want_flush)
         self.transport: asyncio.Transport | None = None
         self.expires_at: float | None = None  # a token's expiry: the connection is closed then
@@ -70,15 +74,13 @@ class AmqpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+        if not self.peer:
+            peer = transport.get_extra_info("peername")
+            self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
         self.info = ClientInfo(self.id, None, self.peer)
         # a verified client certificate (amqps with cafile), for the authentication sources that use it
         self._cert = (certificate_name(transport, "subject"), certificate_name(transport, "cn"))
-        if not self.server.admit(self):
-            log.warning("amqp.refused", extra={"conn": self.id, "peer": self.peer, "detail": "max_connections"})
-            transport.abort()
-            return
+        self.server.track(self)
         self._deadline = time.monotonic() + self.node.settings.connect_timeout
         self._worker = asyncio.get_running_loop().create_task(self._work())
         self._schedule_tick()
@@ -252,7 +254,7 @@ class AmqpConnection(asyncio.Protocol):
             await self._authenticate(event)
         elif isinstance(event, Opened):
             log.info("amqp.connected", extra={"conn": self.id, "peer": self.peer, "user": self.info.username,
-                                              "listener": self.listener, "heartbeat": core.heartbeat,
+                                              "listener": self.listener.name, "heartbeat": core.heartbeat,
                                               "frame_max": core.frame_max})
             self._schedule_tick_soon()
         elif isinstance(event, CloseRequested):
@@ -265,10 +267,20 @@ class AmqpConnection(asyncio.Protocol):
         self._schedule_tick()  # the negotiated heartbeat may want shorter ticks
 
     async def _authenticate(self, event: Authenticate) -> None:
+        admission = self.node.admission
+        refused = admission.refusal(self.listener, time.monotonic(), False)  # before any authentication work
+        if refused is not None:
+            log.info("amqp.refused", extra={"conn": self.id, "peer": self.peer, "detail": refused.detail})
+            self.core.refuse_open(ADMISSION_CODES[refused.kind], f"connection refused: {refused.detail}")
+            return
         request = AuthRequest(client_id=self.id, username=event.username, password=event.password, peer=self.peer,
-                              protocol="amqp", listener=self.listener, cert_subject=self._cert[0],
+                              protocol="amqp", listener=self.listener.name, cert_subject=self._cert[0],
                               cert_common_name=self._cert[1])
-        result = await self.node.auth.authenticate(request)
+        admission.pending += 1
+        try:
+            result = await self.node.auth.authenticate(request)
+        finally:
+            admission.pending -= 1
         if isinstance(result, Refused):
             log.info("amqp.auth_refused", extra={"conn": self.id, "peer": self.peer, "username": event.username,
                                                  "source": result.source, "reason": result.reason})
@@ -283,6 +295,8 @@ class AmqpConnection(asyncio.Protocol):
             return
         self.info = ClientInfo(self.id, result.username, self.peer, superuser=result.superuser, acl=result.acl)
         self.expires_at = result.expires_at
+        self.listener.connections += 1
+        self.counted = True
         self.core.auth_accepted()
 
     async def _fail(self, channel: Channel | None, problem: Fault) -> None:

@@ -84,6 +84,7 @@ class ConnectionCore:
         self.heartbeat = 0
         self.vhost = ""
         self.close_reason: Fault | None = None  # what closed the connection (ours or the client's)
+        self._open_refusal: tuple[int, str] | None = None  # admission's answer to Connection.Open (`refuse_open`)
         self._wake = wake
         self._out: list[bytes] = []
         self._reader = FrameReader(max(MIN_FRAME_MAX, limits.frame_max))
@@ -221,6 +222,9 @@ class ConnectionCore:
         elif state is State.TUNE and isinstance(method, Connection.TuneOk):
             self._tune_ok(method)
         elif state is State.OPEN_WAIT and isinstance(method, Connection.Open):
+            if self._open_refusal is not None:
+                self.close_connection(fault(*self._open_refusal, method))
+                return
             if method.virtual_host not in self.limits.vhosts:
                 self.close_connection(fault(NOT_ALLOWED, f"vhost {method.virtual_host!r} not found", method))
                 return
@@ -253,6 +257,18 @@ class ConnectionCore:
     def auth_accepted(self) -> None:
         if self.state is not State.AUTH:
             return
+        self._tune()
+
+    def refuse_open(self, code: int, text: str) -> None:
+        """Admission turned the connection away before authenticating it: the handshake goes on, unauthenticated,
+        and Connection.Open is answered with Connection.Close `code` (where clients expect a connection limit,
+        as RabbitMQ's; a Close answering Start-Ok reads to them as a failed login)."""
+        if self.state is not State.AUTH:
+            return
+        self._open_refusal = (code, text)
+        self._tune()
+
+    def _tune(self) -> None:
         self.state = State.TUNE
         limits = self.limits
         self.send_method(0, Connection.Tune(limits.channel_max, limits.frame_max, limits.heartbeat))

@@ -12,12 +12,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from tidewire.gateway.config import ListenerName
 from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, Fault
 from tidewire.gateway.protocols.amqp.connection import AmqpConnection
 from tidewire.gateway.protocols.amqp.core import ConnectionCore
 from tidewire.gateway.protocols.amqp.events import Limits
 from tidewire.gateway.protocols.amqp.exchanges import Exchanges
 from tidewire.gateway.protocols.amqp.queues import Queues
+from tidewire.gateway.transport.listeners import Listener, make_listener, open_listener
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node
@@ -45,8 +47,9 @@ class AmqpServer:
         self.exchanges = Exchanges(node)
         self.queues = Queues(node)
         self.connections: dict[str, set[AmqpConnection]] = {"amqp": set(), "amqps": set()}
+        self.listeners: dict[str, Listener] = {}  # their limits, PROXY protocol and deadlines are MQTT's
         self.ports: dict[str, int] = {}
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[Any] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
         # Connection ids carry the node id (exclusive queues left by this node's previous life are found by
@@ -61,15 +64,14 @@ class AmqpServer:
     def new_core(self, wake: Callable[[], None]) -> ConnectionCore:
         return ConnectionCore(self.limits, self.properties, wake, time.monotonic())
 
-    def admit(self, conn: AmqpConnection) -> bool:
-        live = self.connections[conn.listener]
-        if len(live) >= self.node.settings.max_connections:
-            return False
-        live.add(conn)
-        return True
+    def track(self, conn: AmqpConnection) -> None:
+        self.connections[conn.listener.name].add(conn)
 
     def forget(self, conn: AmqpConnection) -> None:
-        self.connections[conn.listener].discard(conn)
+        self.connections[conn.listener.name].discard(conn)
+        if conn.counted:
+            conn.listener.connections -= 1
+            conn.counted = False
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run in the background; stop() waits for these (requeues, exclusive queue deletions)."""
@@ -87,22 +89,23 @@ class AmqpServer:
         settings = self.node.settings
         await self.queues.drop_orphans()
         loop = asyncio.get_running_loop()
-        wanted: list[tuple[str, int, ssl.SSLContext | None]] = []
+        wanted: list[tuple[ListenerName, int, ssl.SSLContext | None]] = []
         if settings.amqp_port:
             wanted.append(("amqp", settings.amqp_port, None))
         if settings.amqps_port and self.tls is not None:
             wanted.append(("amqps", settings.amqps_port, self.tls))
         try:
             for name, port, ctx in wanted:
-                def factory(name: str = name) -> AmqpConnection:
-                    return AmqpConnection(self, name)
+                listener = self.listeners[name] = make_listener(settings, name, time.monotonic())
 
-                server = await loop.create_server(factory, settings.host, port, ssl=ctx, backlog=4096,
-                                                  reuse_address=True,
-                                                  ssl_handshake_timeout=settings.connect_timeout if ctx else None)
-                self._servers.append(server)
-                self.ports[name] = server.sockets[0].getsockname()[1] if server.sockets else port
-                log.info("listening", extra={"listener": name, "host": settings.host, "port": self.ports[name]})
+                def factory(peer: tuple[str, int] | None, listener: Listener = listener) -> AmqpConnection:
+                    return AmqpConnection(self, listener, peer)
+
+                self._servers.append(await open_listener(listener, port, factory, settings, ctx))
+                self.ports[name] = listener.port
+                log.info("listening", extra={"listener": name, "host": settings.host, "port": listener.port,
+                                             "max_connections": listener.max_connections,
+                                             "proxy_protocol": listener.proxy_protocol})
         except OSError:
             for server in self._servers:
                 server.close()

@@ -52,6 +52,14 @@ class Terms:
     ack_properties: dict[int, Any] = field(default_factory=dict)
 
 
+# How MQTT answers an admission refusal (gateway.transport.listeners.AdmissionRefusal): 3.1.1 code, 5.0 code.
+ADMISSION_CODES: dict[str, tuple[int, int]] = {
+    "stopping": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_UNAVAILABLE),
+    "busy": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_BUSY),
+    "rate": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.CONNECTION_RATE_EXCEEDED),
+}
+
+
 def negotiate(packet: Connect, settings: Settings, peer: str, now_ms: int) -> Terms:
     """Terms of the connection (a will expires from `now_ms`), or `Refusal` with the CONNACK codes to answer. Who
     the client is comes later (authentication): until then `terms.info` is anonymous, whatever user name the

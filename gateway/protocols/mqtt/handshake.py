@@ -21,7 +21,14 @@ from tidewire.gateway.protocols.mqtt.codec import (
     ReasonCode,
     encode,
 )
-from tidewire.gateway.protocols.mqtt.connect import Refusal, Terms, check_will, negotiate, refusal_codes
+from tidewire.gateway.protocols.mqtt.connect import (
+    ADMISSION_CODES,
+    Refusal,
+    Terms,
+    check_will,
+    negotiate,
+    refusal_codes,
+)
 from tidewire.gateway.protocols.mqtt.lifecycle import (
     AUTHENTICATING,
     CLOSED,
@@ -47,8 +54,10 @@ class Handshake(ChannelBase):
         self._state = CONNECTING  # reading is held only if the CONNECT has to wait (HOLD_CONNECT)
         node = self.node
         self.client_id = packet.client_id
+        refused = node.admission.refusal(self.listener, self.clock.monotonic(), packet.client_id in node.connections)
+        if refused is not None:
+            return self._refuse(*ADMISSION_CODES[refused.kind], refused.detail)
         try:
-            node.admission.check(self.listener, self.clock.monotonic(), packet.client_id in node.connections)
             terms = negotiate(packet, node.settings, self.peer, int(self.clock.time() * 1000))
         except Refusal as refusal:
             return self._refuse(refusal.code311, refusal.code5, refusal.detail)

@@ -1,4 +1,6 @@
-"""Listener configuration and admission of new CONNECTs (quotas, connect rate, pending auth, overload)."""
+"""Listener configuration and admission of new connections (quotas, connect rate, pending auth, overload); the
+codes each protocol answers with are checked on the wire (tests/integration/test_limits.py, test_admission.py of
+AMQP)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,7 @@ import time
 import pytest
 
 from tidewire.gateway.config import Settings
-from tidewire.gateway.protocols.mqtt.codec import ConnackCode311, ReasonCode
-from tidewire.gateway.protocols.mqtt.connect import Refusal
-from tidewire.gateway.transport.listeners import Admission, make_listeners, tls_context
+from tidewire.gateway.transport.listeners import Admission, AdmissionRefusal, Listener, make_listeners, tls_context
 
 
 def test_listeners_take_node_defaults_and_their_own_overrides() -> None:
@@ -30,34 +30,37 @@ def test_certificate_user_names_only_on_tls_listeners() -> None:
     assert names == {"mqtt": None, "mqtts": "cn", "wss": "cn"}
 
 
-def _refusal(admission: Admission, *args: object) -> Refusal:
-    with pytest.raises(Refusal) as info:
-        admission.check(*args)  # type: ignore[arg-type]
-    return info.value
+def _refusal(admission: Admission, listener: Listener, now: float, reconnecting: bool) -> AdmissionRefusal:
+    refused = admission.refusal(listener, now, reconnecting)
+    assert refused is not None
+    return refused
 
 
-def test_admission_refuses_each_limit_with_its_code() -> None:
+def _admitted(admission: Admission, listener: Listener, now: float, reconnecting: bool) -> None:
+    assert admission.refusal(listener, now, reconnecting) is None
+
+
+def test_admission_refuses_each_limit_with_its_kind() -> None:
     settings = Settings(max_connections=1, max_connection_rate=1, connection_rate_burst=2, max_pending_connects=1)
     listener = make_listeners(settings, 0.0)[0][0]
     admission = Admission(settings)
-    admission.check(listener, 0.0, False)
+    _admitted(admission, listener, 0.0, False)
     listener.connections = 1
-    assert _refusal(admission, listener, 0.0, False).code5 == ReasonCode.SERVER_BUSY
-    admission.check(listener, 0.0, True)  # a reconnecting client takes its own place: rate token 2 of 2
+    assert _refusal(admission, listener, 0.0, False).kind == "busy"
+    _admitted(admission, listener, 0.0, True)  # a reconnecting client takes its own place: rate token 2 of 2
     listener.connections = 0
-    rate = _refusal(admission, listener, 0.0, False)
-    assert (rate.code5, rate.code311) == (ReasonCode.CONNECTION_RATE_EXCEEDED, ConnackCode311.SERVER_UNAVAILABLE)
-    admission.check(listener, 1.0, False)  # a token a second
+    assert _refusal(admission, listener, 0.0, False).kind == "rate"
+    _admitted(admission, listener, 1.0, False)  # a token a second
     admission.pending = 1
-    assert _refusal(admission, listener, 5.0, False).code5 == ReasonCode.SERVER_BUSY
+    assert _refusal(admission, listener, 5.0, False).kind == "busy"
     admission.pending = 0
     admission.lag_ms = settings.overload_loop_lag_ms + 1
-    assert "overloaded" in _refusal(admission, listener, 5.0, False).detail
+    overloaded = _refusal(admission, listener, 5.0, False)
+    assert overloaded.kind == "busy" and "overloaded" in overloaded.detail
     admission.lag_ms = 0
-    admission.check(listener, 6.0, True)
+    _admitted(admission, listener, 6.0, True)
     admission.draining = True  # the node stops: even a reconnecting client goes elsewhere
-    stopping = _refusal(admission, listener, 7.0, True)
-    assert (stopping.code5, stopping.code311) == (ReasonCode.SERVER_UNAVAILABLE, ConnackCode311.SERVER_UNAVAILABLE)
+    assert _refusal(admission, listener, 7.0, True).kind == "stopping"
 
 
 async def test_loop_lag_is_measured() -> None:

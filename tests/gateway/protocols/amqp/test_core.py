@@ -136,6 +136,22 @@ def test_a_frame_of_frame_max_plus_its_overhead_is_tolerated_one_more_byte_is_no
         (501, "FRAME_ERROR - frame size 4105 larger than negotiated maximum 4096")]
 
 
+def test_a_connection_refused_by_admission_is_closed_at_open_without_logging_in() -> None:
+    core = ConnectionCore(LIMITS, {"product": "test"}, lambda: None, 0.0)
+    core.receive(HEADER, 0.0)
+    core.data_to_send()
+    events = core.receive(m(0, commands.Connection.StartOk(mechanism="PLAIN", response="\0user\0pw")), 0.0)
+    assert events == [Authenticate("user", b"pw")]
+    core.refuse_open(530, "connection refused: max connections on listener amqp")  # instead of authenticating
+    assert isinstance(decode_all(core.data_to_send())[0][1], commands.Connection.Tune)
+    events = core.receive(m(0, commands.Connection.TuneOk(8, 4096, 0)) + m(0, commands.Connection.Open("/")), 0.0)
+    assert events == [] and not core.open  # never Opened: no channel, no command
+    [(_, close)] = decode_all(core.data_to_send())
+    assert isinstance(close, commands.Connection.Close)
+    assert (close.reply_code, close.class_id, close.method_id) == (530, 10, 40)
+    assert close.reply_text == "NOT_ALLOWED - connection refused: max connections on listener amqp"
+
+
 def test_channel_close_waits_for_cleanup_then_confirms() -> None:
     core = open_core()
     core.receive(m(2, commands.Channel.Open()), 0.0)
