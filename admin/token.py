@@ -11,6 +11,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidewire.errors import TidewireError
 from tidewire.gateway.config import Settings
 
 log = logging.getLogger("tidewire.admin")
@@ -20,7 +21,7 @@ TOKEN_BYTES = 32  # of randomness in a generated token (43 URL-safe characters)
 MAX_TOKEN_FILE_BYTES = 4096  # a token file is one short line; anything bigger is not one
 
 
-class TokenError(OSError):
+class TokenError(TidewireError, OSError):
     """The configured token cannot be used (unreadable or empty file); the message names the file only."""
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 
+from tidewire.errors import MissingExtra
+
 # extra -> the import names it brings (as in pyproject.toml's [project.optional-dependencies])
 EXTRAS: dict[str, tuple[str, ...]] = {
     "redis": ("redis", "msgspec"),
@@ -22,15 +24,6 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "lake": ("pyarrow", "msgspec"),
     "pipeline": ("pyspark", "pyarrow", "paho"),
 }
-
-
-class MissingExtra(Exception):
-    """A part the settings or the command ask for needs an extra that is not installed."""
-
-    def __init__(self, extra: str, what: str, missing: list[str]) -> None:
-        super().__init__(f"{what} needs tidewire[{extra}] (missing: {', '.join(missing)}): "
-                         f"pip install 'tidewire[{extra}]'")
-        self.extra = extra
 
 
 def _importable(name: str) -> bool:

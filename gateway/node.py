@@ -22,6 +22,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from tidewire.cache.queue_cache import QueueCache
+from tidewire.errors import StaleWildcards
 from tidewire.extensions.auth import EnhancedAuth
 from tidewire.extensions.authn import AuthChain
 from tidewire.extensions.hooks import Authorizer, PerClient
@@ -45,7 +46,7 @@ from tidewire.gateway.sessions.wills import DelayedWills, delay_left
 from tidewire.gateway.transport.listeners import Admission
 from tidewire.lookup.base import Lookup
 from tidewire.notify.base import Notifier
-from tidewire.store.base import Message, StaleWildcards, Store
+from tidewire.store.base import Message, Store
 
 if TYPE_CHECKING:
     from tidewire.gateway.cluster import ClusterRole

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidewire.errors import MissingExtra, StartupError
 from tidewire.gateway import extras
 from tidewire.gateway.cluster import ClusterRole
 from tidewire.gateway.config import Settings
@@ -195,11 +196,6 @@ class LakeRunner:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-class StartupError(Exception):
-    """A configured file (password file, keys, certificate, ACL) cannot be used: refuse to start rather than
-    serve with less protection than the operator asked for."""
-
-
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis-cluster://", "rediss-cluster://")
 
 
@@ -293,7 +289,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
     try:
         parts = optional_parts(settings)
-    except extras.MissingExtra as exc:
+    except MissingExtra as exc:
         raise StartupError(str(exc)) from exc
     try:
         security = Security.build(settings)

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidewire.errors import ClusterError
+
 log = logging.getLogger("tidewire.cluster.membership")
 
 GONE_KEEP_MS = 3_600_000  # how long a removed process can still learn that it was declared dead
@@ -87,7 +89,7 @@ ChangeCallback = Callable[[int, dict[str, str]], None]
 DeadCallback = Callable[[list[str]], None]
 
 
-class NodeIdTaken(RuntimeError):
+class NodeIdTaken(ClusterError, RuntimeError):
     """Another live process holds this node id."""
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
+from tidewire.errors import ClusterError
 from tidewire.lookup.rpc_wire import Call, Cast, Challenge, FrameCodec, Hello, Message, Proof, Reply, Welcome, proof
 
 log = logging.getLogger("tidewire.cluster.rpc")
@@ -39,7 +40,7 @@ Handler = Callable[[str, Any], Any]  # (from_node, payload) -> reply, or an awai
 LostCallback = Callable[[], None]
 
 
-class RpcError(Exception):
+class RpcError(ClusterError):
     """The peer answered a call with an error (unknown method, failing handler, message too large)."""
 
 

@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidewire.errors import TidewireError
+
 PACKAGE = "tidewire.pipeline"
 ENTRY = "tidewire.pipeline.cli"  # the jobs' command line: every job is reached from it
 JOBS_PACKAGE = "tidewire.pipeline.jobs"
@@ -41,7 +43,7 @@ sys.exit(main(["run", "{job}", *sys.argv[1:]]))
 '''
 
 
-class ArtifactError(Exception):
+class ArtifactError(TidewireError):
     """The jobs cannot be packaged: an import the driver could not satisfy, or a job the command line misses."""
 
 

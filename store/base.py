@@ -190,11 +190,6 @@ class LogSource(Protocol):
     async def release(self, key: str, owner: str) -> None: ...
 
 
-class StaleWildcards(Exception):
-    """`append` was indexed with an older wildcard set than the store's: refresh with `wildcards()`, re-index
-    the batch, append again. Nothing of the refused batch was stored."""
-
-
 class Store(Protocol):
     """Async, batched interface of a store engine. Every call may be a network round trip in another engine."""
 

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from tidewire.store.base import Message, Slice, StaleWildcards
+from tidewire.errors import StaleWildcards, StoreClosed
+from tidewire.store.base import Message, Slice
 from tidewire.store.embedded_log import EmbeddedLog, lowest_hold
 from tidewire.store.embedded_meta import MetaStore
 from tidewire.store.embedded_records import RecordCalls
@@ -149,6 +150,8 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
 
     # --- messages -----------------------------------------------------------------------------------------
     async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
+        if not self._open:
+            raise StoreClosed("store is not open")
         if not messages:
             return
         if wildcard_version not in (-1, self._registry.wildcard_version):
@@ -181,6 +184,8 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
     async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
         # One sequence and no await before the answer: everything appended so far is visible, so the answer
         # is complete up to the last seq.
+        if not self._open:
+            raise StoreClosed("store is not open")
         messages = self._read(queue, after_seq, limit)
         if limit > 0 and len(messages) >= limit:
             return Slice(messages, messages[-1].seq)
@@ -224,7 +229,7 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
                 await asyncio.shield(task)
             else:
                 if self._interval_task is None:
-                    raise RuntimeError("store is not open")
+                    raise StoreClosed("store is not open")
                 if self._tick is None:
                     self._tick = asyncio.get_running_loop().create_future()
                 await asyncio.shield(self._tick)

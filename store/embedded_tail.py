@@ -33,6 +33,7 @@ from pathlib import Path
 from struct import error as StructError
 from zlib import crc32
 
+from tidewire.errors import StoreClosed
 from tidewire.store.base import LogSlice, Message
 from tidewire.store.embedded_log import HOLDS_DIR, FileLeases, check_partition, hold_file_name, read_holds, write_hold
 from tidewire.store.records import (
@@ -105,7 +106,7 @@ class EmbeddedLogTail:
     async def read_log(self, partition: int, after_seq: int, limit: int) -> LogSlice:
         check_partition(partition)
         if not self._open:
-            raise RuntimeError("the log tail is not open")
+            raise StoreClosed("the log tail is not open")
         self._refresh()
         segs = self._segments
         trimmed = max(0, segs[0].first_seq - 1) if segs else 0

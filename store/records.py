@@ -58,6 +58,7 @@ from dataclasses import asdict
 from struct import Struct
 from struct import error as StructError
 
+from tidewire.errors import CorruptData
 from tidewire.store.base import PROTOCOL_MQTT, Message, SessionRecord, SubscriptionRecord, WillRecord
 
 # u32 body length, u32 crc32 of the body
@@ -87,11 +88,11 @@ _header_unpack_from = MSG_HEADER.unpack_from
 _v0_unpack_from = LEGACY_HEADER.unpack_from
 
 
-class CorruptRecord(ValueError):
+class CorruptRecord(CorruptData):
     """A frame whose length or crc does not check out (usually a torn write)."""
 
 
-class UnsupportedRecord(ValueError):
+class UnsupportedRecord(CorruptData):
     """A well-formed record of a format version this build does not know (written by a newer one).
 
     `version`, `seq` and `timestamp_ms` come from the prefix every version keeps; `seq` is -1 when the record

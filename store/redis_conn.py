@@ -34,6 +34,8 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 
+from tidewire.errors import StoreClosed, StoreUnavailable
+
 log = logging.getLogger("tidewire.store")
 T = TypeVar("T")
 
@@ -53,12 +55,8 @@ _UNAVAILABLE = (
 )
 
 
-class RedisUnavailable(ConnectionError):
+class RedisUnavailable(StoreUnavailable):
     """Redis cannot be reached or cannot take writes now; retry later (an `OSError`)."""
-
-
-class StoreClosed(RuntimeError):
-    """A call on a store that is not open."""
 
 
 def _unavailable(exc: BaseException) -> RedisUnavailable:

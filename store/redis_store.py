@@ -76,18 +76,18 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from tidewire.errors import StaleWildcards, StoreClosed
 from tidewire.store.base import (
     SHARED_PREFIX,
     Ban,
     Message,
     SessionRecord,
     Slice,
-    StaleWildcards,
     WillRecord,
     counted_filter,
 )
 from tidewire.store.records import decode_message_body, encode_message_body
-from tidewire.store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script, StoreClosed
+from tidewire.store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script
 from tidewire.store.redis_groups import RedisGroups
 from tidewire.store.redis_log import PartitionKeys as _Partition
 from tidewire.store.redis_log import RedisLog
@@ -103,7 +103,7 @@ from tidewire.store.redis_scripts import (
     TICKS,
 )
 
-__all__ = ["RedisStore", "RedisUnavailable", "StoreClosed"]
+__all__ = ["RedisStore", "RedisUnavailable"]
 
 log = logging.getLogger("tidewire.store")
 

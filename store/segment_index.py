@@ -59,6 +59,7 @@ from struct import Struct
 from struct import error as StructError
 from typing import Literal
 
+from tidewire.errors import CorruptData
 from tidewire.store.files import fsync_dir, write_all
 from tidewire.store.records import CorruptRecord, check_frame
 
@@ -76,7 +77,7 @@ if sys.byteorder != "little" or array("I").itemsize != 4 or array("Q").itemsize 
     raise ImportError("store.segment_index reads its files as native arrays: it needs a little-endian host")
 
 
-class BadIndex(ValueError):
+class BadIndex(CorruptData):
     """An index file that cannot be used (damaged, stale, or of another format); the reason is the message."""
 
 

@@ -11,6 +11,7 @@ the installed wheel does (one tree for the interpreter, mypy, pytest and Spark):
     tidewire.extensions  authentication and ACL sources; the AMQP 0.9.1 and RocketMQ 5 protocol handlers
     tidewire.admin       a node's HTTP port: REST API, Prometheus metrics, dashboard, health
     tidewire.pipeline    the lake bridge (the log as Parquet) and the PySpark jobs over the lake
+    tidewire.errors      the one root exception, `TidewireError`, and its small hierarchy (a file of its own here)
 
 Importing this package imports nothing else (a Spark driver loads it from the jobs' zip).
 """

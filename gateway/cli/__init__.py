@@ -109,7 +109,8 @@ def serve_command(
                              api_token_file=api_token_file)
     setup_logging(settings.log_level, settings.log_format)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    from tidewire.gateway.server import StartupError, run, serve  # here, so `tidewire passwd` starts without them
+    from tidewire.errors import StartupError
+    from tidewire.gateway.server import run, serve  # here, so `tidewire passwd` starts without them
 
     try:
         run(serve(settings))

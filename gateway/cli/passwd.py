@@ -26,6 +26,7 @@ from typing import Annotated
 
 import typer
 
+from tidewire.errors import TidewireError
 from tidewire.extensions.password_file import (
     DEFAULT_ITERATIONS,
     MAX_ITERATIONS,
@@ -45,7 +46,7 @@ _SCRAM_ITER_HELP = "iterations of the SCRAM-SHA-256 line"
 _NO_SCRAM_HELP = "write no SCRAM-SHA-256 line (files only for Mosquitto, which logs an error for each)"
 
 
-class PasswdError(Exception):
+class PasswdError(TidewireError):
     """A refusal with mosquitto_passwd's exit code; the message never holds a password."""
 
     def __init__(self, message: str, code: int = 1) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidewire.errors import PublishFailed
 from tidewire.gateway.protocols.mqtt.codec import PropertyId
 from tidewire.gateway.protocols.mqtt.codec.errors import PacketType, ProtocolError
 from tidewire.gateway.protocols.mqtt.codec.properties import ALLOWED, decode_block, encode_properties
@@ -68,10 +69,6 @@ class FutureSink:
 
     def resume_publishes(self) -> None:
         pass
-
-
-class PublishFailed(Exception):
-    """The message was not stored."""
 
 
 @dataclass(slots=True)

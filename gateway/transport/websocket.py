@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+from tidewire.errors import TidewireError
 from tidewire.gateway.transport.websocket_core import (
     CLOSE_NORMAL,
     OP_CLOSE,
@@ -35,7 +36,7 @@ log = logging.getLogger("tidewire.ws")
 _HANDSHAKE, _OPEN, _CLOSING, _CLOSED = range(4)
 
 
-class WebSocketError(ConnectionError):
+class WebSocketError(TidewireError, ConnectionError):
     """Passed to the inner protocol's connection_lost when the client broke the WebSocket protocol."""
 
     def __init__(self, code: int, reason: str) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.store.conftest import Engine
+from tidewire.errors import StoreClosed, TidewireError
 from tidewire.store.base import Message, SessionRecord, Store, SubscriptionRecord, WillRecord, p2p_queue
 from tidewire.store.delaying import DelayingStore
 from tidewire.store.embedded import EmbeddedStore
@@ -331,13 +332,6 @@ async def test_append_keeps_no_reference_to_the_callers_list(engine: Engine) -> 
     assert rec is not None and (rec.offset, rec.sent_upto) == (3, 3)
 
 
-def unmet_by_embedded(engine: Engine, request: pytest.FixtureRequest, reason: str) -> None:
-    """The wanted contract, which the embedded engine (and the wrapper around it) does not meet yet: a strict
-    xfail for those variants only, so an engine that meets it passes and a fixed embedded engine shows XPASS."""
-    if engine.name in ("embedded", "delaying"):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-
-
 @pytest.mark.xfail(strict=True, reason=(
     "append mutates the caller's Message (assigns seq, fills timestamp_ms). Wanted contract: append leaves "
     "its arguments untouched and returns the seqs it assigned (list[int], in batch order); what `read` returns "
@@ -369,20 +363,18 @@ async def test_wills_and_retained_are_isolated_from_caller_objects(engine: Engin
     assert (wills, retained_payloads) == ([(5, b"will/1-payload")], [b"r-payload"])
 
 
-async def test_calls_after_close_raise(engine: Engine, request: pytest.FixtureRequest) -> None:
-    unmet_by_embedded(engine, request, (
-        "After close, the embedded engine still answers reads from memory, its append reopens a segment and acks "
-        "(leaking the fd), and its KV writes hit a closed, possibly reused fd. Wanted contract: every call on a "
-        "closed store raises one clear error and writes nothing; close itself is idempotent."))
+async def test_calls_after_close_raise(engine: Engine) -> None:
+    """Every engine: a call on a closed store raises `StoreClosed` (under the one root) and writes nothing; close
+    itself is idempotent."""
     s = engine.store
     await s.append([msg("early", "early")])
     await s.close()
     await s.close()  # idempotent
-    # Reads first: today they answer, so the test stops here before a write can leak anything.
-    with pytest.raises(Exception):  # noqa: B017 - the error type is not part of the protocol yet
+    with pytest.raises(StoreClosed):
         await s.read("early", 0, 10)
-    with pytest.raises(Exception):  # noqa: B017
+    with pytest.raises(StoreClosed):
         await s.append([msg("late", "late")])
+    assert issubclass(StoreClosed, TidewireError)
 
 
 # --- the delaying wrapper itself ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from tests.store.conftest import Engine
 from tests.store.test_contract import full_session, msg
-from tidewire.store.base import StaleWildcards
+from tidewire.errors import StaleWildcards
 
 
 async def test_read_says_up_to_where_it_is_complete(engine: Engine) -> None:

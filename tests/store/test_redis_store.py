@@ -35,10 +35,11 @@ from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtu
     topics_in,
 )
 from tests.store.redis_server import RedisClusterServers, RedisServer, command
+from tidewire.errors import StaleWildcards, StoreClosed
 from tidewire.gateway.core.topics import matches
-from tidewire.store.base import Message, SessionRecord, StaleWildcards, WillRecord
+from tidewire.store.base import Message, SessionRecord, WillRecord
 from tidewire.store.redis_scripts import EPOCH_MS, MAX_SEQ, TICKS
-from tidewire.store.redis_store import RedisStore, RedisUnavailable, StoreClosed
+from tidewire.store.redis_store import RedisStore, RedisUnavailable
 
 # --- one partition ------------------------------------------------------------------------------------------
 

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from rocketmq.grpc_protocol import service_pb2
 
+from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
-from tidewire.gateway.core.ingress import Properties, PublishFailed, neutral_message, publish_future
+from tidewire.gateway.core.ingress import Properties, neutral_message, publish_future
 from tidewire.store.base import PROTOCOL_ROCKETMQ, GroupRecord
 
 from .filters import FilterError, compile_filter

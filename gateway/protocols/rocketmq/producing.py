@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from rocketmq.grpc_protocol import service_pb2
 
+from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
-from tidewire.gateway.core.ingress import INVALID_TOPIC, PublishFailed, neutral_message, publish_future, refuse_publish
+from tidewire.gateway.core.ingress import INVALID_TOPIC, neutral_message, publish_future, refuse_publish
 from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 
 from .mapping import Code, Refusal, inbound, message_id, status

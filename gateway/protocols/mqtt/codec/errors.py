@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from tidewire.errors import ProtocolError
+
 
 class PacketType(IntEnum):
     CONNECT = 1
@@ -108,15 +110,6 @@ class PropertyId(IntEnum):
     WILDCARD_SUBSCRIPTION_AVAILABLE = 0x28
     SUBSCRIPTION_IDENTIFIER_AVAILABLE = 0x29
     SHARED_SUBSCRIPTION_AVAILABLE = 0x2A
-
-
-class ProtocolError(Exception):
-    """Raised by the parser for any invalid input; `reason_code` tells the session what to reply."""
-
-    def __init__(self, reason_code: int, message: str) -> None:
-        super().__init__(f"{message} (reason code 0x{reason_code:02X})")
-        self.reason_code = reason_code
-        self.message = message
 
 
 def malformed(message: str) -> ProtocolError:
