@@ -17,7 +17,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.cluster.conftest import MEMBER_TTL, Cluster, ClusterFactory, ClusterNode
-from tests.integration.conftest import PahoClient, PahoFactory, Received
+from tests.integration.conftest import PahoClient, PahoFactory, Received, wait_until
 from tidewire.lookup.slots import SlotTable, route_key
 
 EXPIRY = 300  # s, MQTT 5 session expiry of the persistent clients
@@ -237,12 +237,12 @@ def test_shared_group_continues_on_another_node_when_its_serving_node_dies(
     n1, n2, n3 = c.nodes
     share = "$share/fo/jobs/#"
     first = Inbox(connect(n1, paho_factory, "fo-1", subscribe=[share]), "jobs/#")
-    time.sleep(0.3)  # n1 takes the group's lease first
     second = Inbox(connect(n2, paho_factory, "fo-2", subscribe=[share]), "jobs/#")
     pub = connect(n3, paho_factory, "fo-pub")
     stream = Stream(pub, ["jobs/a", "jobs/b"], 400, interval=0.003)
     stream.start()
-    time.sleep(0.4)
+    # Whichever node took the group's lease serves it: wait for its member's first message, then kill that node.
+    wait_until(lambda: bool(first.received() or second.received()), timeout=10, what="the group served")
     served_by_n1 = len(first.received()) > 0
     c.kill9(n1 if served_by_n1 else n2)
     survivor = second if served_by_n1 else first

@@ -88,9 +88,7 @@ async def test_persistent_subscribers_resume_after_kill_and_restart() -> None:
 async def test_cluster_measurements() -> None:
     with Cluster(3, node_core=None, redis_core=None, sys_interval=0.3) as cluster:
         why = await cluster_bench.cluster_works(cluster, timeout=5.0)
-        if why is not None:
-            # The cluster is being wired up (issue 7); remove this skip once it forms.
-            pytest.skip(f"the cluster does not work yet: {why}")
+        assert why is None, f"the cluster does not work: {why}"
         lat = await cluster_bench.cross_node_latency(cluster, rate=200, seconds=0.5, warmup=0.2)
         assert lat.lost == 0 and lat.received >= 90 and lat.p99_ms is not None
         monitor = await StatsMonitor(0.3).open(cluster.nodes)

@@ -268,8 +268,7 @@ async def test_writes_arrive_as_one_binary_frame_each() -> None:
 
 async def test_ping_gets_pong() -> None:
     async with serving() as server, connect(server.url(), subprotocols=MQTT) as ws:
-        latency = await asyncio.wait_for(await ws.ping(b"are you there"), 3)
-        assert latency >= 0
+        await asyncio.wait_for(await ws.ping(b"are you there"), 3)  # fails unless our pong carries the payload
         await ws.pong(b"unsolicited")  # ignored
         await ws.send(b"\xc0\x00")
         inner = await server.inner()
