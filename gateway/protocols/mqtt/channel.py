@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewire.gateway.core.ingress import INVALID_TOPIC, refuse_publish
 from tidewire.gateway.protocols.mqtt.codec import (
@@ -52,10 +52,16 @@ from tidewire.gateway.protocols.mqtt.lifecycle import (
     HOLD_RATE,
     HOLD_STORE,
     NEW,
+    ChannelIo,
 )
 from tidewire.gateway.sessions.session import Session
 from tidewire.pipeline.lake.event_names import DROPPED
 from tidewire.store.base import Message
+
+if TYPE_CHECKING:
+    from tidewire.gateway.core.clock import Clock
+    from tidewire.gateway.node import Node
+    from tidewire.gateway.transport.listeners import Listener
 
 log = logging.getLogger("tidewire.conn")
 
@@ -75,8 +81,9 @@ class _PendingSuback:
 class MqttChannel(Handshake):
     __slots__ = ("_subacks",)
 
-    def init_packets(self) -> None:
+    def __init__(self, node: Node, listener: Listener, io: ChannelIo, peer: str, clock: Clock) -> None:
         self._subacks: deque[_PendingSuback] | None = None  # SUBACKs waiting for the store, sent in order
+        super().__init__(node, listener, io, peer, clock)
 
     # --- bytes in -----------------------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:

@@ -117,11 +117,7 @@ class ChannelBase:
         self._state = NEW
         self._backlog: list[Any] | None = None  # read while CONNECT is processed, or over the inbound rate
         self._expiry_handle: Cancellable | None = None  # credentials (token) expiry
-        self.init_packets()
         io.set_deadline(now + node.settings.connect_timeout)
-
-    def init_packets(self) -> None:
-        """The packet handling's own state (MqttChannel)."""
 
     @property
     def closed(self) -> bool:
