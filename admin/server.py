@@ -64,7 +64,7 @@ def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequen
         sockets = getattr(server, "sockets", None) or ()
         port = sockets[0].getsockname()[1] if sockets else configured
         found.listeners.append(ListenerSpec(listener.name, host, int(port), listener.max_connections))
-    if settings.amqp_port or settings.amqps_port:
+    if settings.amqp_port is not None or settings.amqps_port is not None:
         from tidewire.gateway.protocols.amqp.server import AmqpServer
 
         for backend in backends:
@@ -72,7 +72,7 @@ def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequen
                 found.amqp = backend
                 found.listeners += [ListenerSpec(name, host, port, backend.listeners[name].max_connections)
                                     for name, port in sorted(backend.ports.items())]
-    if settings.rocketmq_port:
+    if settings.rocketmq_port is not None:
         from tidewire.gateway.protocols.rocketmq.server import RocketMQServer
 
         found.listeners += [ListenerSpec("rocketmq", host, b.port, None) for b in backends
@@ -101,7 +101,7 @@ class AdminServer:
         cannot be read or written (`admin.token.TokenError` is one)."""
         token, token_file = resolve_token(self.settings)
         app = build_app(self.node, token.value, endpoints_of(self.settings, self._servers, self._backends))
-        sock = bind(self.host, self.settings.admin_port or 0)
+        sock = bind(self.host, self.settings.admin_port or 0)  # None never starts this
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(app, log_config=None, lifespan="off", access_log=False, http="h11", ws="none",
                                 server_header=False, proxy_headers=False, backlog=BACKLOG,

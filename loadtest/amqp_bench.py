@@ -1,7 +1,7 @@
 """AMQP 0-9-1 benchmarks (issue 8): unmodified pika and aio-pika against the Tidewire gateway and RabbitMQ.
 
 `python -m loadtest.amqp_bench --runs 3 [--messages N] [--size B]`: for each run, a fresh server of each
-target (Tidewire: `python -m tidewire serve --amqp-port P --rocketmq-port 0` on a fresh data dir; RabbitMQ:
+target (Tidewire: `python -m tidewire serve --amqp-port P --rocketmq-port off` on a fresh data dir; RabbitMQ:
 Debian's rabbitmq-server 3.10, a private node, see loadtest.rabbit_proc), both pinned to core 0, this load
 generator on core 1. Measures, each on its own durable queue bound to `amq.topic` with `bench.<token>.#` (so
 RabbitMQ stores every message too: it confirms an unroutable publish without writing it), persistent
@@ -130,17 +130,17 @@ class Target:
 
 
 # --- servers ---------------------------------------------------------------------------------------------------
-def start_gateway(host: str = "127.0.0.1", *, amqp_port: int = 0, rocketmq_port: int = 0,
+def start_gateway(host: str = "127.0.0.1", *, amqp_port: int | None = None, rocketmq_port: int | None = None,
                   core: int | None = servers.SERVER_CORE) -> servers.Server:
-    """`python -m tidewire serve` on a fresh data dir with these backend ports (0: disabled); returns once MQTT
+    """`python -m tidewire serve` on a fresh data dir with these backend ports (None: off); returns once MQTT
     and each enabled backend port answer."""
     workdir = Path(tempfile.mkdtemp(prefix="loadtest-tidewire-"))
     env = dict(os.environ)
     env.setdefault("TIDEWIRE_LOG_LEVEL", "warning")
     port = servers.free_port(host)
     cmd = servers.tidewire_command(host, port, workdir / "data")
-    cmd = [*servers._pin_prefix(core), *with_option(with_option(cmd, "--amqp-port", str(amqp_port)),
-                                                    "--rocketmq-port", str(rocketmq_port))]
+    cmd = [*servers._pin_prefix(core), *with_option(with_option(cmd, "--amqp-port", str(amqp_port or "off")),
+                                                    "--rocketmq-port", str(rocketmq_port or "off"))]
     server = servers._spawn("tidewire", cmd, host, port, workdir, "tidewire", env=env,
                             timeout=GATEWAY_START_TIMEOUT)
     try:

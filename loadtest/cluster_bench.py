@@ -23,7 +23,8 @@ until publishers stopped):
   `python -m loadtest.cluster_bench --runs 3 cluster` (N = 3 / 5, nodes all on core 0):
     n1 → n2 latency at 1k msgs/s QoS 1: p50 1.56 / 2.07 ms, p99 7.97 / 11.14 ms, no loss.
     notify frames per publish at 1k msgs/s, subscribers on k = 1, 2, N nodes: N=3 0.81, 0.90, 1.29;
-    N=5 1.27, 1.79, 2.07. Forced broadcast (`--broadcast-env TIDEWIRE_CLUSTER_NOTIFY_BROADCAST=true`, one run):
+    N=5 1.27, 1.79, 2.07. Forced broadcast (one run, with a benchmark-only setting
+    since taken out of the production settings; `--broadcast-env KEY=VALUE` runs a variant with any node env):
     N=3 0.55 whatever k; N=5 1.14, 1.10, 0.71 (fewer frames at this rate: one hop merging ~4 publishes per
     flush, against two hops, publisher → slot owner → interested nodes, for targeted notify).
     kill -9 n2, 20 persistent subscribers: receiving again on n1/n3 after p50 134 / 112 ms (max 180 / 168 ms);

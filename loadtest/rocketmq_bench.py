@@ -1,7 +1,7 @@
 """RocketMQ 5 benchmarks (issue 8): the unmodified rocketmq-python-client against the Tidewire gateway.
 
 `python -m loadtest.rocketmq_bench --runs 3 [--messages N] [--size B] [--threads T]`: for each run a fresh
-gateway (`python -m tidewire serve --rocketmq-port P --amqp-port 0`, pinned to core 0; this load generator on
+gateway (`python -m tidewire serve --rocketmq-port P --amqp-port off`, pinned to core 0; this load generator on
 core 1), endpoint 127.0.0.1:P, plain gRPC (the client's `tls_enable` defaults to False: it then builds an
 `aio.insecure_channel`; True would use `aio.secure_channel` with default root certificates), no credentials.
 Measures, each on its own topic `bench_<token>` (the first MQTT level of what it writes):

@@ -240,7 +240,7 @@ def start_mosquitto(host: str = "127.0.0.1", port: int | None = None, *, core: i
 def tidewire_command(host: str, port: int, data_dir: Path, security: Security | None = None,
                      tls_port: int | None = None, store: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "tidewire", "serve", "--host", host, "--port", str(port),
-           "--data-dir", str(data_dir), "--amqp-port", "0", "--rocketmq-port", "0", "--admin-port", "0"]
+           "--data-dir", str(data_dir), "--amqp-port", "off", "--rocketmq-port", "off", "--admin-port", "off"]
     if store:
         cmd += ["--store", store]
     sec = security or Security()

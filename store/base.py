@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 NEVER_EXPIRES = 0xFFFFFFFF
 # Which protocol a message came in by (`Message.protocol`; stored in the record, see store.records).
@@ -190,6 +190,7 @@ class LogSource(Protocol):
     async def release(self, key: str, owner: str) -> None: ...
 
 
+@runtime_checkable  # an engine named by an import string is checked once, at start
 class Store(Protocol):
     """Async, batched interface of a store engine. Every call may be a network round trip in another engine."""
 

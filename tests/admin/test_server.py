@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest.ports import free_port
 from tests.admin.conftest import http
 from tests.integration.conftest import Gateway
 from tidewire.admin.server import AdminServer
@@ -159,7 +160,7 @@ def test_resolve_token_sources(tmp_path: Path) -> None:
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
     settings = Settings(data_dir=tmp_path, node_id="a1", sys_events=False, api_token="in-loop-token",
-                        host="127.0.0.1", admin_port=0)
+                        host="127.0.0.1", admin_port=free_port())
     store = EmbeddedStore(tmp_path / "data")
     await store.open()
     security = Security.build(settings)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from tests.store.delaying import DelayingStore
 from tidewire.cache.queue_cache import QueueCache
 from tidewire.store.base import Message, Slice
-from tidewire.store.delaying import DelayingStore
 from tidewire.store.embedded import EmbeddedStore
 
 

@@ -24,6 +24,9 @@ def test_wheel_and_sdist_hold_one_import_name(dist: Path, wheel: Path) -> None:
         assert f"tidewire/{package}/__init__.py" in names, package
     assert "tidewire/py.typed" in names and "tidewire/admin/static/index.html" in names
     assert not [n for n in names if "loadtest" in n or n.startswith("tests/") or "/tests/" in n]
+    # the test suite's store engines (late answers, injected failures) are test code, not shipped engines
+    assert "tidewire/store/embedded.py" in names
+    assert not [n for n in names if n.startswith("tidewire/store/") and ("delaying" in n or "failing" in n)]
     sdist = next(dist.glob("tidewire-*.tar.gz"))
     with tarfile.open(sdist) as tar:
         members = tar.getmembers()

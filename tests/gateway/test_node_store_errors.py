@@ -21,6 +21,7 @@ import pytest
 
 from tests.integration.paho import PahoClient, Received
 from tests.integration.rawmqtt import RawClient
+from tests.store.failing import FailingStore
 from tidewire.extensions.hooks import AllowAll
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
@@ -30,7 +31,6 @@ from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
 from tidewire.store.base import Message
 from tidewire.store.embedded import EmbeddedStore
-from tidewire.store.failing import FailingStore
 
 MAX_PENDING = 20  # small, so that 50 publishes overflow the append queue while the store is down
 N = 50

@@ -154,10 +154,10 @@ class Gateway:
         self.ws_port = free_port() if ws else None
         self.wss_port = free_port() if wss else None
         # The backend listeners are on by default (5672, 8081): off here unless asked for, on free ports.
-        self.amqp_port = free_port() if amqp else 0
-        self.rocketmq_port = free_port() if rocketmq else 0
+        self.amqp_port = free_port() if amqp else None
+        self.rocketmq_port = free_port() if rocketmq else None
         # The admin HTTP port (metrics, API, dashboard) is on by default (18083): off unless asked for.
-        self.admin_port = free_port() if admin else 0
+        self.admin_port = free_port() if admin else None
         self.api_token = secrets.token_urlsafe(16)
         if admin:
             self.env.setdefault("TIDEWIRE_API_TOKEN", self.api_token)
@@ -172,8 +172,8 @@ class Gateway:
         if self.target == "mosquitto":
             return [MOSQUITTO, "-c", str(self._write_mosquitto_conf())]
         cmd = [sys.executable, "-m", "tidewire", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port),
-               "--rocketmq-port", str(self.rocketmq_port), "--admin-port", str(self.admin_port)]
+               "--data-dir", str(self.data_dir), "--amqp-port", str(self.amqp_port or "off"),
+               "--rocketmq-port", str(self.rocketmq_port or "off"), "--admin-port", str(self.admin_port or "off")]
         if self.redis is not None:
             cmd += ["--store", self.redis.url]
         if self.acl_file is not None:

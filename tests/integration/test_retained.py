@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory
+from tests.store.delaying import delaying_env
 
 
 @pytest.mark.parametrize("version", [4, 5])
@@ -84,7 +85,7 @@ def test_retained_survive_restart(gateway: Gateway, paho_factory: PahoFactory) -
 @pytest.mark.tidewire_only  # a store that answers late: retained messages found while the session reads the store
 def test_retained_reach_a_new_subscriber_on_a_slow_store(gateway_factory: GatewayFactory,
                                                          paho_factory: PahoFactory) -> None:
-    gw = gateway_factory(env={"TIDEWIRE_STORE_TEST_DELAY_MS": "5"})
+    gw = gateway_factory(env=delaying_env(5))
     pub = paho_factory(gw.port, "ret-slow-pub", version=5)
     pub.connect()
     for i in range(3):

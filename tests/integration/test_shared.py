@@ -18,6 +18,7 @@ from amqtt.client import MQTTClient
 
 from tests.integration.conftest import Gateway, GatewayFactory, PahoClient, PahoFactory
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
+from tests.store.delaying import delaying_env
 from tidewire.gateway.protocols.mqtt.codec import Connack, Puback, Publish, Suback, Subscribe, SubscriptionRequest
 
 RECEIVE_MAXIMUM = 0x21
@@ -255,7 +256,7 @@ def test_shared_subscription_available_in_connack(gateway: Gateway) -> None:
 @pytest.mark.tidewire_only  # a store that answers late: the member's connection is bound after its group tried
 def test_returning_member_gets_backlog_on_a_slow_store(gateway_factory: GatewayFactory,
                                                        paho_factory: PahoFactory) -> None:
-    gw = gateway_factory(env={"TIDEWIRE_STORE_TEST_DELAY_MS": "5"})
+    gw = gateway_factory(env=delaying_env(5))
     for i in range(2):
         paho_member(gw, paho_factory, f"shslow{i}", "$share/gslow/shslow/t", clean=False,
                     session_expiry=60).disconnect()

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.store import redis_server
+from tests.store.delaying import DelayingStore
 from tests.store.redis_cluster_store_test_support import redis_cluster_for_module  # noqa: F401 - a fixture
 from tidewire.store.base import Store
-from tidewire.store.delaying import DelayingStore
 from tidewire.store.embedded import EmbeddedStore
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.store.conftest import Engine
+from tests.store.delaying import DelayingStore
 from tidewire.errors import StoreClosed, TidewireError
 from tidewire.store.base import Message, SessionRecord, Store, SubscriptionRecord, WillRecord, p2p_queue
-from tidewire.store.delaying import DelayingStore
 from tidewire.store.embedded import EmbeddedStore
 
 Content = tuple[str, bytes, int, bool, bytes, int, int, str, tuple[str, ...]]

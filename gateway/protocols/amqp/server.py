@@ -90,9 +90,9 @@ class AmqpServer:
         await self.queues.drop_orphans()
         loop = asyncio.get_running_loop()
         wanted: list[tuple[ListenerName, int, ssl.SSLContext | None]] = []
-        if settings.amqp_port:
+        if settings.amqp_port is not None:
             wanted.append(("amqp", settings.amqp_port, None))
-        if settings.amqps_port and self.tls is not None:
+        if settings.amqps_port is not None and self.tls is not None:
             wanted.append(("amqps", settings.amqps_port, self.tls))
         try:
             for name, port, ctx in wanted:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.store.delaying import DelayingStore
 from tidewire.extensions.hooks import AllowAll
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.consumers import Delivery
@@ -20,7 +21,6 @@ from tidewire.gateway.node import Node
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
 from tidewire.store.base import GroupRecord, Message
-from tidewire.store.delaying import DelayingStore
 from tidewire.store.embedded import EmbeddedStore
 
 pytestmark = pytest.mark.timeout(60)

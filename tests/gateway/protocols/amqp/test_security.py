@@ -15,6 +15,7 @@ from tests.gateway.protocols.amqp.conftest import AmqpGateway, PikaFactory, wait
 from tests.gateway.protocols.amqp.helpers import Delivered, collector, drain
 from tests.integration.certs import TestPKI
 from tests.integration.conftest import PahoFactory, TlsOptions, free_port, write_password_file
+from tests.store.delaying import delaying_env
 
 ACL = """user svc
 topic write devices/#
@@ -72,7 +73,7 @@ def test_connection_blocked_while_the_node_holds_publishes(amqp_gateway: AmqpGat
                                                            pika_factory: PikaFactory) -> None:
     # A slow store and a tiny append queue: the node pauses the publisher, which is told (Connection.Blocked),
     # and unpaused once the queue drains (Connection.Unblocked); nothing is lost.
-    gw = amqp_gateway(env={"TIDEWIRE_STORE_TEST_DELAY_MS": "150", "TIDEWIRE_MAX_PENDING_PUBLISHES": "5"})
+    gw = amqp_gateway(env={**delaying_env(150), "TIDEWIRE_MAX_PENDING_PUBLISHES": "5"})
     conn = pika_factory(gw.amqp_port)
     events: list[str] = []
     conn.add_on_connection_blocked_callback(lambda _c, _f: events.append("blocked"))

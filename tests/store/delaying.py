@@ -3,8 +3,8 @@
 It exists to prove that callers never depend on a store that answers at once. The embedded engine finishes
 most calls in their first step, so code that forgets an `await`, spawns writes fire-and-forget, or reads a
 cache while a refresh is pending works by accident on it; a networked engine (Redis) breaks such code. With
-this wrapper the gateway runs on the embedded engine but with the timing of a network: the whole integration
-suite, run with `store_test_delay_ms` set, must pass unchanged. Testing only.
+this wrapper the gateway runs on the embedded engine but with the timing of a network: a gateway started with
+`delaying_env(ms)` (its `store` setting names `embedded` below) runs on it. Not shipped: tests only.
 
 Each call draws a delay in [0, max_delay_ms] and spends a random part of it before delegating (so concurrent
 calls reach the inner store in a different order than issued) and the rest after (so they also complete in a
@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
+from tidewire.gateway.config import Settings
 from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 T = TypeVar("T")
@@ -217,3 +220,22 @@ class DelayingStore:
         if enforce is None:
             return 0
         return await self._call(enforce)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def embedded(settings: Settings, delay_ms: str = "5", seed: str = "") -> DelayingStore:
+    """The node's embedded engine answering 0..`delay_ms` ms late: what `store = "tests.store.delaying:embedded"`
+    builds (the gateway's import-string engines)."""
+    from tidewire.gateway.server import build_store  # the node's own engine, as it would build it
+
+    inner = build_store(settings.model_copy(update={"store": "embedded"}))
+    return DelayingStore(inner, float(delay_ms), int(seed) if seed else None)
+
+
+def delaying_env(delay_ms: float) -> dict[str, str]:
+    """Environment for a gateway process on the delaying engine: the setting, and the path its import needs
+    (a gateway runs in its own work directory)."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {"TIDEWIRE_STORE": f"tests.store.delaying:embedded?delay_ms={delay_ms:g}", "PYTHONPATH": path}
