@@ -164,7 +164,7 @@ def router(node: Node) -> APIRouter:
         if session.persistent:
             node.writes.save_session(session.snapshot())
         await node.subscriptions.wildcards_registered(registering)
-        if session.persistent and node.cluster is not None:
+        if session.persistent and node.topology.shared:
             await node.writes.session_settled(client_id)  # as SUBACK: a takeover elsewhere reads it from the store
         if retained and conn.session is session:
             node.spawn(node.send_retained(session, retained))
@@ -248,9 +248,8 @@ def router(node: Node) -> APIRouter:
             if kicked:
                 return Response(status_code=204)  # a clean session: it ended with its connection
             raise not_found("no such session")
-        cluster = node.cluster
-        if (record.disconnected_at_ms == 0 and cluster is not None and record.owner != node.node_id
-                and record.owner in cluster.fabric.members):
+        if (record.disconnected_at_ms == 0 and record.owner != node.node_id
+                and record.owner in node.topology.members):
             raise HTTPException(409, f"the session is online on node {record.owner}: delete it there")
         await node.sessions.drop_stored(record, record.epoch)  # fenced: not if a client claimed it meanwhile
         return Response(status_code=204)

@@ -103,11 +103,11 @@ def router(node: Node) -> APIRouter:
     async def status(found: Found) -> Status:
         counters = node.counters
         cluster: ClusterState | None = None
-        if node.cluster is not None:
-            fabric = node.cluster.fabric
+        topology = node.topology
+        if topology.shared:
             cluster = ClusterState(members=[ClusterMember(node_id=n, address=a)
-                                            for n, a in sorted(fabric.members.items())],
-                                   epoch=int(getattr(fabric, "epoch", 0)))
+                                            for n, a in sorted(topology.members.items())],
+                                   epoch=int(topology.stats().get("epoch", 0)))
         return Status(node_id=node.node_id, version=version(), uptime_s=round(time.time() - node.sys.started_at, 3),
                       store=store_kind(settings), draining=node.draining,
                       connections=len(node.connections) + other_connections(found),
@@ -118,7 +118,7 @@ def router(node: Node) -> APIRouter:
 
     @api.get("/nodes", response_model=Listing[NodeEntry])
     async def nodes() -> Listing[NodeEntry]:
-        members: dict[str, str] = dict(node.cluster.fabric.members) if node.cluster is not None else {}
+        members: dict[str, str] = dict(node.topology.members)
         members.setdefault(node.node_id, f"{settings.host}:{settings.port}")
         return Listing[NodeEntry](data=[NodeEntry(node_id=n, address=a, self_=n == node.node_id)
                                         for n, a in sorted(members.items())])

@@ -83,10 +83,9 @@ def readiness(node: Node) -> list[str]:
         reasons.append("draining")
     if node.store_down:
         reasons.append("store unavailable")
-    cluster = node.cluster
-    if cluster is not None:
-        fabric = cluster.fabric
-        if node.node_id not in fabric.members or not fabric.stats().get("lookup_complete", 1):
+    topology = node.topology
+    if topology.shared:
+        if node.node_id not in topology.members or not topology.stats().get("lookup_complete", 1):
             reasons.append("lookup unavailable")
     return reasons
 

@@ -85,10 +85,9 @@ class NodeCollector(Collector):
         yield GaugeMetricFamily(f"{PREFIX}_inflight", "QoS 1/2 messages sent to MQTT clients and not acknowledged.",
                                 value=sum(len(s.inflight) for s in sessions))
         yield GaugeMetricFamily(f"{PREFIX}_draining", "1 while the node is stopping (drain).", value=int(node.draining))
-        members, epoch = 1, 0
-        if node.cluster is not None:
-            fabric = node.cluster.fabric
-            members, epoch = len(fabric.members), int(fabric.stats().get("epoch", 0))
+        topology = node.topology
+        members = len(topology.members) if topology.shared else 1
+        epoch = int(topology.stats().get("epoch", 0))
         yield GaugeMetricFamily(f"{PREFIX}_cluster_members", "Nodes in the cluster as this node sees it.",
                                 value=members)
         yield GaugeMetricFamily(f"{PREFIX}_cluster_epoch", "Cluster membership epoch (0: not clustered).", value=epoch)
@@ -144,8 +143,7 @@ class NodeCollector(Collector):
         yield CounterMetricFamily(f"{PREFIX}_cache_misses", "Reads the queue cache could not answer (read from the "
                                   "store).", value=node.cache.misses)
         unknown = notify.unknown
-        if node.cluster is not None:
-            unknown += node.cluster.fabric.stats().get("lookup_reads_unknown", 0)
+        unknown += node.topology.stats().get("lookup_reads_unknown", 0)
         yield CounterMetricFamily(f"{PREFIX}_lookup_fallbacks", "Lookups that could not answer (table changing, "
                                   "shard missing): a notify or kick broadcast instead.", value=unknown)
         auth = CounterMetricFamily(f"{PREFIX}_auth", "Authentication answers, by deciding source and result.",

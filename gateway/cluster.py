@@ -14,8 +14,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.store.base import SessionRecord
@@ -45,6 +45,10 @@ class Fabric(Protocol):
 
 
 class ClusterRole:
+    """The `gateway.topology.Topology` of a node in a cluster."""
+
+    shared = True
+
     def __init__(self, node: Node, fabric: Fabric, resync_interval: float, lease_ttl: float) -> None:
         self.node = node
         self.fabric = fabric
@@ -54,6 +58,16 @@ class ClusterRole:
         self._retry = Backoff("dead-node cleanup")
         fabric.on_kick(self._on_kick)
         fabric.on_dead(self._on_dead)
+
+    @property
+    def members(self) -> Mapping[str, str]:
+        return self.fabric.members
+
+    def stats(self) -> dict[str, int]:
+        return self.fabric.stats()
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        return [self.resync_loop(), self.lease_loop()]
 
     def stale_owner(self, owner: str) -> bool:
         """The node that held a session or will is gone: an earlier process with our id, or not a member."""

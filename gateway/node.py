@@ -43,13 +43,13 @@ from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
 from tidewire.gateway.sessions.shared import SharedGroup
 from tidewire.gateway.sessions.wills import DelayedWills, delay_left
+from tidewire.gateway.topology import SingleNode, Topology
 from tidewire.gateway.transport.listeners import Admission
 from tidewire.lookup.base import Lookup
 from tidewire.notify.base import Notifier
 from tidewire.store.base import Message, Store
 
 if TYPE_CHECKING:
-    from tidewire.gateway.cluster import ClusterRole
     from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
 
 log = logging.getLogger("tidewire.node")
@@ -110,7 +110,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.writes = RecordWrites(store)
-        self.cluster: ClusterRole | None = None  # set by the server when the node joins a cluster
+        self.topology: Topology = SingleNode()  # the server sets a ClusterRole when the node joins a cluster
         self.wills = DelayedWills(lambda message: self._enqueue(message, None, None, droppable=False), self.writes)
 
     @property
@@ -127,28 +127,29 @@ class Node:
         self.notifier.register(self.node_id, self.notified)
         await self.bans.refresh()  # in force before the first client: a ban outlives a restart
         now = _now_ms()
-        cluster = self.cluster
+        topology = self.topology
         # Only sessions marked online are read (not every stored one): expiry reads the store's index as it goes.
         for client_id in await self.store.online_sessions():
             record = await self.store.get_session(client_id)
             if record is not None and record.disconnected_at_ms == 0 and (
-                    cluster is None or cluster.stale_owner(record.owner)):
+                    topology.stale_owner(record.owner)):
                 record.disconnected_at_ms = now  # online when the process that held it died
                 await self.store.put_session(record)
         await self.subscriptions.load(self.store)
         await self.groups.load()
         await self.subscriptions.refresh_wildcards()
         for will in await self.store.list_wills():
-            if cluster is None:  # its connection ended with this node's last run: what is left of its delay
-                self.wills.publish_after(will.client_id, will.message, await delay_left(self.store, will, now))
-            elif cluster.stale_owner(will.owner):  # the client may come back on any node: no timer here
+            if not topology.stale_owner(will.owner):
+                continue  # its client is online on a live node
+            if topology.shared:  # the client may come back on any node: no timer here
                 self._enqueue(will.message, None, None, droppable=False)
                 await self.store.delete_will(will.client_id)
+            else:  # its connection ended with this node's last run: what is left of its delay
+                self.wills.publish_after(will.client_id, will.message, await delay_left(self.store, will, now))
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._flush_loop()), loop.create_task(self._ack_loop()),
                        loop.create_task(self._dispatch_loop()), loop.create_task(housekeeping_loop(self))]
-        if cluster is not None:
-            self._tasks += [loop.create_task(cluster.resync_loop()), loop.create_task(cluster.lease_loop())]
+        self._tasks += [loop.create_task(work) for work in topology.loops()]
         self._tasks.append(loop.create_task(self.bans.run()))
 
     @property

@@ -337,7 +337,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
                 security.chain, max_pending=settings.max_pending_publishes)
     if fabric is not None:
-        node.cluster = ClusterRole(node, fabric, settings.cluster_resync_interval, settings.cluster_member_ttl)
+        node.topology = ClusterRole(node, fabric, settings.cluster_resync_interval, settings.cluster_member_ttl)
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)

@@ -191,7 +191,7 @@ class SubscriptionRegistry:
                 return True
         if len(self._wildcards) and self._wildcards.match(topic):
             return True
-        if self.node.cluster is None and not queues[0].startswith(P2P_PREFIX):
+        if not self.node.topology.shared and not queues[0].startswith(P2P_PREFIX):
             return False  # one node: its lookup knows of no reader of these queues that `readers` does not
         lookup = self.node.lookup
         for queue in queues:  # subscribers on other nodes; a lookup that can't tell (None) counts as routed
@@ -216,7 +216,7 @@ class SubscriptionRegistry:
                 self.node, name, topic_filter, strategy_for(name, settings.shared_strategy,
                                                             settings.shared_strategies),
                 record, settings.pull_batch)
-            group.serving = self.node.cluster is None  # in a cluster: once this node holds the group's lease
+            group.serving = not self.node.topology.shared  # shared: once this node holds the group's lease
             self._register(group, topic_filter)
             self._add_wildcard(topic_filter, key)
         return group
@@ -266,8 +266,7 @@ class SubscriptionRegistry:
         for topic_filter, sub in record.subscriptions.items():
             if topic_filter.startswith(SHARED_PREFIX):
                 self.group(topic_filter).join(session, sub)
-                if self.node.cluster is not None:
-                    self.node.cluster.member_joined()
+                self.node.topology.member_joined()
             elif not topic_filter.startswith(P2P_PREFIX):  # the P2P queue is read by the session on notice
                 self._register(session, topic_filter)
                 # the ACL may have changed while the client was away
@@ -338,8 +337,7 @@ class SubscriptionRegistry:
                 if key not in self.groups and self._is_wildcard_queue(topic_filter):
                     registering.append(topic_filter)
                 self.group(key).join(session, sub)  # retained messages are not sent to shared subscriptions
-                if self.node.cluster is not None:
-                    self.node.cluster.member_joined()
+                self.node.topology.member_joined()
             else:
                 self._set_access(session, client, key, access)
                 if existing is None:

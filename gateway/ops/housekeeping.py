@@ -67,4 +67,4 @@ def gauges(node: Node) -> dict[str, int]:
             "queues/local": len(subscriptions.readers),
             "queues/wildcard": subscriptions.wildcard_count(),
             "shared/groups": len(subscriptions.groups),
-            **(node.cluster.gauges() if node.cluster is not None else {})}
+            **node.topology.gauges()}

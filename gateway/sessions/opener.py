@@ -55,8 +55,7 @@ class SessionOpener:
             # writes of its record and offsets are ignored); that node is told to close the connection.
             await node.writes.session_settled(client_id)  # read what this node last wrote, not older
             record, epoch = await node.store.claim_session(client_id, node.node_id)
-            if node.cluster is not None:
-                await node.cluster.kick_elsewhere(client_id, epoch)
+            await node.topology.kick_elsewhere(client_id, epoch)
             if session is not None:
                 record = None
             elif record is not None and self.expired(record, _now_ms()):
@@ -100,7 +99,7 @@ class SessionOpener:
         client's exists or is under way: one node, no connection, no open or write in flight (so no stored will),
         and a store that knows at once it holds no session of the client. Else None: `open` does it."""
         node = self.node
-        if (node.cluster is not None or client_id in node.connections or client_id in self._locks
+        if (node.topology.shared or client_id in node.connections or client_id in self._locks
                 or not node.writes.idle(client_id) or not node.store.session_absent(client_id)):
             return None
         last = node.store.last_seq()

@@ -281,7 +281,7 @@ class MqttChannel(Handshake):
         # In a cluster, SUBACK waits for what it acknowledges to be in the store: a new wildcard in the store's
         # set (what is published after it, on any node, is then indexed into the subscription's queue), and a
         # persistent session's record (a takeover by another node reads it from there). SUBACKs keep their order.
-        saved = session.persistent and node.cluster is not None
+        saved = session.persistent and node.topology.shared
         suback = Suback(packet.packet_id, codes)
         if registering or saved or self._subacks is not None:
             # Deliveries wait too: a client sees the SUBACK before anything of the new subscription.

@@ -211,7 +211,7 @@ class Handshake(ChannelBase):
         if self._state == CLOSED:  # the connection died while we were restoring the session
             node.sessions.close(self, session)
             return None
-        if self.will is not None and node.cluster is not None:
+        if self.will is not None and node.topology.shared:
             # Stored before CONNACK: if this node dies from here on, a survivor publishes it.
             node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, node.node_id))
             await node.writes.will_settled(client_id)
@@ -229,7 +229,7 @@ class Handshake(ChannelBase):
         self.session = session
         self.clean_start = packet.clean_start
         self.listener.connections += 1
-        if self.will is not None and node.cluster is None:
+        if self.will is not None and not node.topology.shared:
             node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, node.node_id))
         ack = terms.ack_properties
         if self.level >= 5 or present or ack:

@@ -1,0 +1,68 @@
+"""One node alone or one node of a cluster: a strategy chosen once, at start, so the rest of the gateway asks it
+instead of testing for a cluster. `SingleNode` is the embedded default; `gateway.cluster.ClusterRole` is the other.
+
+`shared` is the one fact the parts read: other nodes may serve this node's clients and read what it wrote. Then
+what such a node would read (a will, a persistent session's record) is in the store before the client is
+answered, a clean session cannot be opened without asking the store, and a shared group is served by the holder
+of its lease. The rest are actions a single node has no use for (they do nothing there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Mapping
+from typing import Any, Protocol
+
+
+class Topology(Protocol):
+    """What differs between a node alone and a node of a cluster."""
+
+    @property
+    def shared(self) -> bool:
+        """Other nodes may serve this node's clients and subscriptions."""
+
+    @property
+    def members(self) -> Mapping[str, str]:
+        """Live nodes of the cluster: node id -> address (empty alone)."""
+
+    def stats(self) -> dict[str, int]:
+        """The cluster fabric's counters (empty alone)."""
+
+    def gauges(self) -> dict[str, int]:
+        """Counters for `$SYS/brokers/<node>/stats/...` (none alone)."""
+
+    def stale_owner(self, owner: str) -> bool:
+        """The node that held a session or will is gone (alone: always; it was this node's last run)."""
+
+    async def kick_elsewhere(self, client_id: str, epoch: int) -> None:
+        """Tell the node that held the client to close its connection (alone: there is none)."""
+
+    def member_joined(self) -> None:
+        """A shared group got an online member here."""
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        """What runs for the node's life besides its own loops."""
+
+
+class SingleNode:
+    """A node alone on its store (the embedded default, or Redis without `cluster_port`)."""
+
+    shared = False
+    members: Mapping[str, str] = {}
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+    def gauges(self) -> dict[str, int]:
+        return {}
+
+    def stale_owner(self, owner: str) -> bool:
+        return True
+
+    async def kick_elsewhere(self, client_id: str, epoch: int) -> None:
+        return None
+
+    def member_joined(self) -> None:
+        return None
+
+    def loops(self) -> list[Coroutine[Any, Any, None]]:
+        return []
