@@ -1,1 +1,1 @@
-"""Ingress and pipeline extensions: authentication, ACL, bridges, AMQP and RocketMQ protocol handlers."""
+"""Operator plug-ins on the up- and down-links: authentication sources (password file, JWT, HTTP) and the ACL."""

@@ -22,8 +22,9 @@ Semantics follow mosquitto 2.0 (src/security_default.c), the reference implement
   check at subscribe time so delivery needs no per-message ACL work: a filter is allowed when a ``read``
   grant *covers* it (every topic the filter can match is matched by the grant: ``sensors/#`` covers
   ``sensors/+/temp``; ``sensors/+`` does not cover ``sensors/#``) and no ``deny`` in the same list
-  *overlaps* it (some topic matched by both). This is stricter than mosquitto: with ``topic read #`` and
-  ``topic deny secret/#`` a subscription to ``#`` is refused rather than silently filtered.
+  *overlaps* it (some topic matched by both). A filter that grants only overlap (``#`` with ``topic read #``
+  and ``topic deny secret/#``) is granted FILTERED: each delivery is then checked, as Mosquitto does. One
+  that no grant overlaps is refused.
 
 Cost: topic lists and fixed patterns are compiled once into tries (publish checks are O(topic levels));
 patterns with ``%c``/``%u`` are compiled per client and kept in a bounded LRU keyed by (client id, username).

@@ -6,8 +6,8 @@ the first definite answer wins and IGNORE passes to the next source. What comes 
 user name that a credential proved (never the one a client merely claimed), whether it is a superuser, and
 optional per-client grants that replace the ACL file for that client (JWT claims, HTTP hook rules).
 
-MQTT uses this for CONNECT user name/password; the AMQP handler for SASL PLAIN; the RocketMQ handler for
-access key/secret key (the password field). Sources must never raise on client input and must never put a
+MQTT uses this for CONNECT user name/password and the AMQP adapter for SASL PLAIN. RocketMQ's signatures are
+checked against `rocketmq_credentials_file` instead (an HMAC needs the secret itself). Sources must never raise on client input and must never put a
 password into a log line or a reason.
 """
 

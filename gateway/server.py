@@ -55,7 +55,7 @@ class _Closable(Protocol):
 
 
 class Backend(Protocol):
-    """A protocol handler of its own listener over the same node (AMQP, RocketMQ: `extensions/`)."""
+    """A protocol adapter with its own listener over the same node (AMQP, RocketMQ: `gateway/protocols/`)."""
 
     async def start(self) -> None:
         """Listen; raise OSError if the port cannot be bound."""
