@@ -75,8 +75,8 @@ def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequen
     if settings.rocketmq_port is not None:
         from tidewire.gateway.protocols.rocketmq.server import RocketMQServer
 
-        found.listeners += [ListenerSpec("rocketmq", host, b.port, None) for b in backends
-                            if isinstance(b, RocketMQServer)]
+        found.listeners += [ListenerSpec("rocketmq", host, b.port, b.listener.max_connections if b.listener else None)
+                            for b in backends if isinstance(b, RocketMQServer)]
     return found
 
 

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tidewire.errors import ConfigError
 
-ListenerName = Literal["mqtt", "mqtts", "ws", "wss", "amqp", "amqps"]
+ListenerName = Literal["mqtt", "mqtts", "ws", "wss", "amqp", "amqps", "rocketmq"]
 OFF_WORDS = frozenset({"off", "none", "false", "disabled", ""})
 
 

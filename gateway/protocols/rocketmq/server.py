@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import grpc
 from rocketmq.grpc_protocol import service_pb2_grpc
 
+from tidewire.gateway.transport.listeners import Listener, make_listener
+
+from .admission import ClientAdmission
 from .auth import Authenticator, load_credentials
 from .consuming import Consuming
 from .producing import Producing
@@ -32,6 +36,7 @@ class RocketMQServer:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.port = 0
+        self.listener: Listener | None = None  # its clients' count and limits, once started
         self._server: grpc.aio.Server | None = None
         self._consuming: Consuming | None = None
         self._producing: Producing | None = None
@@ -64,7 +69,9 @@ class RocketMQServer:
             f"[{host}]:{port}" if ":" in host else f"{'127.0.0.1' if host in _WILDCARDS else host}:{port}")
         self._consuming = Consuming(self.node, endpoint)
         self._producing = Producing(self.node)
-        service = MessagingService(self._consuming, self._producing, auth, endpoint, settings.node_id,
+        self.listener = make_listener(settings, "rocketmq", time.monotonic())
+        clients = ClientAdmission(self.node.admission, self.listener)
+        service = MessagingService(self._consuming, self._producing, auth, clients, endpoint, settings.node_id,
                                    advertise_requested=settings.rocketmq_endpoint is None and host in _WILDCARDS)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
         await server.start()

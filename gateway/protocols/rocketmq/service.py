@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
 
 from tidewire.extensions.hooks import ClientInfo
 
+from .admission import ClientAdmission
 from .auth import Authenticator
 from .consuming import MAX_LONG_POLL_S, Consuming, may_read
 from .mapping import Code, Refusal, bad_name, set_ms, status
@@ -46,8 +48,8 @@ def _unary(response: Any) -> Callable[[Handler], Handler]:
         @functools.wraps(method)
         async def run(self: MessagingService, request: Any, context: Any) -> Any:
             caller = self.caller(context)
-            if caller is None:
-                return response(status=status(Code.UNAUTHORIZED, "bad or missing credentials"))
+            if not isinstance(caller, ClientInfo):
+                return response(status=caller)
             try:
                 return await method(self, caller, request, context)
             except Exception:
@@ -71,24 +73,33 @@ def endpoints_of(address: str) -> Any:
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
-    def __init__(self, consuming: Consuming, producing: Producing, auth: Authenticator, endpoint: str,
-                 broker_name: str, advertise_requested: bool) -> None:
+    def __init__(self, consuming: Consuming, producing: Producing, auth: Authenticator, clients: ClientAdmission,
+                 endpoint: str, broker_name: str, advertise_requested: bool) -> None:
         self.consuming = consuming
         self.producing = producing
         self.auth = auth
+        self.clients = clients
         self.endpoints = endpoints_of(endpoint)
         self.broker_name = broker_name
         self.advertise_requested = advertise_requested  # listening on a wildcard address: echo what was dialled
         self.settings = consuming.settings
 
-    def caller(self, context: Any) -> ClientInfo | None:
+    def caller(self, context: Any) -> ClientInfo | Any:
+        """Who calls, or the status that refuses the call: bad credentials, a ban, or the admission of a new
+        client."""
         caller = self.auth.check(context.invocation_metadata() or (), context.peer() or "")
         if caller is None:
             log.info("rocketmq.unauthorized", extra={"peer": context.peer()})
-        elif self.consuming.node.bans.check(caller.client_id, caller.username, context.peer() or "") is not None:
+            return status(Code.UNAUTHORIZED, "bad or missing credentials")
+        if self.consuming.node.bans.check(caller.client_id, caller.username, context.peer() or "") is not None:
             self.consuming.node.bans.banned_refused += 1
             log.info("rocketmq.banned", extra={"peer": context.peer()})
-            return None
+            return status(Code.UNAUTHORIZED, "bad or missing credentials")
+        refusal = self.clients.admit(caller.client_id, time.monotonic())
+        if refusal is not None:
+            log.info("rocketmq.refused", extra={"client_id": caller.client_id, "peer": context.peer(),
+                                                "reason": refusal.detail})
+            return status(Code.TOO_MANY_REQUESTS, refusal.detail)
         return caller
 
     def _queue(self, topic: Any, requested: Any) -> Any:
@@ -123,13 +134,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @_unary(service_pb2.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, caller: ClientInfo, request: Any, context: Any) -> Any:
+        self.clients.forget(caller.client_id)
         return service_pb2.NotifyClientTerminationResponse(status=status(Code.OK))
 
     async def Telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Answer each settings command with the server's settings (and set up a consumer's subscriptions)."""
         caller = self.caller(context)
-        if caller is None:
-            yield service_pb2.TelemetryCommand(status=status(Code.UNAUTHORIZED, "bad or missing credentials"))
+        if not isinstance(caller, ClientInfo):
+            yield service_pb2.TelemetryCommand(status=caller)
             return
         async for command in requests:
             if command.HasField("settings"):
@@ -194,8 +206,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     # --- consumers --------------------------------------------------------------------------------------------
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         caller = self.caller(context)
-        if caller is None:
-            yield service_pb2.ReceiveMessageResponse(status=status(Code.UNAUTHORIZED, "bad or missing credentials"))
+        if not isinstance(caller, ClientInfo):
+            yield service_pb2.ReceiveMessageResponse(status=caller)
             return
         answered = False
         try:
