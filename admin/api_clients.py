@@ -23,13 +23,12 @@ from tidewire.admin.models import (
     SubscriptionAdd,
     paging,
 )
+from tidewire.gateway.core.shared import parse_shared
 from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.node import Node
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
 from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
-from tidewire.gateway.sessions.session import SHARED_PREFIX
-from tidewire.gateway.sessions.shared import parse_shared
-from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord
+from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord
 
 if TYPE_CHECKING:
     from tidewire.gateway.protocols.amqp.connection import AmqpConnection

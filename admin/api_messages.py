@@ -18,8 +18,7 @@ from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.core.ingress import INVALID_TOPIC, PublishFailed, neutral_message, publish_future, refuse_publish
 from tidewire.gateway.core.topics import valid_topic_filter, valid_topic_name
 from tidewire.gateway.node import Node
-from tidewire.gateway.sessions.session import SHARED_PREFIX
-from tidewire.store.base import Message
+from tidewire.store.base import SHARED_PREFIX, Message
 from tidewire.store.properties import Properties
 
 PUBLISH_TIMEOUT_S = 10.0  # a QoS 1/2 publish not durable by then is answered 503 (it may still be stored)

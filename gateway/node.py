@@ -32,6 +32,7 @@ from tidewire.gateway.core.dispatch import Dispatcher
 from tidewire.gateway.core.events import EventBuffer
 from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.shared import SharedGroup
 from tidewire.gateway.core.subscriptions import SubscriptionRegistry
 from tidewire.gateway.core.writes import RecordWrites
 from tidewire.gateway.ops.bans import BanList
@@ -41,7 +42,6 @@ from tidewire.gateway.ops.sys_topics import Counters, SysTopics
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
 from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
-from tidewire.gateway.sessions.shared import SharedGroup
 from tidewire.gateway.sessions.wills import DelayedWills, delay_left
 from tidewire.gateway.transport.listeners import Admission
 from tidewire.lookup.base import Lookup

@@ -7,20 +7,22 @@ append carries the version of the set its queues were computed with, and the sto
 message is never indexed without a wildcard some node registered before it was appended. Local
 readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name. A P2P queue
 has one reader, its client's session, which notify finds through the client's location.
+
+A session is whatever satisfies `Subscriber` (MQTT sessions, `gateway.sessions.session.Session`): the registry
+knows nothing of a protocol.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from tidewire.extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
+from tidewire.gateway.core.shared import GroupMember, SharedGroup, parse_shared, strategy_for
 from tidewire.gateway.core.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
-from tidewire.gateway.sessions.session import SHARED_PREFIX, Session
-from tidewire.gateway.sessions.shared import SharedGroup, parse_shared, strategy_for
-from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
+from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node
@@ -45,6 +47,22 @@ def is_first_level_queue(topic_filter: str) -> bool:
 
 class Puller(Protocol):
     def pull(self) -> None: ...
+
+
+class Subscriber(GroupMember, Puller, Protocol):
+    """What the registry needs of a session: it reads its queues (`pull`) and is a member of its groups."""
+
+    record: SessionRecord  # its subscriptions are `record.subscriptions`
+    level: int
+    # Filters the ACL grants only in part, and the check each delivery through them takes (set here).
+    filtered: set[str] | None
+    read_check: Callable[[str], bool] | None
+
+    @property
+    def subscriptions(self) -> dict[str, SubscriptionRecord]: ...
+
+    def subscriptions_changed(self) -> None:
+        """Its subscriptions were added to or removed."""
 
 
 class SubscriptionRegistry:
@@ -257,7 +275,7 @@ class SubscriptionRegistry:
                 if not holders:
                     del self._holders[topic_filter]
 
-    def attach(self, session: Session, client: ClientInfo) -> None:
+    def attach(self, session: Subscriber, client: ClientInfo) -> None:
         """An online session starts reading its queues (and joins its groups)."""
         record = session.record
         own_p2p = p2p_queue(session.client_id)
@@ -275,14 +293,14 @@ class SubscriptionRegistry:
                                  self.node.authorizer.subscribe_access(client, topic_filter))
         session.subscriptions_changed()
 
-    def resume_groups(self, session: Session) -> None:
+    def resume_groups(self, session: Subscriber) -> None:
         """The session's connection is bound now: its groups may deliver to it (a group that tried while the
         session was being restored found no connection and stopped)."""
         for key in session.subscriptions:
             if key.startswith(SHARED_PREFIX) and (group := self.groups.get(key)) is not None:
                 group.schedule_pull()
 
-    def detach(self, session: Session) -> None:
+    def detach(self, session: Subscriber) -> None:
         for topic_filter in session.subscriptions:
             if topic_filter.startswith(SHARED_PREFIX):
                 group = self.groups.get(topic_filter)
@@ -300,7 +318,7 @@ class SubscriptionRegistry:
                 self._remove_wildcard(topic_filter, record.client_id)
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------------
-    def subscribe(self, session: Session, client: ClientInfo, requests: list[SubscriptionRequest],
+    def subscribe(self, session: Subscriber, client: ClientInfo, requests: list[SubscriptionRequest],
                   sub_id: int) -> tuple[list[int], list[tuple[str, int, int]], list[str]]:
         """Returns SUBACK codes, the (filter, qos, subscription id) whose retained messages to send, and the
         wildcard filters being added to the store's set (SUBACK waits for them)."""
@@ -353,7 +371,7 @@ class SubscriptionRegistry:
         session.subscriptions_changed()
         return codes, retained, registering
 
-    def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
+    def unsubscribe(self, session: Subscriber, filters: list[str]) -> list[int]:
         codes: list[int] = []
         for key in filters:
             if key.startswith(P2P_PREFIX) or session.subscriptions.pop(key, None) is None:
@@ -373,7 +391,7 @@ class SubscriptionRegistry:
         session.subscriptions_changed()
         return codes
 
-    def _set_access(self, session: Session, client: ClientInfo, topic_filter: str, access: SubscribeAccess) -> None:
+    def _set_access(self, session: Subscriber, client: ClientInfo, topic_filter: str, access: SubscribeAccess) -> None:
         if access == SubscribeAccess.GRANTED:
             if session.filtered:
                 session.filtered.discard(topic_filter)
