@@ -23,13 +23,13 @@ from tidewire.admin.models import (
     SubscriptionAdd,
     paging,
 )
+from tidewire.gateway.core.shared import parse_shared
 from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.node import Node
+from tidewire.gateway.protocols.mqtt.channel import suback_codes
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
 from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
-from tidewire.gateway.sessions.session import SHARED_PREFIX
-from tidewire.gateway.sessions.shared import parse_shared
-from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord
+from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord
 
 if TYPE_CHECKING:
     from tidewire.gateway.protocols.amqp.connection import AmqpConnection
@@ -157,10 +157,11 @@ def router(node: Node) -> APIRouter:
             raise HTTPException(409, "the client has max_subscriptions subscriptions")
         request = SubscriptionRequest(body.topic, body.qos, body.no_local, body.retain_as_published,
                                       body.retain_handling)
-        codes, retained, registering = node.subscribe(session, conn, [request])
-        if codes[0] >= 0x80:
-            raise HTTPException(403, "not authorized" if codes[0] in (ReasonCode.NOT_AUTHORIZED, 0x80)
-                                else f"refused ({codes[0]:#04x})")
+        granted, retained, registering = node.subscribe(session, conn, [request])
+        qos = suback_codes(granted, session.level)[0]
+        if qos >= 0x80:
+            raise HTTPException(403, "not authorized" if qos in (ReasonCode.NOT_AUTHORIZED, 0x80)
+                                else f"refused ({qos:#04x})")
         if session.persistent:
             node.writes.save_session(session.snapshot())
         await node.subscriptions.wildcards_registered(registering)
@@ -168,7 +169,7 @@ def router(node: Node) -> APIRouter:
             await node.writes.session_settled(client_id)  # as SUBACK: a takeover elsewhere reads it from the store
         if retained and conn.session is session:
             node.spawn(node.send_retained(session, retained))
-        return Subscription(topic=body.topic, qos=codes[0], no_local=body.no_local,
+        return Subscription(topic=body.topic, qos=qos, no_local=body.no_local,
                             retain_as_published=body.retain_as_published, retain_handling=body.retain_handling)
 
     @api.delete("/clients/{client_id:path}/subscriptions", status_code=204, response_class=Response)

@@ -15,18 +15,11 @@ from starlette.exceptions import HTTPException
 from tidewire.admin.app import API_PREFIX, require_token
 from tidewire.admin.models import MAX_TOPIC_CHARS, Page, Paging, PublishRequest, PublishResult, Retained, paging
 from tidewire.extensions.hooks import ClientInfo
-from tidewire.gateway.core.ingress import (
-    INVALID_TOPIC,
-    Properties,
-    PublishFailed,
-    neutral_message,
-    publish_future,
-    refuse_publish,
-)
+from tidewire.gateway.core.ingress import INVALID_TOPIC, PublishFailed, neutral_message, publish_future, refuse_publish
 from tidewire.gateway.core.topics import valid_topic_filter, valid_topic_name
 from tidewire.gateway.node import Node
-from tidewire.gateway.sessions.session import SHARED_PREFIX
-from tidewire.store.base import Message
+from tidewire.store.base import SHARED_PREFIX, Message
+from tidewire.store.properties import Properties
 
 PUBLISH_TIMEOUT_S = 10.0  # a QoS 1/2 publish not durable by then is answered 503 (it may still be stored)
 MAX_LISTED_PAYLOAD = 64 * 1024  # bytes of a retained payload a list carries; bigger ones: GET the topic

@@ -7,8 +7,8 @@ user name that a credential proved (never the one a client merely claimed), whet
 optional per-client grants that replace the ACL file for that client (JWT claims, HTTP hook rules).
 
 MQTT uses this for CONNECT user name/password and the AMQP adapter for SASL PLAIN. RocketMQ's signatures are
-checked against `rocketmq_credentials_file` instead (an HMAC needs the secret itself). Sources must never raise on client input and must never put a
-password into a log line or a reason.
+checked against `rocketmq_credentials_file` instead (an HMAC needs the secret itself). Sources must never raise
+on client input and must never put a password into a log line or a reason.
 """
 
 from __future__ import annotations

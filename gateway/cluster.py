@@ -21,8 +21,8 @@ from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.store.base import SessionRecord
 
 if TYPE_CHECKING:
+    from tidewire.gateway.core.shared import SharedGroup
     from tidewire.gateway.node import Node
-    from tidewire.gateway.sessions.shared import SharedGroup
 
 log = logging.getLogger("tidewire.cluster")
 

@@ -32,7 +32,8 @@ from tidewire.gateway.core.dispatch import Dispatcher
 from tidewire.gateway.core.events import EventBuffer
 from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
-from tidewire.gateway.core.subscriptions import SubscriptionRegistry
+from tidewire.gateway.core.shared import SharedGroup
+from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
 from tidewire.gateway.core.writes import RecordWrites
 from tidewire.gateway.ops.bans import BanList
 from tidewire.gateway.ops.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
@@ -41,7 +42,6 @@ from tidewire.gateway.ops.sys_topics import Counters, SysTopics
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
 from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
-from tidewire.gateway.sessions.shared import SharedGroup
 from tidewire.gateway.sessions.wills import DelayedWills, delay_left
 from tidewire.gateway.topology import SingleNode, Topology
 from tidewire.gateway.transport.listeners import Admission
@@ -228,19 +228,21 @@ class Node:
 
     # --- subscriptions ----------------------------------------------------------------------------------
     def subscribe(self, session: Session, conn: ChannelBase, requests: list[SubscriptionRequest],
-                  sub_id: int = 0) -> tuple[list[int], list[tuple[str, int, int]], list[str]]:
-        codes, retained, registering = self.subscriptions.subscribe(session, conn.info, requests, sub_id)
-        for request, code in zip(requests, codes, strict=True):
-            if code < 0x80:
-                self.sys.event(session.client_id, "subscribed", topic=request.topic_filter, qos=code)
-        return codes, retained, registering
+                  sub_id: int = 0) -> tuple[list[int | Refusal], list[tuple[str, int, int]], list[str]]:
+        """`SubscriptionRegistry.subscribe`, with a `$SYS` event per subscription granted."""
+        granted, retained, registering = self.subscriptions.subscribe(session, conn.info, requests, sub_id)
+        for request, qos in zip(requests, granted, strict=True):
+            if not isinstance(qos, Refusal):
+                self.sys.event(session.client_id, "subscribed", topic=request.topic_filter, qos=qos)
+        return granted, retained, registering
 
-    def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
-        codes = self.subscriptions.unsubscribe(session, filters)
-        for topic_filter, code in zip(filters, codes, strict=True):
-            if code == 0:
+    def unsubscribe(self, session: Session, filters: list[str]) -> list[bool]:
+        """`SubscriptionRegistry.unsubscribe`, with a `$SYS` event per subscription removed."""
+        removed = self.subscriptions.unsubscribe(session, filters)
+        for topic_filter, was in zip(filters, removed, strict=True):
+            if was:
                 self.sys.event(session.client_id, "unsubscribed", topic=topic_filter)
-        return codes
+        return removed
 
     async def send_retained(self, session: Session, filters: list[tuple[str, int, int]]) -> None:
         now = _now_ms()

@@ -48,8 +48,9 @@ def expiry_deadline(record: SessionRecord) -> int | None:
 class Message:
     """One application message, stored once and indexed into `queues`.
 
-    `properties` is the encoded MQTT 5 property block content (no length prefix) to forward unchanged, minus
-    topic alias, subscription identifiers and message expiry, which depend on the receiver or the clock.
+    `properties` is the stored property block (`store.properties`: by design the content of an MQTT 5 property
+    block, which MQTT forwards unchanged), without topic alias, subscription identifiers and message expiry,
+    which depend on the receiver or the clock.
     """
 
     topic: str

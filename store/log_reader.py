@@ -18,8 +18,8 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from tidewire.gateway.core.ingress import Properties
 from tidewire.store.base import PROTOCOL_NAMES, LogSource, Message
+from tidewire.store.properties import Properties
 
 log = logging.getLogger("tidewire.store.reader")
 

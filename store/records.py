@@ -33,8 +33,8 @@ Message record, format version 1 (what `encode_message_body` writes), little-end
                   properties, payload, queues (utf-8 names joined by NUL: NUL cannot occur in a topic or a
                   filter), each exactly as long as its length field says
 
-`properties` is the neutral property encoding: the content of an MQTT 5 property block (identifier byte, value;
-repeated) without its variable-length prefix, as `gateway.core.ingress.Properties.to_block` writes it and
+`properties` is the neutral property encoding defined in `store.properties` (identifier byte, value; repeated:
+the content of an MQTT 5 property block without its length prefix), as `Properties.to_block` writes it and
 `Properties.from_block` reads it. It never holds message expiry, topic alias or subscription identifiers (the
 deadline is `expires_at_ms`; the others depend on the receiver).
 

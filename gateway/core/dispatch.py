@@ -16,14 +16,13 @@ import asyncio
 import logging
 import types
 from collections.abc import Coroutine, Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.store.base import P2P_PREFIX
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node
-    from tidewire.gateway.sessions.session import Session
 
 log = logging.getLogger("tidewire.node")
 
@@ -34,6 +33,14 @@ REFRESH_READS = 4  # store reads per queue per dispatch round before its readers
 INLINE_MAX_MESSAGES = 64
 
 T = TypeVar("T")
+
+
+class P2PReader(Protocol):
+    """The one reader of a client's P2P queue (its session): told that the queue has news, then pulled."""
+
+    p2p_pending: bool
+
+    def pull(self) -> None: ...
 
 
 @types.coroutine
@@ -162,7 +169,7 @@ class Dispatcher:
         """One round; whether it read the store (refreshed a queue)."""
         node = self._node
         # P2P first, before any pull moves a cursor past a P2P message not yet seen
-        p2p: list[Session] = []
+        p2p: list[P2PReader] = []
         connections = node.connections
         for queue in queues:
             if queue.startswith(P2P_PREFIX):

@@ -1,14 +1,16 @@
 """The protocol-neutral ingress API: what any protocol handler (MQTT, AMQP, RocketMQ) hands the node to publish.
 
 A handler builds a `Message` with `neutral_message` from a topic, a payload and `Properties` (the neutral
-property model: MQTT 5's application properties, which AMQP basic properties and RocketMQ system/user
-properties map onto), checks it with `refuse_publish`, and calls `Node.publish(message, sink, token)`. The node
-appends it with the next batch and, once the batch is durable, calls `sink.durable([token, ...])` once per
-sink per round (one batched write of acks: MQTT PUBACKs, AMQP Basic.Ack multiple, RocketMQ responses), or
-`sink.failed(tokens, reason)` if it will never be stored. `FutureSink` turns that into one future per publish.
+property model, `store.properties`: MQTT 5's application properties, which AMQP basic properties and RocketMQ
+system/user properties map onto), checks it with `refuse_publish`, and calls
+`Node.publish(message, sink, token)`. The node appends it with the next batch and, once the batch is durable,
+calls `sink.durable([token, ...])` once per sink per round (one batched write of acks: MQTT PUBACKs, AMQP
+Basic.Ack multiple, RocketMQ responses), or `sink.failed(tokens, reason)` if it will never be stored.
+`FutureSink` turns that into one future per publish.
 
-The stored form of the properties is the MQTT 5 property block: MQTT subscribers get it forwarded unchanged,
-other protocols decode it with `Properties.from_block`.
+The stored form of the properties is the store's block (`store.properties`: by design the content of an MQTT 5
+property block, which MQTT subscribers get forwarded unchanged); other protocols decode it with
+`Properties.from_block`. Nothing here knows a protocol's wire format.
 """
 
 from __future__ import annotations
@@ -16,22 +18,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.errors import PublishFailed
-from tidewire.gateway.protocols.mqtt.codec import PropertyId
-from tidewire.gateway.protocols.mqtt.codec.errors import PacketType, ProtocolError
-from tidewire.gateway.protocols.mqtt.codec.properties import ALLOWED, decode_block, encode_properties
 from tidewire.store.base import PROTOCOL_MQTT, Message
+from tidewire.store.properties import Properties
 
 if TYPE_CHECKING:
     from tidewire.extensions.hooks import Authorizer, ClientInfo
     from tidewire.gateway.config import Settings
 
 log = logging.getLogger("tidewire.ingress")
-
-_PUBLISH_PROPERTIES = ALLOWED[PacketType.PUBLISH]
 
 
 class DurableSink(Protocol):
@@ -69,55 +66,6 @@ class FutureSink:
 
     def resume_publishes(self) -> None:
         pass
-
-
-@dataclass(slots=True)
-class Properties:
-    """Application properties every protocol can carry, by their MQTT 5 names.
-
-    AMQP: content-type ↔ content_type, correlation-id ↔ correlation_data, reply-to ↔ response_topic,
-    headers ↔ user, expiration ↔ expiry_interval. RocketMQ: user properties ↔ user (tag and keys included)."""
-
-    content_type: str | None = None
-    correlation_data: bytes | None = None
-    response_topic: str | None = None
-    user: list[tuple[str, str]] = field(default_factory=list)
-    utf8_payload: bool = False  # MQTT payload format indicator 1
-    expiry_interval: int | None = None  # seconds; the store keeps the deadline, not this
-
-    def to_block(self) -> bytes:
-        """The stored property block (no message expiry: the message carries its deadline)."""
-        props: dict[int, Any] = {}
-        if self.utf8_payload:
-            props[PropertyId.PAYLOAD_FORMAT_INDICATOR] = 1
-        if self.content_type is not None:
-            props[PropertyId.CONTENT_TYPE] = self.content_type
-        if self.response_topic is not None:
-            props[PropertyId.RESPONSE_TOPIC] = self.response_topic
-        if self.correlation_data is not None:
-            props[PropertyId.CORRELATION_DATA] = self.correlation_data
-        if self.user:
-            props[PropertyId.USER_PROPERTY] = list(self.user)
-        return encode_properties(props) if props else b""
-
-    @classmethod
-    def from_block(cls, block: bytes, expires_at_ms: int = 0, now_ms: int = 0) -> Properties:
-        """Decode a stored block; `expiry_interval` is what is left of the deadline at `now_ms`."""
-        props = cls()
-        if expires_at_ms and now_ms:
-            props.expiry_interval = max(1, (expires_at_ms - now_ms + 999) // 1000)
-        if not block:
-            return props
-        try:
-            decoded = decode_block(block, 0, len(block), _PUBLISH_PROPERTIES)
-        except ProtocolError:
-            return props  # stored by this gateway from a checked packet: cannot happen; never fail a delivery
-        props.utf8_payload = decoded.get(PropertyId.PAYLOAD_FORMAT_INDICATOR) == 1
-        props.content_type = decoded.get(PropertyId.CONTENT_TYPE)
-        props.response_topic = decoded.get(PropertyId.RESPONSE_TOPIC)
-        props.correlation_data = decoded.get(PropertyId.CORRELATION_DATA)
-        props.user = list(decoded.get(PropertyId.USER_PROPERTY, ()))
-        return props
 
 
 def neutral_message(topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,

@@ -7,20 +7,24 @@ append carries the version of the set its queues were computed with, and the sto
 message is never indexed without a wildcard some node registered before it was appended. Local
 readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name. A P2P queue
 has one reader, its client's session, which notify finds through the client's location.
+
+A session is whatever satisfies `Subscriber` (MQTT sessions, `gateway.sessions.session.Session`) and a
+subscription asked for whatever satisfies `FilterRequest` (MQTT's `SubscriptionRequest`); `subscribe` answers
+with the granted QoS or a `Refusal`, `unsubscribe` with whether there was a subscription, and each protocol
+answers its client with its own codes: the registry knows nothing of a protocol.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
+from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from tidewire.extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
+from tidewire.gateway.core.shared import GroupMember, SharedGroup, parse_shared, strategy_for
 from tidewire.gateway.core.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
-from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
-from tidewire.gateway.sessions.session import SHARED_PREFIX, Session
-from tidewire.gateway.sessions.shared import SharedGroup, parse_shared, strategy_for
-from tidewire.store.base import P2P_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
+from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node
@@ -45,6 +49,48 @@ def is_first_level_queue(topic_filter: str) -> bool:
 
 class Puller(Protocol):
     def pull(self) -> None: ...
+
+
+class Subscriber(GroupMember, Puller, Protocol):
+    """What the registry needs of a session: it reads its queues (`pull`) and is a member of its groups."""
+
+    record: SessionRecord  # its subscriptions are `record.subscriptions`
+    # Filters the ACL grants only in part, and the check each delivery through them takes (set here).
+    filtered: set[str] | None
+    read_check: Callable[[str], bool] | None
+
+    @property
+    def subscriptions(self) -> dict[str, SubscriptionRecord]: ...
+
+    def subscriptions_changed(self) -> None:
+        """Its subscriptions were added to or removed."""
+
+
+class FilterRequest(Protocol):
+    """A subscription asked for: a filter (`$share/<group>/<filter>` for a shared one) and its options."""
+
+    @property
+    def topic_filter(self) -> str: ...
+
+    @property
+    def qos(self) -> int: ...
+
+    @property
+    def no_local(self) -> bool: ...
+
+    @property
+    def retain_as_published(self) -> bool: ...
+
+    @property
+    def retain_handling(self) -> int: ...
+
+
+class Refusal(StrEnum):
+    """Why `subscribe` refuses a filter (in place of a granted QoS)."""
+
+    FILTER_INVALID = "filter invalid"  # not a valid filter, or over the configured levels or length
+    QUOTA_EXCEEDED = "quota exceeded"  # the session has max_subscriptions already
+    NOT_AUTHORIZED = "not authorized"  # the ACL denies it
 
 
 class SubscriptionRegistry:
@@ -257,7 +303,7 @@ class SubscriptionRegistry:
                 if not holders:
                     del self._holders[topic_filter]
 
-    def attach(self, session: Session, client: ClientInfo) -> None:
+    def attach(self, session: Subscriber, client: ClientInfo) -> None:
         """An online session starts reading its queues (and joins its groups)."""
         record = session.record
         own_p2p = p2p_queue(session.client_id)
@@ -274,14 +320,14 @@ class SubscriptionRegistry:
                                  self.node.authorizer.subscribe_access(client, topic_filter))
         session.subscriptions_changed()
 
-    def resume_groups(self, session: Session) -> None:
+    def resume_groups(self, session: Subscriber) -> None:
         """The session's connection is bound now: its groups may deliver to it (a group that tried while the
         session was being restored found no connection and stopped)."""
         for key in session.subscriptions:
             if key.startswith(SHARED_PREFIX) and (group := self.groups.get(key)) is not None:
                 group.schedule_pull()
 
-    def detach(self, session: Session) -> None:
+    def detach(self, session: Subscriber) -> None:
         for topic_filter in session.subscriptions:
             if topic_filter.startswith(SHARED_PREFIX):
                 group = self.groups.get(topic_filter)
@@ -299,14 +345,14 @@ class SubscriptionRegistry:
                 self._remove_wildcard(topic_filter, record.client_id)
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------------
-    def subscribe(self, session: Session, client: ClientInfo, requests: list[SubscriptionRequest],
-                  sub_id: int) -> tuple[list[int], list[tuple[str, int, int]], list[str]]:
-        """Returns SUBACK codes, the (filter, qos, subscription id) whose retained messages to send, and the
-        wildcard filters being added to the store's set (SUBACK waits for them)."""
-        v5 = session.level >= 5
+    def subscribe(self, session: Subscriber, client: ClientInfo, requests: Sequence[FilterRequest],
+                  sub_id: int) -> tuple[list[int | Refusal], list[tuple[str, int, int]], list[str]]:
+        """Returns per request the granted QoS or why it is refused, the (filter, qos, subscription id) whose
+        retained messages to send, and the wildcard filters being added to the store's set (the answer to the
+        client waits for them)."""
         authorizer: Authorizer = self.node.authorizer
         settings = self.node.settings
-        codes: list[int] = []
+        codes: list[int | Refusal] = []
         retained: list[tuple[str, int, int]] = []
         registering: list[str] = []
         for request in requests:
@@ -316,17 +362,17 @@ class SubscriptionRegistry:
             if (key.startswith(SHARED_PREFIX) and shared is None) or not valid_topic_filter(topic_filter) or (
                     topic_filter.count("/") >= settings.max_topic_levels) or (
                     len(key.encode()) > settings.max_topic_length):
-                codes.append(ReasonCode.TOPIC_FILTER_INVALID if v5 else 0x80)
+                codes.append(Refusal.FILTER_INVALID)
                 continue
             if settings.max_subscriptions and key not in session.subscriptions and (
                     sum(1 for k in session.subscriptions if not k.startswith(P2P_PREFIX))
                     >= settings.max_subscriptions):
-                codes.append(ReasonCode.QUOTA_EXCEEDED if v5 else 0x80)
+                codes.append(Refusal.QUOTA_EXCEEDED)
                 continue
             access = authorizer.subscribe_access(client, topic_filter)
             if access == SubscribeAccess.DENIED:
                 log.info("acl.denied", extra={"client_id": session.client_id, "filter": key, "access": "subscribe"})
-                codes.append(ReasonCode.NOT_AUTHORIZED if v5 else 0x80)
+                codes.append(Refusal.NOT_AUTHORIZED)
                 continue
             qos = min(request.qos, 2)
             existing = session.subscriptions.get(key)
@@ -351,11 +397,12 @@ class SubscriptionRegistry:
         session.subscriptions_changed()
         return codes, retained, registering
 
-    def unsubscribe(self, session: Session, filters: list[str]) -> list[int]:
-        codes: list[int] = []
+    def unsubscribe(self, session: Subscriber, filters: list[str]) -> list[bool]:
+        """Per filter: was there a subscription to it (now removed)?"""
+        removed: list[bool] = []
         for key in filters:
             if key.startswith(P2P_PREFIX) or session.subscriptions.pop(key, None) is None:
-                codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
+                removed.append(False)
                 continue
             if key.startswith(SHARED_PREFIX):
                 group = self.groups.get(key)
@@ -367,11 +414,11 @@ class SubscriptionRegistry:
                     session.filtered.discard(key)
                 self._unregister(session, key)
                 self._remove_wildcard(key, session.client_id)
-            codes.append(ReasonCode.SUCCESS)
+            removed.append(True)
         session.subscriptions_changed()
-        return codes
+        return removed
 
-    def _set_access(self, session: Session, client: ClientInfo, topic_filter: str, access: SubscribeAccess) -> None:
+    def _set_access(self, session: Subscriber, client: ClientInfo, topic_filter: str, access: SubscribeAccess) -> None:
         if access == SubscribeAccess.GRANTED:
             if session.filtered:
                 session.filtered.discard(topic_filter)

@@ -18,10 +18,9 @@ from tidewire.gateway.protocols.mqtt.codec import pubrel
 from tidewire.gateway.protocols.mqtt.outbound import encoded_publish, encoded_publish_with, with_dup
 from tidewire.gateway.sessions.parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
 from tidewire.pipeline.lake.event_names import ACKED, DELIVERED, DROPPED
-from tidewire.store.base import P2P_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
+from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
 
 _NO_HORIZON = 1 << 62
-SHARED_PREFIX = "$share/"
 
 
 class Session:

@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewire.gateway.core.ingress import Properties
 from tidewire.pipeline.lake.schema import EVENTS_SCHEMA, MESSAGES_SCHEMA, USER_PROPERTIES
 from tidewire.store.log_reader import LogRecord
+from tidewire.store.properties import Properties
 
 try:  # msgspec parses JSON ~3x faster than the stdlib; the results are the same for everything but huge numbers
     import msgspec

@@ -29,8 +29,8 @@ from typing import Any
 
 from pamqp import commands
 
-from tidewire.gateway.core.ingress import Properties
 from tidewire.store.base import Message
+from tidewire.store.properties import Properties
 
 AMQ_TOPIC = "amq.topic"
 PREDECLARED = {AMQ_TOPIC: "topic", "amq.direct": "direct", "amq.fanout": "fanout"}

@@ -20,6 +20,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from tidewire.gateway.core.ingress import INVALID_TOPIC, refuse_publish
+from tidewire.gateway.core.subscriptions import Refusal
 from tidewire.gateway.protocols.mqtt.codec import (
     PINGRESP,
     Auth,
@@ -64,6 +65,25 @@ if TYPE_CHECKING:
     from tidewire.gateway.transport.listeners import Listener
 
 log = logging.getLogger("tidewire.conn")
+
+# How MQTT 5 answers a refused subscription (3.1.1 has one code for them all, 0x80).
+SUBACK_REFUSALS: dict[Refusal, int] = {
+    Refusal.FILTER_INVALID: ReasonCode.TOPIC_FILTER_INVALID,
+    Refusal.QUOTA_EXCEEDED: ReasonCode.QUOTA_EXCEEDED,
+    Refusal.NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
+}
+
+
+def suback_codes(granted: list[int | Refusal], level: int) -> list[int]:
+    """The SUBACK codes of `SubscriptionRegistry.subscribe`'s answers: each granted QoS, or its refusal's code."""
+    if level >= 5:
+        return [SUBACK_REFUSALS[g] if isinstance(g, Refusal) else g for g in granted]
+    return [0x80 if isinstance(g, Refusal) else g for g in granted]
+
+
+def unsuback_codes(removed: list[bool]) -> list[int]:
+    """The UNSUBACK codes of `SubscriptionRegistry.unsubscribe`'s answers."""
+    return [ReasonCode.SUCCESS if was else ReasonCode.NO_SUBSCRIPTION_EXISTED for was in removed]
 
 
 class _PendingSuback:
@@ -273,7 +293,7 @@ class MqttChannel(Handshake):
         if any(s.no_local and s.topic_filter.startswith("$share/") for s in packet.subscriptions):
             return self.abort(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
         ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER) if packet.properties else None
-        codes, retained, registering = node.subscribe(session, self, packet.subscriptions, ids[0] if ids else 0)
+        granted, retained, registering = node.subscribe(session, self, packet.subscriptions, ids[0] if ids else 0)
         log.info("client.subscribed", extra={"client_id": self.client_id,
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
         if session.persistent:
@@ -282,7 +302,7 @@ class MqttChannel(Handshake):
         # set (what is published after it, on any node, is then indexed into the subscription's queue), and a
         # persistent session's record (a takeover by another node reads it from there). SUBACKs keep their order.
         saved = session.persistent and node.topology.shared
-        suback = Suback(packet.packet_id, codes)
+        suback = Suback(packet.packet_id, suback_codes(granted, session.level))
         if registering or saved or self._subacks is not None:
             # Deliveries wait too: a client sees the SUBACK before anything of the new subscription.
             self.paused = True
@@ -320,8 +340,8 @@ class MqttChannel(Handshake):
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
         assert session is not None
-        codes = self.node.unsubscribe(session, packet.topic_filters)
-        self._send(Unsuback(packet.packet_id, codes))
+        removed = self.node.unsubscribe(session, packet.topic_filters)
+        self._send(Unsuback(packet.packet_id, unsuback_codes(removed)))
         if session.persistent:
             self.node.writes.save_session(session.snapshot())
 

@@ -19,6 +19,9 @@ PER_HOP = (PropertyId.TOPIC_ALIAS, PropertyId.MESSAGE_EXPIRY_INTERVAL, PropertyI
 
 
 def stored_properties(props: dict[int, Any]) -> bytes:
+    """The stored property block (`store.properties`) of a PUBLISH's or a will's properties: the store's encoding
+    is MQTT 5's, so the block is the packet's own properties re-encoded, minus the per-hop ones (no conversion
+    through the neutral `Properties`; subscribers are sent the stored block as it is)."""
     if not props:
         return b""
     kept = {k: v for k, v in props.items() if k not in PER_HOP}

@@ -19,8 +19,9 @@ from rocketmq.grpc_protocol import service_pb2
 
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
-from tidewire.gateway.core.ingress import Properties, neutral_message, publish_future
+from tidewire.gateway.core.ingress import neutral_message, publish_future
 from tidewire.store.base import PROTOCOL_ROCKETMQ, GroupRecord
+from tidewire.store.properties import Properties
 
 from .filters import FilterError, compile_filter
 from .mapping import (

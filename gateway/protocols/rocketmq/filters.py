@@ -14,8 +14,8 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from tidewire.gateway.core.ingress import Properties
 from tidewire.store.base import Message
+from tidewire.store.properties import Properties
 
 from .mapping import TAG_PROPERTY
 

@@ -21,8 +21,8 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2
 
-from tidewire.gateway.core.ingress import Properties
 from tidewire.store.base import Claim, Message
+from tidewire.store.properties import Properties
 
 Code = definition_pb2.Code
 TAG_PROPERTY = "TAGS"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tidewire.extensions.hooks import AllowAll, ClientInfo, SubscribeAccess
 from tidewire.gateway.config import Settings
-from tidewire.gateway.core.ingress import INVALID_TOPIC, NOT_AUTHORIZED, Properties, neutral_message, refuse_publish
+from tidewire.gateway.core.ingress import INVALID_TOPIC, NOT_AUTHORIZED, neutral_message, refuse_publish
+from tidewire.store.properties import Properties
 
 
 def test_properties_round_trip_through_the_stored_block() -> None:

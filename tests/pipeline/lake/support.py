@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from tidewire.gateway.core.ingress import Properties
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, Message
 from tidewire.store.log_reader import LogRecord
+from tidewire.store.properties import Properties
 
 
 def record(position: int, *, partition: int = 0, received_ms: int = 1_700_000_000_000, topic: str = "t/x",

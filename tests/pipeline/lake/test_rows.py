@@ -7,9 +7,9 @@ import json
 import pyarrow as pa
 
 from tests.pipeline.lake.support import record
-from tidewire.gateway.core.ingress import Properties
 from tidewire.pipeline.lake.rows import MAX_JSON_NUMBERS, events_table, json_columns, messages_table
 from tidewire.pipeline.lake.schema import EVENTS_SCHEMA, MESSAGES_SCHEMA
+from tidewire.store.properties import Properties
 
 
 def _json(payloads: list[bytes]) -> tuple[list[str | None], list[dict[str, float] | None]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tidewire.extensions.hooks import AllowAll
+from tidewire.extensions.hooks import AllowAll, ClientInfo, SubscribeAccess
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
 from tidewire.gateway.protocols.mqtt.channel import MqttChannel
@@ -35,6 +35,8 @@ from tidewire.gateway.protocols.mqtt.codec import (
     Suback,
     Subscribe,
     SubscriptionRequest,
+    Unsuback,
+    Unsubscribe,
     Will,
     encode,
 )
@@ -327,6 +329,33 @@ async def test_takeover_hands_the_session_to_the_new_channel(node: Node) -> None
     [gone] = first.got()
     assert isinstance(gone, Disconnect) and gone.reason_code == ReasonCode.SESSION_TAKEN_OVER
     assert first.channel.closed and node.connections["same"] is second.channel
+
+
+class _NoSecrets(AllowAll):
+    def subscribe_access(self, client: ClientInfo, topic_filter: str) -> SubscribeAccess:
+        return SubscribeAccess.DENIED if topic_filter.startswith("secret/") else SubscribeAccess.GRANTED
+
+
+@pytest.mark.parametrize("level", [4, 5])
+async def test_refused_subscriptions_get_the_codes_of_the_clients_version(node: Node, level: int) -> None:
+    node.authorizer.base = _NoSecrets()
+    node.settings.max_subscriptions = 2
+    c = _client(node, level)
+    c.send(Connect("refused", protocol_level=level))
+    c.got()
+    c.send(Subscribe(1, [SubscriptionRequest("ok/#", 1), SubscriptionRequest("bad/#/x", 1),
+                         SubscriptionRequest("secret/a", 1), SubscriptionRequest("$share/g/s", 0),
+                         SubscriptionRequest("over/quota", 1)]))
+    await until(lambda: bool(c.io.out), "the SUBACK")
+    [suback] = c.got()
+    refused = [ReasonCode.TOPIC_FILTER_INVALID, ReasonCode.NOT_AUTHORIZED] if level == 5 else [0x80, 0x80]
+    quota = ReasonCode.QUOTA_EXCEEDED if level == 5 else 0x80
+    assert isinstance(suback, Suback) and suback.reason_codes == [1, *refused, 0, quota]
+    c.send(Unsubscribe(2, ["ok/#", "never/subscribed", "$share/g/s"]))
+    [unsuback] = c.got()
+    assert isinstance(unsuback, Unsuback)
+    if level == 5:
+        assert unsuback.reason_codes == [ReasonCode.SUCCESS, ReasonCode.NO_SUBSCRIPTION_EXISTED, ReasonCode.SUCCESS]
 
 
 async def test_credentials_expire_on_their_timer(node: Node) -> None:

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidewire.gateway.core.ingress import Properties, neutral_message
+from tidewire.gateway.core.ingress import neutral_message
 from tidewire.gateway.protocols.rocketmq.filters import SQL, TAG, FilterError, compile_filter, parse_sql, parse_tags
 from tidewire.store.base import Message
+from tidewire.store.properties import Properties
 
 
 def msg(**user: str) -> Message:

@@ -8,6 +8,9 @@ In a cluster one node at a time serves a group (`serving`): the holder of the gr
 taken by a node with online members (`gateway.cluster`). It claims the group's record, so a former server's
 late offset writes are fenced off, and resumes from the committed offset: what was in flight on a node that
 died is delivered again, to the members of the new one.
+
+Members are whatever satisfies `GroupMember` (MQTT sessions, `gateway.sessions.session.Session`): a group knows
+nothing of a protocol.
 """
 
 from __future__ import annotations
@@ -25,11 +28,36 @@ from tidewire.store.base import Message, SessionRecord, SubscriptionRecord
 
 if TYPE_CHECKING:
     from tidewire.cache.queue_cache import QueueCache
-    from tidewire.gateway.sessions.session import Session
     from tidewire.store.base import Store
 
 STRATEGIES = ("least_inflight", "round_robin", "random", "sticky", "hash_clientid", "hash_topic")
-Member = tuple["Session", SubscriptionRecord]
+
+
+class MemberLink(Protocol):
+    """A member's connection, as far as its group looks at it."""
+
+    @property
+    def paused(self) -> bool: ...
+
+
+class GroupMember(Protocol):
+    """What a group needs of a member."""
+
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def conn(self) -> MemberLink | None: ...
+
+    def credit(self) -> int:
+        """Free in-flight slots for QoS 1/2 (0 while it cannot take more)."""
+
+    def push_shared(self, message: Message, qos: int, sub_id: int, group: SharedGroup) -> bool:
+        """Deliver `message`, chosen for this member by `group`. True: sent (at QoS 1/2 the member tells the group
+        `acked` or `returned` later); False: not sent (expired, too large for it), nothing more to hear of it."""
+
+
+Member = tuple[GroupMember, SubscriptionRecord]
 
 
 def parse_shared(topic_filter: str) -> tuple[str, str] | None:
@@ -51,7 +79,7 @@ class GroupOwner(Protocol):
     cache: QueueCache
     store: Store
 
-    def session_dirty(self, session: Session | SharedGroup) -> None: ...
+    def session_dirty(self, session: SharedGroup) -> None: ...
 
 
 class SharedGroup:
@@ -80,12 +108,12 @@ class SharedGroup:
         self._pull_handle: asyncio.Handle | None = None
 
     # --- membership -----------------------------------------------------------------------------------
-    def join(self, session: Session, sub: SubscriptionRecord) -> None:
+    def join(self, session: GroupMember, sub: SubscriptionRecord) -> None:
         self.refs.add(session.client_id)
         self.members[session.client_id] = (session, sub)
         self.schedule_pull()
 
-    def leave(self, session: Session) -> None:
+    def leave(self, session: GroupMember) -> None:
         member = self.members.get(session.client_id)
         if member is not None and member[0] is session:
             del self.members[session.client_id]
