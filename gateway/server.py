@@ -36,8 +36,8 @@ from tidewire.gateway.transport.websocket_core import WebSocketOptions
 from tidewire.lookup.base import InProcessLookup, Lookup
 from tidewire.notify.base import LocalNotifier, Notifier
 from tidewire.store.base import Store
-from tidewire.store.embedded import EmbeddedStore
-from tidewire.store.meta_options import MetaLimits
+from tidewire.store.embedded.engine import EmbeddedStore
+from tidewire.store.embedded.meta.options import MetaLimits
 
 if TYPE_CHECKING:
     from tidewire.lookup.fabric import ClusterFabric
@@ -221,7 +221,7 @@ def redis_client(url: str) -> Any:
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    from tidewire.store.redis_conn import CLUSTER_SCHEMES, parse_cluster_url
+    from tidewire.store.redis.conn import CLUSTER_SCHEMES, parse_cluster_url
 
     if url.startswith(CLUSTER_SCHEMES):
         nodes, username, password, tls = parse_cluster_url(url)
@@ -234,7 +234,7 @@ def build_store(settings: Settings) -> Store:
     """The engine `settings.store` names (not yet opened)."""
     url = settings.store
     if url.startswith(REDIS_SCHEMES):
-        from tidewire.store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
+        from tidewire.store.redis.engine import RedisStore  # redis-py is an extra: imported only when asked for
 
         return RedisStore(url, retention_bytes=settings.retention_bytes, retention_seconds=settings.retention_seconds,
                           retention_ignores_holds=settings.retention_ignores_holds,

@@ -162,7 +162,7 @@ class LakeScan:
 
 async def count_log(data_dir: Path, upto: int) -> tuple[int, int]:
     """(records, telemetry records) with seq <= upto in the gateway's log, read with a read-only tail."""
-    from tidewire.store.embedded_tail import EmbeddedLogTail
+    from tidewire.store.embedded.tail import EmbeddedLogTail
 
     tail = EmbeddedLogTail(data_dir)
     await tail.open()
@@ -184,7 +184,7 @@ async def count_log(data_dir: Path, upto: int) -> tuple[int, int]:
 async def catch_up(data_dir: Path, lake: Path, cfg: Config) -> float:
     """Export the whole log with a bridge in this process (`--once`); returns its rows/s."""
     from tidewire.pipeline.lake.command import run_lake
-    from tidewire.store.embedded_tail import EmbeddedLogTail
+    from tidewire.store.embedded.tail import EmbeddedLogTail
 
     tail = EmbeddedLogTail(data_dir)
     await tail.open()

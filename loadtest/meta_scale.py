@@ -1,4 +1,4 @@
-"""The metadata database (`store.embedded_meta.MetaStore`, RocksDB) at scale: millions of sessions and retained
+"""The metadata database (`store.embedded.meta.store.MetaStore`, RocksDB) at scale: millions of sessions and retained
 messages written through its API, then a fresh process that opens it and reads.
 
     python -m loadtest.meta_scale build|probe|gil|all [--sessions 10M] [--retained 1M] [--dir /tmp/meta_scale]
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tidewire.store.base import NEVER_EXPIRES, Message, SessionRecord, SubscriptionRecord
-from tidewire.store.embedded_meta import MetaLimits, MetaStore
+from tidewire.store.embedded.meta.store import MetaLimits, MetaStore
 
 BATCH = 1000
 SYNC_EVERY = 10  # batches per sync_work

@@ -30,7 +30,7 @@ from dataclasses import asdict, fields
 from struct import Struct
 
 from tidewire.store.base import Claim, GroupRecord
-from tidewire.store.kv import GROUP_CLAIM, GROUP_CURSOR, GROUP_DEF
+from tidewire.store.embedded.kv import GROUP_CLAIM, GROUP_CURSOR, GROUP_DEF
 
 GROUP_NAMESPACES = (GROUP_DEF, GROUP_CURSOR, GROUP_CLAIM)
 

@@ -15,10 +15,10 @@ from typing import Annotated, Any
 import typer
 
 from tidewire.store.base import SessionRecord
-from tidewire.store.embedded_meta import MetaStore
-from tidewire.store.maintenance import check_log, queue_counts, rebuild_indexes, segments
-from tidewire.store.meta_maint import check as check_meta
-from tidewire.store.meta_options import DEFAULT_LIMITS, open_db
+from tidewire.store.embedded.maintenance import check_log, queue_counts, rebuild_indexes, segments
+from tidewire.store.embedded.meta.maintenance import check as check_meta
+from tidewire.store.embedded.meta.options import DEFAULT_LIMITS, open_db
+from tidewire.store.embedded.meta.store import MetaStore
 
 store_app = typer.Typer(add_completion=False, help="Check, compact or dump an embedded data directory.")
 

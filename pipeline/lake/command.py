@@ -128,12 +128,12 @@ def _parser() -> argparse.ArgumentParser:
 async def _open_source(args: argparse.Namespace) -> tuple[LogSource, Any]:
     """The log source and what to close at the end."""
     if args.data_dir is not None:
-        from tidewire.store.embedded_tail import EmbeddedLogTail
+        from tidewire.store.embedded.tail import EmbeddedLogTail
 
         tail = EmbeddedLogTail(args.data_dir)
         await tail.open()
         return tail, tail
-    from tidewire.store.redis_store import RedisStore  # redis-py is an extra: imported only when asked for
+    from tidewire.store.redis.engine import RedisStore  # redis-py is an extra: imported only when asked for
 
     store = RedisStore(args.store, partitions=args.partitions)
     await store.open()

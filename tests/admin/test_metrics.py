@@ -34,7 +34,7 @@ from tidewire.gateway.security import Security
 from tidewire.gateway.server import open_listeners
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 PROMTOOL = Path("/usr/bin/promtool")
 TOPIC = "m/t"

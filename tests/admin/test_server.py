@@ -26,7 +26,7 @@ from tidewire.gateway.node import Node
 from tidewire.gateway.security import Security
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 # Every route of the API modules of this helper: (method, path, JSON body).
 API_ROUTES = [

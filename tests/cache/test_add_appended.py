@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tidewire.cache.queue_cache import QueueCache
 from tidewire.store.base import Message, Slice
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 class CountingStore(EmbeddedStore):

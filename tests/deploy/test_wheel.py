@@ -25,7 +25,7 @@ def test_wheel_and_sdist_hold_one_import_name(dist: Path, wheel: Path) -> None:
     assert "tidewire/py.typed" in names and "tidewire/admin/static/index.html" in names
     assert not [n for n in names if "loadtest" in n or n.startswith("tests/") or "/tests/" in n]
     # the test suite's store engines (late answers, injected failures) are test code, not shipped engines
-    assert "tidewire/store/embedded.py" in names
+    assert "tidewire/store/embedded/engine.py" in names
     assert not [n for n in names if n.startswith("tidewire/store/") and ("delaying" in n or "failing" in n)]
     sdist = next(dist.glob("tidewire-*.tar.gz"))
     with tarfile.open(sdist) as tar:

@@ -30,7 +30,7 @@ from tidewire.gateway.server import open_listeners
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
 from tidewire.store.base import Message
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 MAX_PENDING = 20  # small, so that 50 publishes overflow the append queue while the store is down
 N = 50

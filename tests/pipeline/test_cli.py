@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 
 from tidewire.store.base import Message
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 def _cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ from tests.store import redis_server
 from tests.store.delaying import DelayingStore
 from tests.store.redis_cluster_store_test_support import redis_cluster_for_module  # noqa: F401 - a fixture
 from tidewire.store.base import Store
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 @pytest.fixture
@@ -90,14 +90,14 @@ async def engine(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
     if request.param == "embedded":
         eng = Engine("embedded", embedded, persistent=True)
     elif request.param == "redis":
-        from tidewire.store.redis_store import RedisStore
+        from tidewire.store.redis.engine import RedisStore
 
         server: redis_server.RedisServer = request.getfixturevalue("redis_server_for_module")
         await flush_redis(server.url)
         # A reopen is a crash of Redis itself (kill -9, restart from the AOF) and a new client.
         eng = Engine("redis", lambda: RedisStore(server.url), persistent=True, restart=server.restart)
     elif request.param == "redis_cluster":
-        from tidewire.store.redis_store import RedisStore
+        from tidewire.store.redis.engine import RedisStore
 
         cluster: redis_server.RedisClusterServers = request.getfixturevalue("redis_cluster_for_module")
         cluster.flushall()

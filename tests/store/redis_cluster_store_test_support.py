@@ -24,7 +24,7 @@ from redis.asyncio.cluster import RedisCluster
 from tests.store import redis_server
 from tests.store.redis_server import RedisClusterServers, RedisServer, command
 from tidewire.store.base import Message
-from tidewire.store.redis_store import DEFAULT_CLUSTER_PARTITIONS, RedisStore
+from tidewire.store.redis.engine import DEFAULT_CLUSTER_PARTITIONS, RedisStore
 
 P = DEFAULT_CLUSTER_PARTITIONS  # the partition count of the partitioned tests
 

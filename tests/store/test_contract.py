@@ -17,7 +17,7 @@ from tests.store.conftest import Engine
 from tests.store.delaying import DelayingStore
 from tidewire.errors import StoreClosed, TidewireError
 from tidewire.store.base import Message, SessionRecord, Store, SubscriptionRecord, WillRecord, p2p_queue
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 Content = tuple[str, bytes, int, bool, bytes, int, int, str, tuple[str, ...]]
 

@@ -10,13 +10,13 @@ import textwrap
 import time
 from pathlib import Path
 
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 WRITER = textwrap.dedent(
     """
     import asyncio, sys
     from tidewire.store.base import Message, SessionRecord
-    from tidewire.store.embedded import EmbeddedStore
+    from tidewire.store.embedded.engine import EmbeddedStore
 
     async def main() -> None:
         s = EmbeddedStore(sys.argv[1], fsync="batch", segment_bytes=16384)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import tidewire.store.embedded as embedded_mod
+import tidewire.store.embedded.engine as embedded_mod
 from tidewire.store.base import Message, SessionRecord, Store
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 def msg(i: int, *queues: str, size: int = 100) -> Message:

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.store.retained_oracle import RetainedIndex
 from tidewire.store.base import Message, SessionRecord, SubscriptionRecord, WillRecord
-from tidewire.store.embedded import EmbeddedStore
-from tidewire.store.kv import OFFSET, RETAINED, SESSION, KVFile
+from tidewire.store.embedded.engine import EmbeddedStore
+from tidewire.store.embedded.kv import OFFSET, RETAINED, SESSION, KVFile
 from tidewire.store.records import OFFSETS, encode_message_body, encode_session
-from tidewire.store.retained_index import RetainedIndex
 
 
 async def reopen(path: Path) -> EmbeddedStore:

@@ -1,5 +1,5 @@
-"""`store.embedded_meta.MetaStore` (RocksDB): sessions with fencing and their indexes against a dict model, retained
-matching against the trie, wills, group records, reopen, the legacy `meta.kv` import, and kill -9 of a writer
+"""`store.embedded.meta.store.MetaStore` (RocksDB): sessions with fencing and their indexes against a dict model,
+retained matching against the trie, wills, group records, reopen, the legacy `meta.kv` import, and kill -9 of a writer
 (also while RocksDB compacts)."""
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.store.retained_oracle import RetainedIndex
 from tidewire.gateway.core.topics import matches
 from tidewire.store.base import NEVER_EXPIRES, GroupRecord, Message, SessionRecord, SubscriptionRecord, WillRecord
-from tidewire.store.embedded_meta import MetaLimits, MetaStore
+from tidewire.store.embedded.kv import GROUP_DEF, OFFSET, RETAINED, SESSION, WILL, KVFile
+from tidewire.store.embedded.meta.keys import RETAINED as RETAINED_NS
+from tidewire.store.embedded.meta.keys import counted_filter, decode_session_value, encode_session, expiry_deadline
+from tidewire.store.embedded.meta.maintenance import check
+from tidewire.store.embedded.meta.store import MetaLimits, MetaStore
 from tidewire.store.groups import GroupTable
-from tidewire.store.kv import GROUP_DEF, OFFSET, RETAINED, SESSION, WILL, KVFile
-from tidewire.store.meta_keys import RETAINED as RETAINED_NS
-from tidewire.store.meta_keys import counted_filter, decode_session_value, encode_session, expiry_deadline
-from tidewire.store.meta_maint import check
 from tidewire.store.records import OFFSETS, encode_message_body, encode_will
 from tidewire.store.records import encode_session as legacy_encode_session
-from tidewire.store.retained_index import RetainedIndex
 
 ROOT = Path(__file__).resolve().parents[2]
 # Tiny memtables: flushes and compactions happen within a few hundred KB of writes.

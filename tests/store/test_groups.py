@@ -15,8 +15,8 @@ import pytest
 from tests.store.conftest import Engine
 from tests.store.test_contract import content, msg
 from tidewire.store.base import Claim, GroupRecord, Message, Store
-from tidewire.store.embedded import EmbeddedStore
-from tidewire.store.redis_store import RedisStore
+from tidewire.store.embedded.engine import EmbeddedStore
+from tidewire.store.redis.engine import RedisStore
 
 Q = "orders"
 LATER = 10_000  # a visible_at far past every now_ms of a test

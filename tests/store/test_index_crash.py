@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
+from tidewire.store.embedded.segment_index import SegmentIndex
 from tidewire.store.records import iter_frames, peek_message
-from tidewire.store.segment_index import SegmentIndex
 
 WRITER = textwrap.dedent(
     """
     import asyncio, sys
     from tidewire.store.base import Message
-    from tidewire.store.embedded import EmbeddedStore
+    from tidewire.store.embedded.engine import EmbeddedStore
 
     def queues(n):
         return ("all", f"m{n % 7}", f"u{n % 300}")

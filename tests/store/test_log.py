@@ -12,9 +12,9 @@ import pytest
 
 from tests.store.conftest import Engine
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, LogSource, Message, Store
-from tidewire.store.embedded import EmbeddedStore
-from tidewire.store.embedded_log import HOLDS_DIR, hold_file_name, holder_from_file_name
-from tidewire.store.embedded_tail import EmbeddedLogTail
+from tidewire.store.embedded.engine import EmbeddedStore
+from tidewire.store.embedded.log import HOLDS_DIR, hold_file_name, holder_from_file_name
+from tidewire.store.embedded.tail import EmbeddedLogTail
 from tidewire.store.log_reader import LogReader
 from tidewire.store.properties import Properties
 from tidewire.store.records import encode_message_body, frame

@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, Message, WillRecord
-from tidewire.store.embedded import EmbeddedStore
-from tidewire.store.embedded_tail import EmbeddedLogTail
-from tidewire.store.kv import RETAINED, KVFile
+from tidewire.store.embedded.engine import EmbeddedStore
+from tidewire.store.embedded.kv import RETAINED, KVFile
+from tidewire.store.embedded.tail import EmbeddedLogTail
 from tidewire.store.log_reader import LogReader
 from tidewire.store.records import (
     MAGIC,

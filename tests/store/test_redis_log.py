@@ -1,4 +1,4 @@
-"""Tests of the Redis engine's log for readers (`store.redis_log`): `read_log`, holds and retention.
+"""Tests of the Redis engine's log for readers (`store.redis.log`): `read_log`, holds and retention.
 
 On a private redis-server with 1 and 4 partitions and on a real 3-master Redis Cluster with 4 (each emptied
 before a test): the whole log read back partition by partition (every message once, each partition ascending,
@@ -18,7 +18,7 @@ from struct import Struct
 import pytest
 import redis.asyncio as aioredis
 
-import tidewire.store.redis_log as redis_log
+import tidewire.store.redis.log as redis_log
 from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtures are used by name
     OPEN,
     client_commands,
@@ -29,8 +29,8 @@ from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtu
 from tests.store.redis_server import RedisClusterServers, RedisServer
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, Message
 from tidewire.store.records import UnsupportedRecord
-from tidewire.store.redis_scripts import EPOCH_MS, TICKS
-from tidewire.store.redis_store import RedisStore
+from tidewire.store.redis.engine import RedisStore
+from tidewire.store.redis.scripts import EPOCH_MS, TICKS
 
 
 class Where:

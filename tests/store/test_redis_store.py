@@ -1,4 +1,4 @@
-"""Redis-specific tests of `store.redis_store.RedisStore` (the shared contract is in test_contract.py).
+"""Redis-specific tests of `store.redis.engine.RedisStore` (the shared contract is in test_contract.py).
 
 On a private redis-server (one partition, and 16 partitions on one server) and on a real 3-master Redis
 Cluster (tests/store/redis_server.py), each emptied before a test: round trips per call, the hybrid-clock seqs,
@@ -38,8 +38,8 @@ from tests.store.redis_server import RedisClusterServers, RedisServer, command
 from tidewire.errors import StaleWildcards, StoreClosed
 from tidewire.gateway.core.topics import matches
 from tidewire.store.base import Message, SessionRecord, WillRecord
-from tidewire.store.redis_scripts import EPOCH_MS, MAX_SEQ, TICKS
-from tidewire.store.redis_store import RedisStore, RedisUnavailable
+from tidewire.store.redis.engine import RedisStore, RedisUnavailable
+from tidewire.store.redis.scripts import EPOCH_MS, MAX_SEQ, TICKS
 
 # --- one partition ------------------------------------------------------------------------------------------
 

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tidewire.store.segment_index as segment_index
+import tidewire.store.embedded.segment_index as segment_index
 from tidewire.store.base import Message
-from tidewire.store.embedded import EmbeddedStore
-from tidewire.store.embedded_tail import EmbeddedLogTail
+from tidewire.store.embedded.engine import EmbeddedStore
+from tidewire.store.embedded.segment_index import U32_MAX, BadIndex, IndexJob, SegmentIndex, index_path, write_index
+from tidewire.store.embedded.segments import MAX_SEGMENT_BYTES, CommitLog
+from tidewire.store.embedded.tail import EmbeddedLogTail
 from tidewire.store.records import iter_frames, peek_message
-from tidewire.store.segment_index import U32_MAX, BadIndex, IndexJob, SegmentIndex, index_path, write_index
-from tidewire.store.segments import MAX_SEGMENT_BYTES, CommitLog
 
 Model = dict[str, list[int]]
 

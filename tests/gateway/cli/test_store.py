@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from tidewire.gateway.cli import app
 from tidewire.store.base import Message, SessionRecord, SubscriptionRecord
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 runner = CliRunner()
 

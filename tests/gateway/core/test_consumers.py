@@ -21,7 +21,7 @@ from tidewire.gateway.node import Node
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
 from tidewire.store.base import GroupRecord, Message
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,7 +19,7 @@ from tidewire.gateway.server import open_listeners
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
 from tidewire.store.base import Message, Slice
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 class SlowReads(EmbeddedStore):

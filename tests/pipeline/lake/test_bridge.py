@@ -15,7 +15,7 @@ import pytest
 from tests.pipeline.lake.support import T0, assert_once, messages, read_lake, tmp_files
 from tidewire.pipeline.lake.bridge import LakeBridge
 from tidewire.store.base import LogSlice, Message
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -34,7 +34,7 @@ def server(tmp_path: Path) -> Iterator[redis_server.RedisServer]:
 
 @pytest.fixture
 async def store(server: redis_server.RedisServer) -> AsyncIterator[object]:
-    from tidewire.store.redis_store import RedisStore
+    from tidewire.store.redis.engine import RedisStore
 
     s = RedisStore(server.url, partitions=P)
     await s.open()
@@ -43,7 +43,7 @@ async def store(server: redis_server.RedisServer) -> AsyncIterator[object]:
 
 
 async def test_handover_between_owners(store: object, server: redis_server.RedisServer, tmp_path: Path) -> None:
-    from tidewire.store.redis_store import RedisStore
+    from tidewire.store.redis.engine import RedisStore
 
     assert isinstance(store, RedisStore)
     lake = tmp_path / "lake"

@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.pipeline.lake.support import T0, assert_once, messages, read_lake
 from tidewire.gateway.core.events import EventBuffer
 from tidewire.pipeline.lake.command import Lake, run_lake
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 async def test_cancelling_run_lake_flushes_messages_and_events(tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ from tidewire.gateway.transport.listeners import Listener
 from tidewire.gateway.transport.ratelimit import InboundLimiter
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 class FakeClock:

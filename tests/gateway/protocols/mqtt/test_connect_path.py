@@ -18,7 +18,7 @@ from tidewire.gateway.ops.logs import Sampled
 from tidewire.gateway.ops.sys_topics import SysTopics
 from tidewire.gateway.transport.listeners import DEADLINE_TICK_S, Admission, Deadlines
 from tidewire.store.base import Message, WillRecord
-from tidewire.store.embedded import EmbeddedStore
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 class Clock:

@@ -4,7 +4,7 @@ and retention.
 Segments are named by their first seq (20 digits) and hold consecutive seqs, so a record is found by
 `positions[seq - first_seq]` without a per-message seq index. Each segment also indexes its records by queue:
 the active segment (and a sealed one whose index file is not written yet) in memory, a sealed one through its
-mapped index file (`store.segment_index`), so recovery scans only segments without a sound index file: the
+mapped index file (`store.embedded.segment_index`), so recovery scans only segments without a sound index file: the
 active one, plus any whose file is missing or damaged. Everything here is synchronous; the caller owns the
 event loop, the fsync thread hop and the index writer (`unindexed` is its work list).
 """
@@ -20,15 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tidewire.store.base import Message
-from tidewire.store.files import write_all
-from tidewire.store.records import (
-    FRAME_SIZE,
-    check_frame,
-    decode_message_body,
-    encode_message_body,
-    frame_parts,
-)
-from tidewire.store.segment_index import (
+from tidewire.store.embedded.files import write_all
+from tidewire.store.embedded.recovery import scan_segment
+from tidewire.store.embedded.segment_index import (
     IDX_SUFFIX,
     U32_MAX,
     BadIndex,
@@ -38,7 +32,13 @@ from tidewire.store.segment_index import (
     index_path,
     queue_key,
 )
-from tidewire.store.segment_scan import scan_segment
+from tidewire.store.records import (
+    FRAME_SIZE,
+    check_frame,
+    decode_message_body,
+    encode_message_body,
+    frame_parts,
+)
 
 log = logging.getLogger("tidewire.store")
 

@@ -1,11 +1,11 @@
 """The embedded engine's records (sessions, offsets, retained messages, wills, bans): `Store` calls answered by the
-RocksDB metadata store (`store.embedded_meta`), off the heap. Each write is unsynced until the engine's next
+RocksDB metadata store (`store.embedded.meta.store`), off the heap. Each write is unsynced until the engine's next
 group-commit round, which fsyncs the metadata WAL with the log (`MetaStore.sync_work`)."""
 
 from __future__ import annotations
 
 from tidewire.store.base import SHARED_PREFIX, Ban, Message, SessionRecord, WillRecord
-from tidewire.store.embedded_meta import MetaStore
+from tidewire.store.embedded.meta.store import MetaStore
 
 
 class RecordCalls:

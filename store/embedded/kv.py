@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from struct import Struct
 
-from tidewire.store.files import fsync_dir, write_all
+from tidewire.store.embedded.files import fsync_dir, write_all
 from tidewire.store.records import FRAME_SIZE, CorruptRecord, frame_parts, iter_frames
 
 log = logging.getLogger("tidewire.store")

@@ -1,7 +1,7 @@
 """The embedded engine's log as readers see it: `read_log`, holds kept as files, and per-process file leases.
 
 Holds live in `<data_dir>/log/holds/`, one small file per holder (its name encoded by `hold_file_name`; the
-content is the held seq in ASCII), so a separate reader process (`store.embedded_tail`) sets them as well as
+content is the held seq in ASCII), so a separate reader process (`store.embedded.tail`) sets them as well as
 the store's own `hold_log`, and both the store and its retention read them from the directory. A hold file is
 replaced atomically: written to a dot-named temporary file, fsynced, renamed over the old one, then the directory
 is fsynced. One writer per holder is assumed (a reader sets its own hold).
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tidewire.store.base import LogSlice, Message
-from tidewire.store.files import fsync_dir
-from tidewire.store.segments import CommitLog
+from tidewire.store.embedded.files import fsync_dir
+from tidewire.store.embedded.segments import CommitLog
 
 log = logging.getLogger("tidewire.store")
 

@@ -15,7 +15,7 @@ Layout (every key under `{prefix}`, so one script may touch a group's cursor, cl
 `reclaim` first moves every claim due at its `now_ms` from `:gh` to `:gr` (a claim moves once per visibility
 period), then takes from `:gr` in seq order: O(log n) per claim. A claim in `:gr` that is not due at a caller's
 `now_ms` (clocks of several nodes differ) goes back to `:gh`. Message seqs are decimal strings in Redis, as in
-the partitions' message hashes; the seq's partition is seq mod P (`store.redis_store`).
+the partitions' message hashes; the seq's partition is seq mod P (`store.redis.engine`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 from tidewire.store.base import Claim, GroupRecord, Message
 from tidewire.store.groups import check_group_name, decode_group, encode_group
 from tidewire.store.records import decode_message_body
-from tidewire.store.redis_conn import Call, RedisConn, Script
+from tidewire.store.redis.conn import Call, RedisConn, Script
 
 FETCH_CHUNK = 1000  # seqs per fetch script call (pipelined)
 

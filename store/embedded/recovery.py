@@ -8,8 +8,8 @@ import logging
 import os
 from array import array
 
+from tidewire.store.embedded.segment_index import U32_MAX, Segment
 from tidewire.store.records import CorruptRecord, UnsupportedRecord, iter_frames, peek_message
-from tidewire.store.segment_index import U32_MAX, Segment
 
 log = logging.getLogger("tidewire.store")
 

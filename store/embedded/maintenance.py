@@ -4,8 +4,8 @@
 segment holds (positions and every queue's seqs). `rebuild_indexes` deletes the index files, so the next open
 scans the segments and writes them anew. `queue_counts` lists the queues with their record counts from the index
 files (a segment without one is scanned). The records (sessions, retained, wills) are checked by
-`store.meta_maint.check`. A running node holds the metadata database's lock, so these tools refuse to run beside
-it rather than read a directory that is changing.
+`store.embedded.meta.maintenance.check`. A running node holds the metadata database's lock, so these tools
+refuse to run beside it rather than read a directory that is changing.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidewire.store.files import fsync_dir
+from tidewire.store.embedded.files import fsync_dir
+from tidewire.store.embedded.segment_index import IDX_SUFFIX, BadIndex, SegmentIndex, index_path
 from tidewire.store.records import CorruptRecord, UnsupportedRecord, iter_frames, peek_message
-from tidewire.store.segment_index import IDX_SUFFIX, BadIndex, SegmentIndex, index_path
 
 LOG_SUFFIX = ".log"
 MAX_PROBLEMS = 100

@@ -2,8 +2,8 @@
 
 Everything runs synchronously on the event loop except the fsync, which hops to a thread once per group of
 concurrent `sync()` callers. The async signatures exist so a networked engine can implement the same `Store`.
-The log as readers see it (`read_log`, holds) is the `store.embedded_log` mixin; sessions, retained messages
-and wills are the `store.embedded_records` mixin over `store.embedded_meta`.
+The log as readers see it (`read_log`, holds) is the `store.embedded.log` mixin; sessions, retained messages
+and wills are the `store.embedded.record_calls` mixin over `store.embedded.meta.store`.
 """
 
 from __future__ import annotations
@@ -20,15 +20,15 @@ from typing import Literal
 
 from tidewire.errors import StaleWildcards, StoreClosed
 from tidewire.store.base import Message, Slice
-from tidewire.store.embedded_log import EmbeddedLog, lowest_hold
-from tidewire.store.embedded_meta import MetaStore
-from tidewire.store.embedded_records import RecordCalls
-from tidewire.store.files import fsync_dir
+from tidewire.store.embedded.files import fsync_dir
+from tidewire.store.embedded.log import EmbeddedLog, lowest_hold
+from tidewire.store.embedded.memory_registry import MemoryRegistry
+from tidewire.store.embedded.meta.options import DEFAULT_LIMITS, MetaLimits
+from tidewire.store.embedded.meta.store import MetaStore
+from tidewire.store.embedded.record_calls import RecordCalls
+from tidewire.store.embedded.segment_index import IndexWriter
+from tidewire.store.embedded.segments import CommitLog
 from tidewire.store.groups import GroupCalls, GroupTable, KVDeletes, KVSets
-from tidewire.store.memory_registry import MemoryRegistry
-from tidewire.store.meta_options import DEFAULT_LIMITS, MetaLimits
-from tidewire.store.segment_index import IndexWriter
-from tidewire.store.segments import CommitLog
 
 log = logging.getLogger("tidewire.store")
 

@@ -1,4 +1,4 @@
-"""Key layout and value codecs of the embedded store's metadata database (`store.embedded_meta`, RocksDB).
+"""Key layout and value codecs of the embedded store's metadata database (`store.embedded.meta.store`, RocksDB).
 
 One keyspace, ordered bytewise; the first byte names the namespace:
 

@@ -41,8 +41,8 @@ from tidewire.store.records import (
     encode_session,
     encode_will,
 )
-from tidewire.store.redis_conn import RedisConn, Script
-from tidewire.store.redis_scripts import (
+from tidewire.store.redis.conn import RedisConn, Script
+from tidewire.store.redis.scripts import (
     CLAIM_SESSION,
     DELETE_SESSION,
     GET_SESSION,

@@ -1,4 +1,4 @@
-"""RocksDB options of the metadata database (`store.embedded_meta`): the explicit memory and thread limits."""
+"""RocksDB options of the metadata database (`store.embedded.meta.store`): the explicit memory and thread limits."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The embedded store's metadata off the heap: sessions, offsets, retained messages, wills and consumer-group records
 in RocksDB (`rocksdict`), with the indexes a node needs at start instead of every session.
 
-Key layout and codecs: `store.meta_keys`; retained lookup: `store.meta_retained`. Every call is one WriteBatch
-(record and derived index entries together, atomic in the WAL). Writes go to the WAL unsynced; `sync_work()`,
-run in the engine's fsync thread once per group-commit round, makes everything written before it durable.
+Key layout and codecs: `store.embedded.meta.keys`; retained lookup: `store.embedded.meta.retained`. Every call is
+one WriteBatch (record and derived index entries together, atomic in the WAL). Writes go to the WAL unsynced;
+`sync_work()`, run in the engine's fsync thread once per group-commit round, makes everything written before it durable.
 Memtable flushes and compactions run in RocksDB's own threads. Calls are synchronous and meant for one thread
 (the event loop): read-modify-write sequences (fencing, index diffs, counters) rely on that.
 """
@@ -19,11 +19,11 @@ from typing import cast
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from tidewire.store import meta_keys as K
 from tidewire.store.base import Ban, Message, SessionRecord, WillRecord, decode_ban, encode_ban
-from tidewire.store.files import fsync_dir
-from tidewire.store.meta_options import DEFAULT_LIMITS, MetaLimits, open_db
-from tidewire.store.meta_retained import match_retained_values
+from tidewire.store.embedded.files import fsync_dir
+from tidewire.store.embedded.meta import keys as K
+from tidewire.store.embedded.meta.options import DEFAULT_LIMITS, MetaLimits, open_db
+from tidewire.store.embedded.meta.retained import match_retained_values
 from tidewire.store.records import UnsupportedRecord, decode_message_body, decode_will, encode_message_body, encode_will
 
 log = logging.getLogger("tidewire.store")
@@ -69,8 +69,8 @@ class MetaStore:
     @classmethod
     def open(cls, path: str | Path, *, legacy_kv: Path | None = None,
              limits: MetaLimits = DEFAULT_LIMITS) -> MetaStore:
-        """Open (or create) the database at `path`. A legacy `meta.kv` (`store.kv` format) is imported first when
-        the database does not exist yet, then renamed to `<name>.imported`."""
+        """Open (or create) the database at `path`. A legacy `meta.kv` (`store.embedded.kv` format) is imported first
+        when the database does not exist yet, then renamed to `<name>.imported`."""
         path = Path(path)
         if legacy_kv is not None and legacy_kv.exists():
             if not path.exists():
@@ -82,7 +82,7 @@ class MetaStore:
     @classmethod
     def _import(cls, path: Path, legacy_kv: Path, limits: MetaLimits) -> None:
         # Built under a temporary name and renamed once durable: a crash mid-import leaves no half database.
-        from tidewire.store.meta_maint import import_kv
+        from tidewire.store.embedded.meta.maintenance import import_kv
 
         tmp = path.with_name(path.name + ".importing")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -149,7 +149,8 @@ class MetaStore:
 
     def scan(self, prefix: bytes, start: bytes | None = None, fill_cache: bool = True) -> Iterator[tuple[bytes, bytes]]:
         """(key, value) of every key starting with `prefix` (from `start`), in key order: for maintenance tools
-        (`store.meta_maint`) and the lookups below. Holds a RocksDB iterator until exhausted or dropped."""
+        (`store.embedded.meta.maintenance`) and the lookups below. Holds a RocksDB iterator until exhausted or
+        dropped."""
         # `ro` lives in this frame as long as the iterator: the iterator borrows the upper bound it holds.
         ro = ReadOptions()
         ro.set_iterate_upper_bound(K.prefix_end(prefix))
@@ -323,7 +324,7 @@ class MetaStore:
         return None
 
     def subscription_filters(self) -> dict[str, int]:
-        """Stored sessions per counted filter (wildcards and `$share/...`; see `meta_keys.counted_filter`)."""
+        """Stored sessions per counted filter (wildcards and `$share/...`; see `keys.counted_filter`)."""
         return {key[1:].decode(): K.COUNT.unpack(value)[0] for key, value in self.scan(K.FILTER)}
 
     def shared_members(self, group_key: str) -> list[str]:

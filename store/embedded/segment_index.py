@@ -60,7 +60,7 @@ from struct import error as StructError
 from typing import Literal
 
 from tidewire.errors import CorruptData
-from tidewire.store.files import fsync_dir, write_all
+from tidewire.store.embedded.files import fsync_dir, write_all
 from tidewire.store.records import CorruptRecord, check_frame
 
 log = logging.getLogger("tidewire.store")
@@ -74,7 +74,7 @@ _HEADER_AREA = 80
 U32_MAX = 2**32 - 1
 
 if sys.byteorder != "little" or array("I").itemsize != 4 or array("Q").itemsize != 8:
-    raise ImportError("store.segment_index reads its files as native arrays: it needs a little-endian host")
+    raise ImportError("store.embedded.segment_index reads its files as native arrays: it needs a little-endian host")
 
 
 class BadIndex(CorruptData):
@@ -356,7 +356,7 @@ class SegmentIndex:
 
 
 class Segment:
-    """One segment file of the commit log (`store.segments`) with its queue index: in memory while it is
+    """One segment file of the commit log (`store.embedded.segments`) with its queue index: in memory while it is
     active or its index file is pending, else its mapped index file."""
 
     __slots__ = ("checkpointed", "checkpointed_records", "deleted", "fd", "first_seq", "index", "last_ts", "path",

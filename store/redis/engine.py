@@ -4,16 +4,16 @@
 `redis://`, 16 for `redis-cluster://`), each under its own hash tag `{prefix:p}` (so the cluster spreads them
 over its masters) with its own sequence, message hash and queue indexes:
 
-    {tw:p}:seq     string  the partition's counter: last seq assigned or sealed there (see redis_scripts)
+    {tw:p}:seq     string  the partition's counter: last seq assigned or sealed there (see scripts.py)
     {tw:p}:msg     hash    seq -> message body (`store.records` encoding; header seq 0, the field is the seq)
     {tw:p}:q:<queue>  zset seqs indexed into a queue (score = member = seq), read by ZRANGEBYSCORE
     {tw:p}:bt, :bytes      retention bookkeeping: one entry per append batch, live body bytes
     {tw:p}:wv      string  this partition's copy of the wildcard set version (checked by every append)
     {tw:p}:spread  set     plain queue names that hold messages of other topics (read across all partitions)
-    {tw:p}:trimmed, :holds  the log reader's: the highest seq retention removed, holder -> seq (`store.redis_log`)
+    {tw:p}:trimmed, :holds  the log reader's: the highest seq retention removed, holder -> seq (`store.redis.log`)
 
-Sessions, offsets, retained, wills and the wildcard set live under the meta tag `{prefix}` (`store.redis_meta`),
-and so do consumer groups (`store.redis_groups`: one script per call; `fetch` reads each seq's partition).
+Sessions, offsets, retained, wills and the wildcard set live under the meta tag `{prefix}` (`store.redis.meta`),
+and so do consumer groups (`store.redis.groups`: one script per call; `fetch` reads each seq's partition).
 A message goes to the partition of its topic (crc32 of the topic), so per-topic order holds. A queue whose name
 has a '+' or '#' (first-level `a/#`, wildcard and `p2p#` queues) is read from every partition, pipelined (one
 round trip per Redis node, in parallel); a plain queue (a topic's own queue) from its topic's partition only. A
@@ -58,10 +58,10 @@ unless `always`.
 **The log for readers** (`read_log`, one partition at a time in seq order, and holds) and **retention**
 (`enforce_retention`: the oldest batches past `retention_seconds` / `retention_bytes / P` per partition, removed
 from their queues too, never above a reader's hold unless `retention_ignores_holds`; sessions, retained and
-wills are kept) are in `store.redis_log`.
+wills are kept) are in `store.redis.log`.
 
 Errors: `RedisUnavailable` (an `OSError`) while Redis cannot serve, `StoreClosed` on a closed store, see
-`store.redis_conn`; an append that failed may or may not have been stored (at-least-once on the caller's retry).
+`store.redis.conn`; an append that failed may or may not have been stored (at-least-once on the caller's retry).
 Limits: `max_connections` (per node on a cluster), `connect_timeout`, `socket_timeout`, `pool_timeout`;
 `list_sessions` and `list_wills` read one whole hash; the spread-queue caches keep `SPREAD_CACHE` names.
 """
@@ -87,12 +87,12 @@ from tidewire.store.base import (
     counted_filter,
 )
 from tidewire.store.records import decode_message_body, encode_message_body
-from tidewire.store.redis_conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script
-from tidewire.store.redis_groups import RedisGroups
-from tidewire.store.redis_log import PartitionKeys as _Partition
-from tidewire.store.redis_log import RedisLog
-from tidewire.store.redis_meta import RedisMeta
-from tidewire.store.redis_scripts import (
+from tidewire.store.redis.conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script
+from tidewire.store.redis.groups import RedisGroups
+from tidewire.store.redis.log import PartitionKeys as _Partition
+from tidewire.store.redis.log import RedisLog
+from tidewire.store.redis.meta import RedisMeta
+from tidewire.store.redis.scripts import (
     APPEND,
     EPOCH_MS,
     MARK_SPREAD,
@@ -400,7 +400,7 @@ class RedisStore(RedisGroups, RedisLog):
         await self._conn.run_many([(_RAISE, [part.wv], [version]) for part in self._parts])
         self._version_raised = max(self._version_raised, version)
 
-    # --- sessions, retained, wills (store.redis_meta) -------------------------------------------------------
+    # --- sessions, retained, wills (store.redis.meta) -------------------------------------------------------
     async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
         return await self._meta.lease(key, owner, ttl_ms)
 
@@ -475,7 +475,7 @@ class RedisStore(RedisGroups, RedisLog):
     async def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
         return await self._meta.delete_ban(kind, who, expired_before)
 
-    # --- stats (the log for readers and retention: store.redis_log) ----------------------------------------
+    # --- stats (the log for readers and retention: store.redis.log) ----------------------------------------
     async def stats(self) -> dict[str, Any]:
         parts = await self._conn.run_many([(_PART_STATS, [p.msg, p.bytes, p.seq], []) for p in self._parts])
         meta = await self._meta.stats()

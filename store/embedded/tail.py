@@ -15,7 +15,7 @@ fails midway is cut back and its seqs are reused, and a segment found shorter th
 Segments other than the last are complete: the directory is listed before any file is read, and the writer
 creates a segment only after its last write to the previous one. A bad frame in one of them (the writer will
 cut it at its next start) ends that segment for the tail, with a warning. Holds are the same hold files the
-store reads (`store.embedded_log`); leases are flock locks, one holder process at a time.
+store reads (`store.embedded.log`); leases are flock locks, one holder process at a time.
 
 Reads are synchronous file I/O in bounded batches (at most `limit` records and about `max_batch_bytes`), done
 on the event loop: a batch is one `pread` per segment touched, plus the scan of frames not seen yet. Memory:
@@ -35,7 +35,8 @@ from zlib import crc32
 
 from tidewire.errors import StoreClosed
 from tidewire.store.base import LogSlice, Message
-from tidewire.store.embedded_log import HOLDS_DIR, FileLeases, check_partition, hold_file_name, read_holds, write_hold
+from tidewire.store.embedded.log import HOLDS_DIR, FileLeases, check_partition, hold_file_name, read_holds, write_hold
+from tidewire.store.embedded.segments import SUFFIX
 from tidewire.store.records import (
     FRAME,
     FRAME_SIZE,
@@ -45,7 +46,6 @@ from tidewire.store.records import (
     decode_message_body,
     peek_message,
 )
-from tidewire.store.segments import SUFFIX
 
 log = logging.getLogger("tidewire.store.tail")
 

@@ -3,7 +3,7 @@ partition in seq order, `hold_log` keeps retention from removing what a reader h
 `enforce_retention` honours those holds. A mixin of `RedisStore`; each call is one script (or one command) on
 one partition's hash tag `{prefix:p}`, so every call is valid on Redis Cluster.
 
-Keys, per partition (with those `store.redis_store` lists; `PartitionKeys` names them all):
+Keys, per partition (with those `store.redis.engine` lists; `PartitionKeys` names them all):
 
     {tw:p}:trimmed  string  the highest seq retention has removed from p (absent: none yet)
     {tw:p}:holds    hash    holder (1 to 64 utf-8 bytes) -> seq: retention removes no seq above the lowest
@@ -39,8 +39,8 @@ from typing import Any
 
 from tidewire.store.base import LogSlice, Message
 from tidewire.store.records import decode_message_body
-from tidewire.store.redis_conn import RedisConn, Script
-from tidewire.store.redis_scripts import RETENTION
+from tidewire.store.redis.conn import RedisConn, Script
+from tidewire.store.redis.scripts import RETENTION
 
 READ_LOG_VISITS = 20_000  # candidate seqs one read_log script call may visit
 READ_LOG_CHUNK = 1000  # candidates per HMGET inside that script
@@ -110,7 +110,7 @@ _RETENTION = Script("retention", RETENTION)
 
 
 class PartitionKeys:
-    """The keys of partition `n` under `prefix` (the layout of `store.redis_store` and of this module)."""
+    """The keys of partition `n` under `prefix` (the layout of `store.redis.engine` and of this module)."""
 
     __slots__ = ("bt", "bytes", "holds", "msg", "n", "q", "seq", "spread", "trimmed", "wv")
 

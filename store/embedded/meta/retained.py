@@ -1,5 +1,5 @@
-"""Retained-message lookup over the ordered keyspace of `store.embedded_meta`: a filter walks only the key ranges it
-can reach, as the in-memory trie walked only its branches.
+"""Retained-message lookup over the ordered keyspace of `store.embedded.meta.store`: a filter walks only the key
+ranges it can reach, as the in-memory trie walked only its branches.
 
 Keys are `R<topic>`. In bytewise order the topics under `a/` are exactly the keys in [`Ra/`, `Ra0`) ('0' is the
 byte after '/'), so a literal level is one seek, `#` is one range scan, and `+` steps through the distinct
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rocksdict import Rdict, RdictIter, ReadOptions
 
-from tidewire.store.meta_keys import RETAINED, prefix_end
+from tidewire.store.embedded.meta.keys import RETAINED, prefix_end
 
 _SLASH = b"/"
 _AFTER_SLASH = b"0"

@@ -1,4 +1,4 @@
-"""Maintenance of the metadata database (`store.embedded_meta`): importing a legacy `meta.kv`, and checking that
+"""Maintenance of the metadata database (`store.embedded.meta.store`): importing a legacy `meta.kv`, and checking that
 every index entry and counter agrees with the records (after a crash, and for `tidewire store check`)."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tidewire.store import meta_keys as K
+from tidewire.store.embedded.kv import OFFSET, RETAINED, SESSION, WILL, KVFile
+from tidewire.store.embedded.meta import keys as K
 from tidewire.store.groups import GROUP_NAMESPACES
-from tidewire.store.kv import OFFSET, RETAINED, SESSION, WILL, KVFile
 from tidewire.store.records import OFFSETS, UnsupportedRecord, decode_message_body, decode_session, decode_will
 
 if TYPE_CHECKING:
-    from tidewire.store.embedded_meta import MetaStore
+    from tidewire.store.embedded.meta.store import MetaStore
 
 log = logging.getLogger("tidewire.store")
 
@@ -23,7 +23,8 @@ _UNCONDITIONAL = 1 << 62  # an epoch above any stored one: the import applies of
 
 
 def import_kv(meta: MetaStore, kv_path: Path) -> int:
-    """Apply every record of a `store.kv` file, in file order, as the legacy engine replayed them. Returns how many."""
+    """Apply every record of a `store.embedded.kv` file, in file order, as the legacy engine replayed them.
+    Returns how many."""
     kv = KVFile(kv_path)
     n = 0
 
