@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.store import redis_server
+from tests.waiting import until
 from tidewire.lookup.membership import Membership, NodeIdTaken
 
 INTERVAL, TTL = 0.05, 0.3
@@ -30,12 +30,18 @@ class Node:
         self.expelled += 1
 
 
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
+async def beats_by(*nodes: Node, count: int = 3) -> None:
+    """Until each node has run `count` more background heartbeats (any of which could change something)."""
+    start = [n.m.beats for n in nodes]
+    await until(lambda: all(n.m.beats >= b + count for n, b in zip(nodes, start, strict=True)),
+                what=f"{count} more heartbeats of {[n.m.node_id for n in nodes]}")
+
+
+async def everyone_sees(nodes: list[Node]) -> None:
+    """Until every node has seen every join (the same epoch, all of them members)."""
+    ids = {n.m.node_id for n in nodes}
+    await until(lambda: len({n.m.epoch for n in nodes}) == 1 and all(set(n.m.members) == ids for n in nodes),
+                what=f"every node seeing all of {sorted(ids)}")
 
 
 async def test_join_and_leave_bump_the_epoch(redis: Any) -> None:
@@ -47,7 +53,7 @@ async def test_join_and_leave_bump_the_epoch(redis: Any) -> None:
     await until(lambda: a.m.epoch == 2)
     assert a.changes[-1] == (2, {"a": "10.0.0.1:1", "b": "10.0.0.1:1"})
     before = len(a.changes)
-    await asyncio.sleep(INTERVAL * 4)
+    await beats_by(a, b)
     assert len(a.changes) == before  # heartbeats alone change nothing
     await b.m.leave()
     await until(lambda: a.m.epoch == 3)
@@ -61,12 +67,14 @@ async def test_a_dead_node_is_reaped_by_exactly_one_survivor(redis: Any) -> None
     nodes = [Node(redis, f"n{i}") for i in range(4)]
     for n in nodes:
         await n.m.start()
-    await asyncio.sleep(TTL)  # every reaper must itself have been live for a TTL
+    await everyone_sees(nodes)
     epoch = nodes[0].m.epoch
+    # n3's entry expires a TTL after its join, the last one: by then every survivor has been live for a TTL and
+    # may reap it, so "exactly one" is a race among all three.
     await nodes[3].m.abandon()  # crash: no leave
     survivors = nodes[:3]
     await until(lambda: all(set(n.m.members) == {"n0", "n1", "n2"} for n in survivors))
-    await asyncio.sleep(INTERVAL * 4)
+    await beats_by(*survivors)  # a second reaper would report n3 on one of these
     reports = [d for n in survivors for d in n.dead]
     assert reports == [["n3"]]
     assert all(n.m.epoch == epoch + 1 for n in survivors)
@@ -101,7 +109,7 @@ async def beat_for(seconds: float, *nodes: Node) -> None:
     while asyncio.get_running_loop().time() < deadline:
         for n in nodes:
             await n.m.beat()
-        await asyncio.sleep(INTERVAL)
+        await asyncio.sleep(INTERVAL)  # the heartbeat interval: time passing is what the callers test
 
 
 async def test_a_stall_of_everyone_declares_no_one_dead(redis: Any) -> None:
@@ -110,7 +118,7 @@ async def test_a_stall_of_everyone_declares_no_one_dead(redis: Any) -> None:
     await a.m.start()
     await b.m.start()
     await beat_for(TTL * 1.2, a, b)
-    await asyncio.sleep(TTL * 1.5)  # everyone stalls: both entries expire
+    await asyncio.sleep(TTL * 1.5)  # the behaviour under test: everyone stalls (no beats) until both entries expire
     await a.m.beat()
     assert a.dead == []  # a was expired itself: it may not judge b
     await beat_for(TTL / 2, a)
@@ -148,7 +156,7 @@ async def test_membership_runs_on_redis_cluster(tmp_path: Path) -> None:
         nodes = [Node(client, f"n{i}") for i in range(3)]
         for n in nodes:
             await n.m.start()
-        await asyncio.sleep(TTL)
+        await everyone_sees(nodes)  # n2 expires a TTL after its join: every survivor may reap it by then
         await nodes[2].m.abandon()
         await until(lambda: all(set(n.m.members) == {"n0", "n1"} for n in nodes[:2]))
         assert [d for n in nodes[:2] for d in n.dead] == [["n2"]]

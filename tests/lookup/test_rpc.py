@@ -8,23 +8,16 @@ import functools
 import logging
 import os
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from tests.waiting import until
 from tidewire.lookup.rpc import NONCE_BYTES, RpcError, RpcNode
 from tidewire.lookup.rpc_wire import Challenge, FrameCodec, Hello, Proof, Welcome, proof
 
 SECRET = "correct horse battery staple"
-
-
-async def until(pred: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 @contextlib.asynccontextmanager
@@ -47,7 +40,7 @@ async def test_call_reply_and_errors() -> None:
         n["b"].handle("echo", lambda frm, p: [frm, p])
 
         async def slow(frm: str, p: Any) -> int:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # a handler that takes a while: replies come back out of turn
             return int(p) * 2
 
         n["b"].handle("double", slow)
@@ -67,7 +60,7 @@ async def test_call_reply_and_errors() -> None:
 
 async def test_call_timeout() -> None:
     async with nodes("a", "b") as n:
-        n["b"].handle("hang", lambda frm, p: asyncio.sleep(10))
+        n["b"].handle("hang", lambda frm, p: asyncio.sleep(10))  # never answers within the call's timeout
         with pytest.raises(TimeoutError):
             await n["a"].call("b", "hang", None, timeout=0.05)
 
@@ -214,8 +207,14 @@ async def test_peer_restart_is_redialled_and_a_wrong_node_refused() -> None:
         await b2.start()
         try:
             b2.handle("ping", lambda frm, p: "b2")
-            await asyncio.sleep(0.06)  # past the first redial backoff
-            assert await n["a"].call("b", "ping", None) == "b2"
+
+            async def answered_by_b2() -> bool:
+                try:
+                    return await n["a"].call("b", "ping", None) == "b2"
+                except ConnectionError:
+                    return False  # a dial failed while b was down: backing off
+
+            await until(answered_by_b2, timeout=3.0, what="a call answered by the restarted b")
         finally:
             await b2.close()
         n["a"].set_peers({"b": f"127.0.0.1:{n['c'].port}"})  # the address now answers as another node

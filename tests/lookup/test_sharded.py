@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
+from tests.waiting import until
 from tidewire.lookup.base import Lookup
 from tidewire.lookup.fabric import ClusterFabric
 from tidewire.lookup.rpc import RpcNode
@@ -48,22 +49,6 @@ def test_a_join_or_leave_moves_few_slots() -> None:
 # --- the lookup between two nodes, epochs set by hand --------------------------------------------------------
 
 
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
-
-
-async def until_async(pred: Callable[[], Any], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
-
-
 @contextlib.asynccontextmanager
 async def pair() -> AsyncIterator[tuple[ShardedLookup, ShardedLookup]]:
     rpcs = [RpcNode(i, "127.0.0.1", 0, SECRET) for i in ("a", "b")]
@@ -89,7 +74,8 @@ async def test_an_owner_answers_only_once_every_member_resynced() -> None:
         assert la.table is not None
         key = key_owned_by(la.table, "a")
         la.set_client_location(key, "a")
-        await asyncio.sleep(0.05)
+        await until(lambda: la._shard is not None and key in la._shard.clients and bool(lb._future),
+                    what="a's own report applied, its epoch-1 stream held by b")
         assert la.local_client_nodes(key, 1) is None  # b has not reported for epoch 1
         assert await lb.client_location(key) is None
         lb.set_membership(1, ["a", "b"])
@@ -100,7 +86,7 @@ async def test_an_owner_answers_only_once_every_member_resynced() -> None:
 
         # a newer epoch reaching an owner first is held until the owner learns it
         lb.set_membership(2, ["a", "b"])
-        await asyncio.sleep(0.05)
+        await until(lambda: any(payload[0] == 2 for _, payload in la._future), what="b's epoch-2 stream held by a")
         assert la.local_client_nodes(key, 1) == {"a"}
         la.set_membership(2, ["a", "b"])
         await until(lambda: la.local_client_nodes(key, 2) == {"a"})
@@ -134,7 +120,10 @@ async def test_queue_subscribers_are_counted_and_p2p_follows_the_client() -> Non
         await until(lambda: lb.nodes_for_queue(q) == {"a", "b"})
         assert la.nodes_for_queue(q) is None  # not a's slot
         la.remove_queue_subscriber(q, "a")
-        await asyncio.sleep(0.02)
+        # a barrier: a's stream to b is ordered, so a removal sent before this marker would arrive before it
+        marker = key_owned_by(la.table, "b", "marker/")
+        la.add_queue_subscriber(marker, "a")
+        await until(lambda: lb.nodes_for_queue(marker) == {"a"}, what="the marker after the removal")
         assert lb.nodes_for_queue(q) == {"a", "b"}  # one local reader left
         la.remove_queue_subscriber(q, "a")
         await until(lambda: lb.nodes_for_queue(q) == {"b"})
@@ -192,21 +181,24 @@ async def test_a_location_set_on_a_is_read_on_c(redis: Any) -> None:
         async def all_on_a() -> bool:
             return [await f["c"].lookup.client_location(c) for c in clients] == ["a"] * 30
 
-        await until_async(all_on_a)
+        await until(all_on_a)
         assert await f["b"].lookup.client_location("nobody") is None
         # takeover: connected on c, then a's late cleanup
         moved = clients[:10]
         for c in moved:
             f["c"].lookup.set_client_location(c, "c")
-        await asyncio.sleep(0.05)
-        assert [await f["b"].lookup.client_location(c) for c in moved] == [None] * 10  # on two nodes: unknown
+
+        async def moved_unknown() -> bool:  # on two nodes: unknown
+            return [await f["b"].lookup.client_location(c) for c in moved] == [None] * 10
+
+        await until(moved_unknown)
         for c in moved:
             f["a"].lookup.remove_client_location(c, "a")
 
         async def moved_to_c() -> bool:
             return [await f["b"].lookup.client_location(c) for c in moved] == ["c"] * 10
 
-        await until_async(moved_to_c)
+        await until(moved_to_c)
 
 
 async def test_a_crashed_owner_makes_its_slots_unknown_until_the_resync(redis: Any) -> None:
@@ -218,7 +210,7 @@ async def test_a_crashed_owner_makes_its_slots_unknown_until_the_resync(redis: A
         assert on_b
         for c in clients:
             f["a"].lookup.set_client_location(c, "a")
-        await until_async(lambda: f["c"].lookup.client_location(on_b[0]))
+        await until(lambda: f["c"].lookup.client_location(on_b[0]))
         epoch = f["a"].epoch
         await f["b"].abandon()  # killed: no leave
         assert [await f["c"].lookup.client_location(c) for c in on_b] == [None] * len(on_b)
@@ -234,21 +226,22 @@ async def test_a_broken_connection_resyncs_what_it_may_have_lost(redis: Any) -> 
         assert table is not None
         clients = [f"client-{i}" for i in range(300)]
         rng = random.Random(7)
+        sent = f["a"].lookup.counters["lookup_ops_sent"]
         for c in clients[:100]:
             f["a"].lookup.set_client_location(c, "a")
-        await asyncio.sleep(0.02)
+        await until(lambda: f["a"].lookup.counters["lookup_ops_sent"] >= sent + 100, what="the first 100 sent")
         for link in list(f["b"].rpc._inbound):
             link.abort("test", quiet=True)
         for c in clients[100:]:
             f["a"].lookup.set_client_location(c, "a")
             if rng.random() < 0.3:
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # a turn of the loop: updates leave in several batches
         await settled(f.values())
 
         async def all_on_a() -> bool:
             return [await f["c"].lookup.client_location(c) for c in clients] == ["a"] * len(clients)
 
-        await until_async(all_on_a)
+        await until(all_on_a)
 
 
 async def test_a_graceful_leave_rebalances_without_waiting_for_the_ttl(redis: Any) -> None:
@@ -268,7 +261,7 @@ async def test_kick_goes_to_the_node_holding_the_client_or_to_everyone(redis: An
         for name, fab in f.items():
             fab.on_kick(lambda c, e, name=name: kicks.append((name, c, e)))  # type: ignore[misc]
         f["a"].lookup.set_client_location("k", "a")
-        await until_async(lambda: f["c"].lookup.client_location("k"))
+        await until(lambda: f["c"].lookup.client_location("k"))
         await f["c"].kick("k", 7)
         assert kicks == [("a", "k", 7)]
         await f["c"].kick("unknown", 8)
