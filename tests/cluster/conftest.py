@@ -22,12 +22,15 @@ import pytest
 from tests.integration.conftest import Gateway, free_port, paho_factory  # noqa: F401 - paho_factory: a fixture
 from tests.store import redis_server
 from tests.store.redis_server import RedisClusterServers, RedisServer
+from tests.waiting import wait_until
 
 HEARTBEAT = 0.2  # s between membership heartbeats
 MEMBER_TTL = 1.5  # s without a heartbeat before a node is declared dead
 RESYNC_INTERVAL = 0.5  # s between re-reads of every local queue
 JOIN_TIMEOUT = 10.0  # s until every started node is a registered member
 MEMBERS_KEY = "{tw}:members"  # lookup/membership.py: hash node id -> cluster address
+EXPIRY_KEY = "{tw}:members:exp"  # zset node id -> expiry (ms): its last heartbeat + the TTL
+SINCE_KEY = "{tw}:members:since"  # hash node id -> when its entry became live (ms): its join
 EPOCH_KEY = "{tw}:members:epoch"
 
 
@@ -146,25 +149,39 @@ class Cluster:
         finally:
             client.close()
 
+    def beaten_since_last_join(self) -> bool:
+        """Whether every running node has sent a heartbeat after the last join: each heartbeat returns the
+        current epoch, so every node has it."""
+        client = self._client()
+        try:
+            expiry = {k.decode(): float(v) for k, v in client.zrange(EXPIRY_KEY, 0, -1, withscores=True)}
+            since = [int(v) for v in client.hvals(SINCE_KEY)]
+        finally:
+            client.close()
+        running = [node.node_id for node in self.nodes if node.alive]
+        last_join = max(since, default=0)
+        return all(node_id in expiry and expiry[node_id] - MEMBER_TTL * 1000 > last_join for node_id in running)
+
     def _wait(self, predicate: Callable[[dict[str, str]], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
         seen: dict[str, str] | str = {}
-        while True:
+
+        def check() -> bool:
+            nonlocal seen
             try:
                 seen = self.members()
-                if predicate(seen):
-                    break
+                return predicate(seen)
             except OSError as exc:  # redis-py's ConnectionError is an OSError: Redis restarting
                 seen = f"redis unreachable: {exc}"
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what} not reached within {timeout}s (members: {seen})\n{self.logs()}")
-            time.sleep(0.05)
+                return False
+
+        wait_until(check, timeout, what=lambda: f"{what} (members: {seen})\n{self.logs()}", interval=0.05)
 
     def wait_members(self, ids: Iterable[str], timeout: float = JOIN_TIMEOUT) -> None:
-        """Until every id is registered, then one more heartbeat round so every node has the new epoch."""
+        """Until every id is registered and every running node has had a heartbeat since, so each has the new
+        epoch."""
         want = set(ids)
-        self._wait(lambda m: want <= m.keys(), timeout, f"members {sorted(want)}")
-        time.sleep(2 * HEARTBEAT)
+        self._wait(lambda m: want <= m.keys() and self.beaten_since_last_join(), timeout,
+                   f"members {sorted(want)}, each running node's heartbeat after the last join")
 
     def wait_gone(self, node_id: str, timeout: float = MEMBER_TTL + 5.0) -> None:
         """Until a survivor has removed `node_id` from the membership (declared it dead)."""

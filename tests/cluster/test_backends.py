@@ -15,6 +15,7 @@ import pytest
 from tests.cluster.conftest import ClusterFactory
 from tests.gateway.protocols.rocketmq.conftest import Clients, wait_port
 from tests.integration.conftest import PahoFactory
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,7 +53,7 @@ class _Collector:
         self.bodies.append(message.body.decode())
         self.redelivered += int(message.redelivered)
         if self.ack_delay is not None:
-            await asyncio.sleep(self.ack_delay)
+            await asyncio.sleep(self.ack_delay)  # a consumer that works a while on each message
             await message.ack()
 
 
@@ -65,14 +66,6 @@ async def _consume(port: int, queue_name: str, collector: _Collector, prefetch: 
     return conn
 
 
-async def _until(predicate: Any, timeout: float, what: Any) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what() if callable(what) else what} not reached in {timeout}s")
-        await asyncio.sleep(0.05)
-
-
 async def test_competing_consumers_on_two_nodes_share_a_queue(cluster: ClusterFactory) -> None:
     c = cluster(3)
     n1, n2, n3 = c.nodes
@@ -81,9 +74,9 @@ async def test_competing_consumers_on_two_nodes_share_a_queue(cluster: ClusterFa
     conns = [await _consume(n1.amqp_port, "work", a, 5), await _consume(n2.amqp_port, "work", b, 5)]
     try:
         await _publish_confirmed(n3.amqp_port, 300, "jobs")
-        await _until(lambda: len(a.bodies) + len(b.bodies) >= 300, 30,
+        await until(lambda: len(a.bodies) + len(b.bodies) >= 300, 30,
                      lambda: f"300 deliveries (got {len(a.bodies)} + {len(b.bodies)})\n{c.logs()}")
-        await asyncio.sleep(0.5)  # anything delivered twice would show up now
+        await asyncio.sleep(0.5)  # absence: anything delivered twice would show up now (no event to wait on)
     finally:
         for conn in conns:
             await conn.close()
@@ -99,12 +92,12 @@ async def test_unacked_deliveries_of_a_dead_node_go_to_the_survivor(cluster: Clu
     await _publish_confirmed(n3.amqp_port, 40, "held")
     holder = _Collector(None)  # never acks
     conn1 = await _consume(n1.amqp_port, "held", holder, 100)
-    await _until(lambda: len(holder.bodies) == 40, 15, "the first consumer holds all 40")
+    await until(lambda: len(holder.bodies) == 40, 15, "the first consumer holds all 40")
     c.kill9(n1)
     survivor = _Collector(0)
     conn2 = await _consume(n2.amqp_port, "held", survivor, 100)
     try:
-        await _until(lambda: len(survivor.bodies) >= 40, 20, "the survivor gets the dead node's 40")
+        await until(lambda: len(survivor.bodies) >= 40, 20, "the survivor gets the dead node's 40")
     finally:
         await conn2.close()
         del conn1  # its node is gone
@@ -121,7 +114,7 @@ async def test_confirmed_publishes_survive_kill9_of_the_confirming_node(cluster:
     got = _Collector(0)
     conn = await _consume(n2.amqp_port, "kept", got, 100)
     try:
-        await _until(lambda: len(got.bodies) >= 200, 20, "200 confirmed messages")
+        await until(lambda: len(got.bodies) >= 200, 20, "200 confirmed messages")
     finally:
         await conn.close()
     assert sorted(got.bodies) == sorted(f"m{i}" for i in range(200))
@@ -148,7 +141,7 @@ async def test_a_device_publish_reaches_amqp_and_rocketmq_consumers_on_other_nod
             for m in await asyncio.to_thread(consumer.receive, 16, 30):
                 rocket.append((m.body.decode(), m.properties.get("mqttSecondTopic")))
                 await asyncio.to_thread(consumer.ack, m)
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # absence: a second delivery to the AMQP queue would show up now
         await conn.close()
     finally:
         await asyncio.to_thread(clients.close)
