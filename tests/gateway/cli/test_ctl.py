@@ -12,10 +12,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from tests.integration.conftest import Gateway, PahoClient, free_port
+from tests.waiting import wait_until
 
 RUN_TIMEOUT = 20.0  # s per ctl invocation
 MQTT5_ADMINISTRATIVE_ACTION = 0x98
@@ -77,13 +80,26 @@ def run_fail(node: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
     return ctl(*args, url=f"http://127.0.0.1:{node.admin_port}", token=node.api_token)
 
 
-def test_status_human_and_json(node: Gateway) -> None:
+def api_status(node: Gateway) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {node.api_token}"}
+    answer = httpx.get(f"http://127.0.0.1:{node.admin_port}/api/v1/status", headers=headers, timeout=10.0)
+    answer.raise_for_status()
+    status: dict[str, Any] = answer.json()
+    return status
+
+
+def test_status_human_and_json(node: Gateway, mqtt: Callable[..., PahoClient]) -> None:
+    # The node is shared by the module: once the clients of earlier tests are gone, the count is this test's own.
+    wait_until(lambda: api_status(node)["connections"] == 0, what="no client of an earlier test still connected")
+    mqtt("ctl-status-1")
+    mqtt("ctl-status-2")
     human = run_ok(node, "status", full=True)
     lines = dict(line.split(None, 1) for line in human.splitlines() if line and not line.startswith(" "))
     assert lines["node"] == "node1" and lines["draining"] == "no" and lines["cluster"] == "no"
-    assert int(lines["connections"]) >= 0
+    assert int(lines["connections"]) == 2 and int(lines["sessions_online"]) == 2
     status = json.loads(run_ok(node, "status", "--json"))  # --json after the command works too
     assert status["node_id"] == "node1" and status["draining"] is False and status["cluster"] is None
+    assert status["connections"] == 2
 
 
 def test_clients_lists_and_kick_disconnects(node: Gateway, mqtt: Callable[..., PahoClient]) -> None:
