@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+from tests.waiting import until
 from tidewire.lookup.fabric import ClusterFabric
 from tidewire.lookup.slots import SlotTable
 
 SECRET = "notify-test-secret"
 INTERVAL, TTL = 0.05, 0.3
-
-
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.005)
 
 
 class Cluster:
@@ -51,9 +45,20 @@ class Cluster:
         assert owner is not None
         await until(lambda: self.f[owner].lookup.local_nodes_for_queue(queue, self.table.epoch) == set(nodes))
 
-    async def quiet(self) -> None:
-        """Let stray lookup traffic (resyncs, heartbeat-driven work) finish before counting frames."""
-        await asyncio.sleep(0.05)
+    async def quiet(self, window: float = 0.05) -> None:
+        """Until no node has received a frame for `window` seconds: stray lookup traffic (resyncs,
+        heartbeat-driven work) is over before frames are counted, and a frame that should not be sent has had time
+        to show (an absence: there is no event to wait on)."""
+        seen, since = self.frames_in(), time.monotonic()
+
+        def settled() -> bool:
+            nonlocal seen, since
+            now = self.frames_in()
+            if now != seen:
+                seen, since = now, time.monotonic()
+            return time.monotonic() - since >= window
+
+        await until(settled, what=lambda: f"no RPC frame for {window}s (frames in: {seen})")
 
 
 @contextlib.asynccontextmanager
@@ -156,14 +161,18 @@ async def test_a_dead_owner_falls_back_to_broadcast_and_loses_nothing(redis: Any
         assert c.f["a"].stats()["notify_broadcasts"] >= 1
 
         # through the removal of d, the new epoch and the resync: every event arrives
+        survivors = [f for n, f in c.f.items() if n != "d"]
         sent: list[str] = []
-        for i in range(40):
+        i = 0
+        while i < 40 or not all(len(f.members) == 3 and f.stats()["lookup_complete"] for f in survivors):
+            assert i < 1000, "the survivors never settled on a complete table of 3"
             names = [on_d[i % 5], elsewhere[i % 9]]
             sent += names
             c.f["a" if i % 2 else "c"].notifier.notify(names)
-            await asyncio.sleep(0.02)
+            i += 1
+            await asyncio.sleep(0.02)  # pacing: notifies go on from d's death through the new epoch's resync
         await until(lambda: set(sent) <= c.received("b"))
-        assert all(len(f.members) == 3 for n, f in c.f.items() if n != "d")
+        assert all(len(f.members) == 3 for f in survivors)
 
 
 async def test_without_a_table_everything_is_broadcast_locally(redis: Any) -> None:

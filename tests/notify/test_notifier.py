@@ -19,7 +19,7 @@ async def test_events_for_one_queue_are_merged_and_targeted() -> None:
     for _ in range(100):
         notifier.notify(["a/b"])
     notifier.notify(["c", "nobody"])
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the tick ends: notifies are dispatched, merged, in the next turn of the loop
     assert got["n1"] == [{"a/b"}]  # 100 notifies, one event
     assert got["n2"] == [{"c"}]
 
@@ -35,5 +35,5 @@ async def test_unknown_queue_location_broadcasts() -> None:
     for node in ("n1", "n2"):
         notifier.register(node, lambda qs, node=node: seen.append((node, qs)))  # type: ignore[misc]
     notifier.notify(["q"])
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the next turn of the loop: dispatched
     assert sorted(seen) == [("n1", {"q"}), ("n2", {"q"})]

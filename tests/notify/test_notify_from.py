@@ -14,7 +14,7 @@ async def test_the_only_node_gets_its_names_back_and_no_event() -> None:
     events: list[set[str]] = []
     notifier.register("n1", events.append)
     assert notifier.notify_from("n1", {"a", "b"}) == {"a", "b"}
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # two turns of the loop: where a notify's event would have been dispatched
     await asyncio.sleep(0)
     assert events == []
 
@@ -28,5 +28,5 @@ async def test_with_other_nodes_names_are_notified_as_usual() -> None:
     lookup.add_queue_subscriber("a", "n1")
     lookup.add_queue_subscriber("b", "n2")
     assert notifier.notify_from("n1", {"a", "b"}) == set()
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the tick ends: notifies are dispatched, merged, in the next turn of the loop
     assert got == {"n1": [{"a"}], "n2": [{"b"}]}
