@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import pytest
 from tests.integration.paho import PahoClient, Received
 from tests.integration.rawmqtt import RawClient
 from tests.store.failing import FailingStore
+from tests.waiting import until
 from tidewire.extensions.hooks import AllowAll
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
@@ -79,14 +79,6 @@ async def gw(tmp_path: Path) -> AsyncIterator[Running]:
             server.close()
         await node.stop()
         await store.close()
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def send(raw: RawClient, topic: str, numbers: range, qos: int = 1) -> None:
@@ -150,7 +142,7 @@ async def test_failing_append_holds_acks_then_delivers_everything_in_order(
     assert gw.store.failures["append"] >= 4, "not retried"
     assert gw.store.failures["append"] <= 30, "retried without backing off"
     assert gw.node.store_down
-    held = gw.node.connections["pub"].io.transport  # type: ignore[attr-defined]  (the asyncio side's socket)
+    held = gw.node.connections["pub"].io.transport  # type: ignore[attr-defined]  # the asyncio side's socket
     assert held is not None and not held.is_reading(), (
         "the publisher was not paused while the append queue was full")
     gw.store.heal()
@@ -184,9 +176,8 @@ async def test_failing_reads_delay_delivery_but_skip_nothing(gw: Running) -> Non
     gw.store.fail("read")
     await send(pub, "e/read/a", range(N))
     assert await pubacks(pub, N) == in_order(range(N))  # the log is fine: publishers are acked
-    await asyncio.sleep(0.5)
+    await until(lambda: gw.store.failures["read"] >= 3, what="3 failed reads")
     assert sub.messages.empty()
-    assert gw.store.failures["read"] >= 3
     gw.store.heal()
     assert payloads(await expect(sub, N + 1)) == [b"other", *sent(range(N))]
     await round_trip(pub, sub, "e/read/a")
@@ -235,7 +226,7 @@ async def test_failing_offset_writes_are_retried(gw: Running) -> None:
         assert record is not None
         return record.offset
 
-    deadline = time.monotonic() + 5
-    while await stored_offset() < gw.store.last_seq():
-        assert time.monotonic() < deadline, "offsets acked during the failure were never written"
-        await asyncio.sleep(0.05)
+    async def written() -> bool:
+        return await stored_offset() >= gw.store.last_seq()
+
+    await until(written, what="the offsets acked during the failure written")

@@ -23,6 +23,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
 
+from tests.waiting import until
 from tidewire.gateway.transport.websocket import WebSocketError, WebSocketProtocol, WebSocketTransport
 from tidewire.gateway.transport.websocket_core import FrameReader, WebSocketOptions, WebSocketRequest
 
@@ -40,7 +41,6 @@ class Recorder(asyncio.Protocol):
         self.eof = 0
         self.pauses: list[str] = []
         self.connack = connack
-        self.changed = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(WebSocketTransport, transport)
@@ -50,7 +50,6 @@ class Recorder(asyncio.Protocol):
         if self.connack and self.data[:1] == b"\x10":
             assert self.transport is not None
             self.transport.write(CONNACK)
-        self.changed.set()
 
     def eof_received(self) -> bool | None:
         self.eof += 1
@@ -58,20 +57,27 @@ class Recorder(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost.append(exc)
-        self.changed.set()
 
     def pause_writing(self) -> None:
         self.pauses.append("pause")
 
     def resume_writing(self) -> None:
         self.pauses.append("resume")
-        self.changed.set()
 
     async def until(self, check: Callable[[], bool], timeout: float = 3.0) -> None:
-        async with asyncio.timeout(timeout):
-            while not check():
-                self.changed.clear()
-                await self.changed.wait()
+        await until(check, timeout)
+
+
+class Counted(WebSocketProtocol):
+    """The server's protocol, counting the connections that ended: after that nothing reaches their inner."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__(server._inner, server.options)
+        self.server = server
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.server.ended += 1
 
 
 class Server:
@@ -81,6 +87,7 @@ class Server:
         self.inners: list[Recorder] = []
         self.server: asyncio.Server | None = None
         self.port = 0
+        self.ended = 0  # connections whose connection_lost the server protocol has seen
 
     def _inner(self) -> Recorder:
         self.inners.append(Recorder(**self.inner_kwargs))
@@ -88,16 +95,14 @@ class Server:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: WebSocketProtocol(self._inner, self.options), "127.0.0.1", 0)
+        self.server = await loop.create_server(lambda: Counted(self), "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
 
     def url(self, path: str = "/mqtt") -> str:
         return f"ws://127.0.0.1:{self.port}{path}"
 
     async def inner(self) -> Recorder:
-        async with asyncio.timeout(3):
-            while not self.inners:
-                await asyncio.sleep(0.005)
+        await until(lambda: self.inners, timeout=3, what="a connection's inner protocol")
         return self.inners[0]
 
 
@@ -281,8 +286,7 @@ async def test_client_close_reaches_inner_once() -> None:
         inner = await server.inner()
         await ws.close(1000, "bye")
         assert ws.close_code == 1000  # the server echoed the code
-        await inner.until(lambda: bool(inner.lost))
-        await asyncio.sleep(0.05)
+        await until(lambda: server.ended == 1, what="the connection ended")  # nothing reaches the inner after
         assert inner.lost == [None]
         assert inner.transport is not None and inner.transport.is_closing()
         inner.transport.write(b"late")  # dropped, no error
@@ -383,8 +387,7 @@ async def test_abrupt_disconnect_reaches_inner_once() -> None:
         inner = await server.inner()
         writer.write(client_frame(2, b"\x10"))
         writer.transport.abort()
-        await inner.until(lambda: bool(inner.lost))
-        await asyncio.sleep(0.05)
+        await until(lambda: server.ended == 1, what="the connection ended")  # nothing reaches the inner after
         assert inner.lost == [None] and bytes(inner.data) == b"\x10"
 
 
@@ -395,7 +398,7 @@ async def test_pause_reading_and_write_flow_control_pass_through() -> None:
         assert inner.transport is not None
         inner.transport.pause_reading()
         writer.write(client_frame(2, b"held"))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # absence: the frame stays in the socket while reading is paused
         assert inner.data == b""
         inner.transport.resume_reading()
         await inner.until(lambda: bytes(inner.data) == b"held")
@@ -478,5 +481,5 @@ async def test_socket_cleanup_leaves_no_connection() -> None:
     async with serving() as server:
         sock = socket.create_connection(("127.0.0.1", server.port))
         sock.close()
-        await asyncio.sleep(0.05)
+        await until(lambda: server.ended == 1, what="the connection ended")
         assert server.inners == []
