@@ -20,6 +20,7 @@ import trustme
 import uvloop
 
 from tests.gateway.transport.test_proxy_protocol import V1_TCP4, V1_TCP6, v2
+from tests.waiting import until
 from tidewire.gateway.transport.accept_loop import AcceptLoop
 from tidewire.gateway.transport.proxy_protocol import (
     Address,
@@ -49,6 +50,9 @@ class Echo(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.transport.write(data)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.seen.ended += 1
+
 
 @dataclass
 class Seen:
@@ -56,6 +60,7 @@ class Seen:
     peers: list[Address | None] = field(default_factory=list)
     tls: list[bool] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    ended: int = 0  # served connections that are over (their socket closed)
 
 
 @contextlib.asynccontextmanager
@@ -80,7 +85,14 @@ async def echo_once(port: int, first: bytes, payload: bytes) -> bytes:
         writer.write(first + payload)
         return await asyncio.wait_for(reader.readexactly(len(payload)), 5)
     finally:
-        writer.close()
+        await close(writer)
+
+
+async def close(writer: asyncio.StreamWriter) -> None:
+    """Close our side and wait until the socket is closed (a reset by the server is fine)."""
+    writer.close()
+    with contextlib.suppress(ConnectionError):
+        await writer.wait_closed()
 
 
 async def closed_by_server(reader: asyncio.StreamReader) -> bool:
@@ -130,7 +142,7 @@ def test_header_trickled_byte_by_byte(run: Callable[[Any], None]) -> None:
                 for i in range(len(raw)):
                     writer.write(raw[i:i + 1])
                     await writer.drain()
-                    await asyncio.sleep(0.002)
+                    await asyncio.sleep(0.002)  # the behaviour under test: each byte arrives on its own
                 writer.write(b"after")
                 assert await asyncio.wait_for(reader.readexactly(5), 5) == b"after"
                 writer.close()
@@ -245,8 +257,7 @@ def test_pending_headers_are_bounded(run: Callable[[Any], None]) -> None:
             slow = [await asyncio.open_connection("127.0.0.1", seen.port) for _ in range(2)]
             for _, writer in slow:
                 writer.write(b"PROXY TCP4 ")
-            await asyncio.sleep(0.1)
-            assert listener.pending == 2
+            await until(lambda: listener.pending == 2)
             reader, writer = await asyncio.open_connection("127.0.0.1", seen.port)
             writer.write(v2() + b"waiting")
             with pytest.raises(TimeoutError):  # queued in the backlog: not accepted while 2 are pending
@@ -268,7 +279,7 @@ def test_close_drops_pending_and_leaks_nothing(run: Callable[[Any], None]) -> No
     async def scenario() -> None:
         async with serving() as (_, seen):  # uvloop opens one fd of its own on its first connection
             assert await echo_once(seen.port, v2(), b"warm-up") == b"warm-up"
-        await asyncio.sleep(0.05)
+            await until(lambda: seen.ended == 1, what="the served side of the warm-up closed")
         baseline = _open_fds()
         seen = Seen()
         listener = AcceptLoop(lambda peer: Echo(peer, seen), "127.0.0.1", 0, header_timeout=5,
@@ -279,19 +290,18 @@ def test_close_drops_pending_and_leaks_nothing(run: Callable[[Any], None]) -> No
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"garbage\r\n")
         assert await closed_by_server(reader)
-        writer.close()
+        await close(writer)
         half = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
         for _, writer in half:
             writer.write(v2()[:20])
-        await asyncio.sleep(0.1)
-        assert listener.pending == 3
+        await until(lambda: listener.pending == 3)
         listener.close()
         await listener.wait_closed()
         assert listener.sockets == () and listener.pending == 0
         for reader, writer in half:
             assert await closed_by_server(reader)
-            writer.close()
-        await asyncio.sleep(0.05)
+            await close(writer)
+        await until(lambda: seen.ended == 1, what="the served side of the echo closed")
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection("127.0.0.1", port)
         assert _open_fds() == baseline
@@ -311,7 +321,10 @@ def test_accept_survives_emfile(run: Callable[[Any], None], caplog: pytest.LogCa
                 for sock in clients:
                     sock.setblocking(False)
                     await loop.sock_connect(sock, ("127.0.0.1", seen.port))
-                await asyncio.sleep(0.3)  # several accept attempts fail with EMFILE meanwhile
+                await until(lambda: any(r.getMessage() == "proxy_protocol.accept_failed" for r in caplog.records),
+                            what="an accept failing with EMFILE")
+                # the behaviour under test: the fds stay exhausted while several more accepts fail (every 50 ms)
+                await asyncio.sleep(0.2)
             finally:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
             failures = [r for r in caplog.records if r.getMessage() == "proxy_protocol.accept_failed"]

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
+from tests.waiting import until
 from tidewire.gateway.config import Settings
 from tidewire.gateway.transport.listeners import Admission, AdmissionRefusal, Listener, make_listeners, tls_context
 
@@ -63,15 +65,39 @@ def test_admission_refuses_each_limit_with_its_kind() -> None:
     assert _refusal(admission, listener, 7.0, True).kind == "stopping"
 
 
+_LAG_SLOT: Any = Admission.__dict__["lag_ms"]  # the slot's descriptor, under the property below
+
+
+class Sampled(Admission):
+    """Admission keeping every value the lag watcher stores."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.samples: list[float] = []
+        super().__init__(settings)
+        self.samples.clear()  # not the initial 0
+
+    @property
+    def lag_ms(self) -> float:
+        return float(_LAG_SLOT.__get__(self))
+
+    @lag_ms.setter
+    def lag_ms(self, value: float) -> None:
+        _LAG_SLOT.__set__(self, value)
+        self.samples.append(value)
+
+
 async def test_loop_lag_is_measured() -> None:
-    admission = Admission(Settings())
+    admission = Sampled(Settings())
     watch = asyncio.create_task(admission.watch_loop_lag(interval=0.01))
-    await asyncio.sleep(0.03)
-    assert admission.lag_ms < 50
-    time.sleep(0.2)  # block the loop, as a CPU-bound burst would
-    await asyncio.sleep(0.005)
-    watch.cancel()
-    assert admission.lag_ms > 80
+    try:
+        await until(lambda: len(admission.samples) >= 3, what="3 lag samples")
+        assert admission.lag_ms < 50
+        seen = len(admission.samples)
+        time.sleep(0.2)  # the behaviour under test: block the loop, as a CPU-bound burst would
+        await until(lambda: len(admission.samples) > seen, what="a lag sample after the block")
+        assert admission.samples[seen] > 80
+    finally:
+        watch.cancel()
 
 
 def test_tls_needs_a_certificate_and_a_ca_for_client_certificates(tmp_path: object) -> None:
