@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.store.delaying import DelayingStore
+from tests.waiting import until
 from tidewire.extensions.hooks import AllowAll
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.consumers import Delivery
@@ -50,7 +51,7 @@ class Recorder:
             asyncio.get_running_loop().create_task(self._ack(deliveries))
 
     async def _ack(self, deliveries: list[Delivery]) -> None:
-        await asyncio.sleep(self.ack_after or 0)
+        await asyncio.sleep(self.ack_after or 0)  # a consumer that works a while on each message
         await self.node.groups.ack(self.group, [(d.claim.seq, d.claim.token) for d in deliveries])
         self.unacked -= len(deliveries)
         self.node.groups.wake(self.group)
@@ -82,13 +83,6 @@ async def _publish(node: Node, topics: list[str]) -> None:
     await asyncio.gather(*publish_future(node.publish, [Message(t, t.encode(), 1, timestamp_ms=now) for t in topics]))
 
 
-async def _until(predicate: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def _group(n1: Node, n2: Node, name: str, filters: list[str]) -> None:
     await n1.groups.declare(GroupRecord(name, filters))
     assert await n2.groups.get(name) is not None
@@ -102,8 +96,8 @@ async def test_consumers_on_two_nodes_claim_each_message_once(nodes: tuple[Node,
     topics = [f"jobs/{i}" for i in range(300)] + [f"urgent/{i}" for i in range(100)] + ["other/x"]
     await _publish(n1, topics[:200])
     await _publish(n2, topics[200:])
-    await _until(lambda: len(a.got) + len(b.got) >= 400)
-    await asyncio.sleep(0.3)
+    await until(lambda: len(a.got) + len(b.got) >= 400, timeout=10)
+    await asyncio.sleep(0.3)  # absence: a message claimed twice would arrive now (no event to wait on)
     everything = a.payloads() + b.payloads()
     assert sorted(everything) == sorted(t.encode() for t in topics if t != "other/x")
     assert a.got and b.got
@@ -116,7 +110,7 @@ async def test_requeued_and_lapsed_claims_come_back_as_redeliveries(nodes: tuple
     holder = Recorder(n1, "rq", 5, None, visibility_ms=300)  # never acks: its claims lapse
     n1.groups.consume("rq", holder)
     await _publish(n1, ["rq/1", "rq/2"])
-    await _until(lambda: len(holder.got) == 2)
+    await until(lambda: len(holder.got) == 2, timeout=10)
     first = holder.got[0]
     n1.groups.cancel("rq", holder)
     [moved] = await n1.groups.requeue("rq", [(first.claim.seq, first.claim.token)])
@@ -124,7 +118,7 @@ async def test_requeued_and_lapsed_claims_come_back_as_redeliveries(nodes: tuple
     assert await n1.groups.ack("rq", [(first.claim.seq, first.claim.token)]) == []  # the old handle is dead
     taker = Recorder(n2, "rq", 5, 0.0)
     n2.groups.consume("rq", taker)
-    await _until(lambda: len(taker.got) == 2, timeout=5)  # the requeued one at once, the lapsed one in ~1 s
+    await until(lambda: len(taker.got) == 2, timeout=5)  # the requeued one at once, the lapsed one in ~1 s
     assert sorted(taker.payloads()) == [b"rq/1", b"rq/2"]
     assert all(d.claim.deliveries == 2 for d in taker.got)
 
@@ -136,7 +130,7 @@ async def test_a_poll_waits_for_the_first_message(nodes: tuple[Node, Node]) -> N
     assert await n2.groups.receive("poll", 8, 30_000, 0.3) == []
     assert time.monotonic() - started >= 0.25
     receiving = asyncio.get_running_loop().create_task(n2.groups.receive("poll", 8, 30_000, 5.0))
-    await asyncio.sleep(0.2)
+    await until(lambda: n2.groups.consumer_count("poll") == 1, what="the poll waiting")
     await _publish(n1, ["poll/a"])
     got = await receiving
     assert [d.message.payload for d in got] == [b"poll/a"]
@@ -151,8 +145,14 @@ async def test_a_matcher_passes_messages_over_without_claiming(nodes: tuple[Node
     got = Recorder(n1, "tagged", 50)
     n1.groups.consume("tagged", got)
     await _publish(n2, ["t/1/keep", "t/2/drop", "t/3/keep", "t/4/drop"])
-    await _until(lambda: len(got.got) == 2)
-    await asyncio.sleep(0.2)
+    await until(lambda: len(got.got) == 2, timeout=10)
+    last = n2.store.last_seq()
+
+    async def passed_over_everything() -> bool:  # a claim comes with the cursor's move and stays pending until acked
+        cursor, pending = await n1.store.group_position("tagged")
+        return cursor >= last and pending == 0
+
+    await until(passed_over_everything, what=f"the group's cursor at the last message ({last}), no claim pending")
     assert got.payloads() == [b"t/1/keep", b"t/3/keep"]
     cursor, pending = await n1.store.group_position("tagged")
     assert pending == 0 or got.unacked

@@ -31,7 +31,7 @@ class SlowReads(EmbeddedStore):
     async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
         self.reads += queue == "t"
         if self.slow:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # the behaviour under test: a read that suspends for one turn of the loop
         return await super().read(queue, after_seq, limit, seal)
 
 
@@ -130,10 +130,10 @@ async def test_a_round_without_reads_is_the_flush_loops_and_keeps_the_mode(
         reads = store.reads
         assert await _published_in(gw) == 0  # the cache took it as appended: no read, pushed in the same tick
         gw.publish(Message("nobody/listens", b"y"))  # nor does a queue without readers need a read
-        await asyncio.sleep(0.05)
+        assert await _published_in(gw) == 0  # a marker in the same batch: its round, pushed in the same tick
         assert store.reads == reads and not gw.dispatcher.inline
-        got = await asyncio.to_thread(paho.expect, 3, 3.0)
-        assert [m.payload for m in got] == [b"other", b"x", b"x"]
+        got = await asyncio.to_thread(paho.expect, 4, 3.0)
+        assert [m.payload for m in got] == [b"other", b"x", b"x", b"x"]
     finally:
         await asyncio.to_thread(paho.close)
 
@@ -161,11 +161,11 @@ async def test_awaited_is_a_plain_await_that_tells_whether_it_suspended() -> Non
         return 1
 
     async def later() -> int:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # suspends once
         return 2
 
     async def fails() -> None:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # suspends once
         raise ValueError("boom")
 
     assert await awaited(at_once()) == (1, False)
@@ -177,7 +177,7 @@ async def test_awaited_is_a_plain_await_that_tells_whether_it_suspended() -> Non
 
     async def waits() -> None:
         try:
-            await asyncio.sleep(10)
+            await asyncio.sleep(10)  # suspended until cancelled
         except asyncio.CancelledError:
             seen.append("cancelled inside")
             raise
@@ -186,7 +186,7 @@ async def test_awaited_is_a_plain_await_that_tells_whether_it_suspended() -> Non
         await awaited(waits())
 
     task = asyncio.get_running_loop().create_task(outer())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn: the task starts and suspends inside `waits`
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
