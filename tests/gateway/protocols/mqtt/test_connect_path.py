@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import until
 from tidewire.extensions.authn import AuthChain, AuthRequest
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.writes import RecordWrites
@@ -42,7 +43,7 @@ async def test_deadlines_fire_in_order_never_early_and_at_most_a_tick_late() -> 
     late, early = Clock(deadlines), Clock(deadlines)
     deadlines.file(late, start + 0.3)
     deadlines.file(early, start + 0.1)
-    await asyncio.sleep(0.55)
+    await until(lambda: early.told and late.told, timeout=3, what="both deadlines told")
     assert len(early.told) == 1 and len(late.told) == 1
     assert early.told[0] < late.told[0]
     for clock, due in ((early, start + 0.1), (late, start + 0.3)):
@@ -56,9 +57,8 @@ async def test_a_discarded_deadline_is_not_told_and_one_filed_again_is() -> None
     bucket = deadlines.file(gone, time.monotonic() + 0.1)
     deadlines.file(again, time.monotonic() + 0.1)
     bucket.discard(gone)
-    await asyncio.sleep(0.75)
-    assert gone.told == []
-    assert len(again.told) == 3  # told, filed again twice
+    await until(lambda: len(again.told) == 3, timeout=3, what="told, filed again twice, told twice more")
+    assert gone.told == []  # it was due in the tick of the first of those
     assert len(deadlines) == 0
 
 
@@ -77,13 +77,13 @@ async def test_a_deadline_that_closes_another_of_its_bucket_is_safe() -> None:
     bucket = deadlines.file(closer, when)
     for other in others:
         deadlines.file(other, when)
-    await asyncio.sleep(0.35)
+    await until(lambda: closer.told, timeout=3, what="the closer told")  # the whole bucket is done in that tick
     assert len(closer.told) == 1
     assert all(len(o.told) <= 1 for o in others)  # some may have come before the closer; none twice
     later = Clock(deadlines)
     deadlines.file(later, time.monotonic() + 0.1)
-    await asyncio.sleep(0.3)
-    assert len(later.told) == 1  # the timer lives on
+    await until(lambda: later.told, timeout=3, what="a deadline filed afterwards told")  # the timer lives on
+    assert len(later.told) == 1
 
 
 async def test_sampled_lines_up_to_the_rate_then_one_summary(caplog: pytest.LogCaptureFixture) -> None:
@@ -93,7 +93,8 @@ async def test_sampled_lines_up_to_the_rate_then_one_summary(caplog: pytest.LogC
         allowed = [sampled.line("connected") for _ in range(10)]
         assert allowed[:3] == [True, True, True]
         assert allowed.count(True) == 3  # the burst; the rest are counted
-        await asyncio.sleep(0.35)
+        await until(lambda: any(r.getMessage() == "clients.activity" for r in caplog.records), timeout=3,
+                    what="the summary at the end of the interval")
     summaries = [r for r in caplog.records if r.getMessage() == "clients.activity"]
     assert len(summaries) == 1
     assert summaries[0].__dict__["unlogged"] == 7
@@ -115,7 +116,7 @@ async def test_sys_events_are_published_in_one_batch_after_the_tick_and_only_whe
     sys_topics.event("nobody", "connected", address="127.0.0.1:2", proto_ver=4)
     sys_topics.event("watched", "disconnected", address="127.0.0.1:1", proto_ver=4, reason="gone")
     assert published == []  # not in the caller's call: CONNACK first
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the tick ends: the batch goes out in the next turn of the loop
     assert [m.topic for m in published] == ["$SYS/brokers/n1/clients/watched/connected",
                                             "$SYS/brokers/n1/clients/watched/disconnected"]
     assert b'"reason": "gone"' in published[1].payload
@@ -126,7 +127,7 @@ async def test_sys_events_without_an_audience_check_are_all_published() -> None:
     sys_topics = SysTopics("n1", published.append)
     for i in range(3):
         sys_topics.event(f"c{i}", "connected", address="x", proto_ver=5)
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the tick ends: the batch goes out in the next turn of the loop
     assert len(published) == 3
 
 
