@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from loadtest.ports import free_port
+from tests.waiting import until
 from tidewire.extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
 from tidewire.extensions.http_auth import HttpAuthenticator
@@ -345,9 +346,9 @@ async def test_cancelled_caller_does_not_cancel_the_shared_call(
     auth = make(cache_ttl=0)
     hook.delay = 0.2
     first = asyncio.create_task(auth.authenticate(request()))
-    await asyncio.sleep(0.05)
+    await until(lambda: hook.requests, what="the first caller's call at the service")
     second = asyncio.create_task(auth.authenticate(request()))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # one turn: the second caller joins the call in flight
     first.cancel()
     assert (await second).outcome is Outcome.ALLOW
     assert first.cancelled()
@@ -360,7 +361,7 @@ async def test_close_answers_in_flight_and_later_calls(
     auth = make(on_error="deny")
     hook.delay = 2.0
     waiting = asyncio.create_task(auth.authenticate(request()))
-    await asyncio.sleep(0.1)
+    await until(lambda: hook.requests, what="the call at the service")
     await auth.close()
     assert (await waiting).failure is Failure.UNAVAILABLE
     after = await auth.authenticate(request())

@@ -10,7 +10,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 import unicodedata
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from loadtest.ports import free_port
+from tests.waiting import wait_until
 from tidewire.extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
 from tidewire.extensions.password_file import (
     HashKind,
@@ -154,16 +154,16 @@ async def test_file_from_tidewire_passwd_is_accepted_by_mosquitto(
 
 
 def wait_for_port(port: int, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    def listening() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"mosquitto exited: {process.communicate()[1]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
+            return True
         except OSError:
-            time.sleep(0.05)
-    raise AssertionError("mosquitto did not start listening")
+            return False
+
+    wait_until(listening, timeout=10, what=f"mosquitto listening on {port}", interval=0.05)
 
 
 def mosquitto_pub(port: int, username: str, password: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,8 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tests.gateway.protocols.amqp.conftest import AmqpGateway, PikaFactory
-from tests.gateway.protocols.amqp.helpers import collector
+from tests.gateway.protocols.amqp.helpers import collector, settle_for
+from tests.waiting import wait_until
 
 
 def closed_with(code: int, action: object) -> None:
@@ -66,15 +67,16 @@ def test_exclusive_queue_is_locked_and_goes_with_its_connection(amqp_gateway: Am
     closed_with(405, lambda: other.channel().queue_declare("mine", exclusive=True, durable=True))
     closed_with(405, lambda: other.channel().basic_get("mine"))
     owner.close()
-    deadline = time.monotonic() + 3
-    while True:
+
+    def gone() -> bool:
         try:
             other.channel().queue_declare("mine", passive=True)
         except pika.exceptions.ChannelClosedByBroker as exc:
             assert exc.reply_code == 404
-            break
-        assert time.monotonic() < deadline, "exclusive queue outlived its connection"
-        time.sleep(0.1)
+            return True
+        return False
+
+    wait_until(gone, timeout=3, what="the exclusive queue gone with its connection", interval=0.05)
 
 
 def test_auto_delete_queue_goes_with_its_last_consumer(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
@@ -134,12 +136,12 @@ def test_message_ttl_skips_old_messages(amqp_gateway: AmqpGateway, pika_factory:
     channel.queue_declare("ttl", durable=True, arguments={"x-message-ttl": 300})
     channel.queue_bind("ttl", "amq.topic", "ttl")
     publish(channel, "ttl", b"old")
-    time.sleep(0.5)
+    time.sleep(0.5)  # the behaviour under test: "old" outlives the queue's 300 ms TTL
     publish(channel, "ttl", b"fresh")
     assert channel.basic_get("ttl", auto_ack=True)[2] == b"fresh"
     assert channel.basic_get("ttl") == (None, None, None)
     publish(channel, "ttl", b"expiring", expiration="200")  # per-message expiration as well
-    time.sleep(0.4)
+    time.sleep(0.4)  # the behaviour under test: past the message's 200 ms expiration
     assert channel.basic_get("ttl") == (None, None, None)
 
 
@@ -151,8 +153,8 @@ def test_x_expires_deletes_an_unused_queue(amqp_gateway: AmqpGateway, pika_facto
     channel.queue_declare("kept-alive", arguments={"x-expires": 600})
     got: list[tuple[int, bytes, bool]] = []
     channel.basic_consume("kept-alive", collector(got))
-    deadline = time.monotonic() + 1.8
-    while time.monotonic() < deadline:
-        conn.process_data_events(time_limit=0.1)
+    # The behaviour under test is time passing: 600 ms unused plus the node's 0.5 s expiry rounds. It cannot be
+    # polled for: asking about a queue uses it, which starts its clock again.
+    settle_for(conn, 1.8)
     closed_with(404, lambda: conn.channel().queue_declare("short-lived", passive=True))
     assert conn.channel().queue_declare("kept-alive", passive=True).method.consumer_count == 1

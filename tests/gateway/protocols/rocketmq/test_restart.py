@@ -49,7 +49,7 @@ def test_sigterm_ends_long_polls_and_streams(rmq_gateway: Callable[..., Gateway]
     consumer = clients.consumer(gw, "g", "a", await_s=20)  # its telemetry stream is open
     with ThreadPoolExecutor(1) as pool:
         polling = pool.submit(consumer.receive, 1, 30)
-        time.sleep(0.5)
+        time.sleep(0.5)  # no event to wait on: the node does not report a poll under way; it waits 30 s, so this one is
         started = time.monotonic()
         gw.stop()  # fails the test if SIGTERM is ignored for 10 s
         assert time.monotonic() - started < 5
