@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import Gateway, PahoClient, v5_props, write_password_file
 from tests.integration.rawmqtt import RawClient
+from tests.waiting import until, wait_until
 from tidewire.admin.metrics import NodeCollector, node_registry, top_topics, version
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
@@ -147,10 +148,8 @@ async def test_collector_counts_exactly_what_was_sent(node: tuple[Node, int]) ->
     before = parse(generate_latest(registry).decode())
     clients = await asyncio.to_thread(_traffic, port, 3, 5)
     await asyncio.to_thread(_bad_password, port)
-    for _ in range(100):  # the subscribers' last PUBACKs
-        if not any(c.session is not None and c.session.inflight for c in gw.connections.values()):
-            break
-        await asyncio.sleep(0.02)
+    await until(lambda: not any(c.session is not None and c.session.inflight for c in gw.connections.values()),
+                timeout=2.0, what="the subscribers' last PUBACKs")
     text = generate_latest(registry).decode()
     after = parse(text)
     try:
@@ -209,7 +208,7 @@ def _retries_and_drops(port: int) -> None:
         again = raw.expect(Publish, timeout=RETRY_INTERVAL + 2)
         raw.send(Puback(again.packet_id))  # now acknowledged: no third send
         assert not first.dup and again.dup and again.packet_id == first.packet_id
-        time.sleep(max(0.0, expired_at - time.monotonic()))
+        time.sleep(max(0.0, expired_at - time.monotonic()))  # the behaviour under test: past the message's expiry
         away.connect(clean_start=False, session_expiry=60)
         away.assert_nothing(0.3)
         tiny.assert_nothing(0.0)
@@ -239,12 +238,14 @@ def _scrape(gw: Gateway) -> tuple[str, str]:
 
 def _settled(gw: Gateway) -> str:
     """The scrape once every delivery is acknowledged (the subscribers' last PUBACKs are on their way)."""
-    deadline = time.monotonic() + 3.0
-    while True:
-        text = _scrape(gw)[0]
-        if value(parse(text), "tidewire_inflight") == 0 or time.monotonic() > deadline:
-            return text
-        time.sleep(0.02)
+    last = [""]
+
+    def acknowledged() -> bool:
+        last[0] = _scrape(gw)[0]
+        return value(parse(last[0]), "tidewire_inflight") == 0
+
+    wait_until(acknowledged, timeout=3.0, what="every delivery acknowledged (tidewire_inflight 0)")
+    return last[0]
 
 
 def _amqp_publish(port: int, routing_key: str, body: bytes) -> None:

@@ -182,7 +182,7 @@ def test_a_ban_lapses_when_its_duration_is_over(node: Gateway, api: Api, clients
     made = api.ban("clientid", "brief", duration=1.0)
     assert made["until"] is not None and made["until"] - made["at"] == pytest.approx(1.0)
     assert paho(node, clients, "brief", 5).connect(check=False).reason_code == BANNED_5
-    time.sleep(max(0.0, made["until"] - time.time()) + 0.1)
+    time.sleep(max(0.0, made["until"] - time.time()) + 0.1)  # the behaviour under test: the ban's second passes
     assert paho(node, clients, "brief", 5).connect().reason_code == 0
     assert paho(node, clients, "brief-311", 4).connect().reason_code == 0
     # ... and is gone from the list (the node's refresh deletes it from the store).

@@ -25,6 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 from tests.integration.conftest import TARGET, Gateway, GatewayFactory, PahoClient, PahoFactory, props_dict, v5_props
 from tests.integration.rawmqtt import RawClient
 from tests.store import redis_server
+from tests.waiting import wait_until
 from tidewire.gateway.protocols.mqtt.codec import Disconnect, PropertyId, ReasonCode
 
 pytestmark = pytest.mark.skipif(TARGET != "tidewire", reason="Tidewire's drain (Mosquitto is the bench's subject)")
@@ -127,7 +128,7 @@ class Stream(threading.Thread):
             self.sent[self.pub.client.publish(f"drain/q/{self.next % 4}", str(self.next).encode(), qos=1).mid] = (
                 self.next)
             self.next += 1
-            time.sleep(0.001)
+            time.sleep(0.001)  # pacing: a stream still running when the drain begins
 
     def acked(self) -> set[int]:
         return {self.sent[mid] for mid, rc in self.pub.acks_snapshot().items() if mid in self.sent and rc < 0x80}
@@ -147,7 +148,7 @@ def test_acked_publishes_survive_the_drain_and_reach_a_persistent_session(
         assert pub.wait_ack(mid) == 0
     stream = Stream(pub, first=200)
     stream.start()  # still publishing when SIGTERM arrives
-    time.sleep(0.3)
+    wait_until(lambda: len(stream.acked()) > 50, what="50 streamed publishes acked")
     code, _ = sigterm(gw)
     stream.running = False
     stream.join(3)
