@@ -12,7 +12,8 @@ import pytest
 from pika.exceptions import AMQPConnectionError
 
 from tests.admin.conftest import MqttFactory
-from tests.integration.conftest import Gateway, wait_until
+from tests.integration.conftest import Gateway
+from tests.waiting import wait_until
 
 ADMINISTRATIVE_ACTION = 0x98
 

@@ -24,6 +24,7 @@ import pytest
 from loadtest.ports import free_port
 from tests.integration.paho import ConnResult, PahoClient, PahoFactory, Received, props_dict, v5_props
 from tests.store.redis_server import RedisServer
+from tests.waiting import wait_until
 
 __all__ = ["ConnResult", "Gateway", "GatewayFactory", "PahoClient", "PahoFactory", "Received", "props_dict",
            "v5_props"]
@@ -75,25 +76,7 @@ def delete_password_user(path: Path, user: str) -> None:
 
 def wait_accepting(port: int, timeout: float = 10.0) -> None:
     """Until something accepts TCP connections on 127.0.0.1:`port`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"nothing listens on port {port}") from None
-            time.sleep(0.05)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 3.0, interval: float = 0.1,
-               what: str = "condition") -> None:
-    """Poll `predicate` until true (e.g. a SIGHUP reload has taken effect); fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout}s")
-        time.sleep(interval)
+    wait_until(lambda: Gateway._accepts(port), timeout, what=f"something listening on port {port}", interval=0.05)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +246,7 @@ class Gateway:
                     self.kill9()
                     pytest.fail(f"{self.target} did not accept connections on {port} within {START_TIMEOUT}s:"
                                 f"\n{self.stderr}")
-                time.sleep(0.05)
+                time.sleep(0.05)  # the start-up wait's poll interval
 
     @staticmethod
     def _accepts(port: int) -> bool:

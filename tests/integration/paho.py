@@ -152,7 +152,7 @@ class PahoClient:
         while self._running:
             rc = self.client.loop(0.02)
             if rc != mqtt.MQTT_ERR_SUCCESS:
-                time.sleep(0.02)
+                time.sleep(0.02)  # the loop thread idles while not connected
 
     def _start_loop(self) -> None:
         self._running = True
@@ -248,7 +248,7 @@ class PahoClient:
             self.client.disconnect()
         deadline = time.monotonic() + 2
         while self.client.is_connected() and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # the poll interval of this (best-effort) wait for the close
         self._stop_loop()
 
     def drop(self) -> None:

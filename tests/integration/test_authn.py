@@ -16,10 +16,10 @@ from tests.integration.conftest import (
     GatewayFactory,
     PahoFactory,
     delete_password_user,
-    wait_until,
     write_password_file,
 )
 from tests.integration.rawconnect import raw_connect
+from tests.waiting import wait_until
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret"}
 

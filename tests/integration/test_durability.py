@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.integration.conftest import Gateway, PahoClient, PahoFactory
+from tests.waiting import wait_until
 
 
 @pytest.mark.parametrize("version", [4, 5])
@@ -31,7 +32,9 @@ def test_session_and_queued_messages_survive_graceful_restarts(gateway: Gateway,
     res = sub.connect(session_expiry=expiry)
     assert res.session_present is True
     assert [m.payload for m in sub.expect(5)] == [f"m{i}".encode() for i in range(5)]
-    time.sleep(0.3)  # let paho's PUBACKs reach the gateway before it stops
+    # paho sends a PUBACK after handing the message over: a round trip on the connection (UNSUBACK of nothing)
+    # orders every PUBACK before the DISCONNECT, so the gateway has them all before it stops
+    sub.unsubscribe("dur/none")
     sub.disconnect()
 
     gateway.restart()
@@ -67,11 +70,11 @@ def test_kill9_loses_no_acked_message(gateway: Gateway, paho_factory: PahoFactor
     def stream() -> None:
         for i in range(n):
             mids[pub.client.publish("k9/t", str(i).encode(), qos=1).mid] = i
-            time.sleep(0.002)
+            time.sleep(0.002)  # pacing: the stream is still running at the kill
 
     streamer = threading.Thread(target=stream, daemon=True)
     streamer.start()
-    time.sleep(0.4)
+    wait_until(lambda: len(pub.acks_snapshot()) >= 50 and received, what="the stream acked and delivered")
     gateway.kill9()  # mid-stream
     kill_time = time.monotonic()
     streamer.join(10)
@@ -90,10 +93,9 @@ def test_kill9_loses_no_acked_message(gateway: Gateway, paho_factory: PahoFactor
     for i in resend:
         pub2.publish("k9/t", str(i).encode(), qos=1)
     expected = set(range(n))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not expected <= {num for _, num in received}:
-        time.sleep(0.05)
-    time.sleep(0.3)
+    wait_until(lambda: expected <= {num for _, num in received}, timeout=10,
+               what=lambda: f"every message delivered, missing {sorted(expected - {num for _, num in received})[:20]}")
+    time.sleep(0.3)  # absence: a redelivery after the last new message would arrive now (no event to wait on)
     stop.set()
     collector.join(2)
 

@@ -125,7 +125,7 @@ def connect_eventually(port: int, client_id: str, timeout: float) -> RawClient:
         raw.close()
         if time.monotonic() > deadline:
             raise AssertionError(f"{client_id} still refused after {timeout}s: {packet}")
-        time.sleep(0.1)
+        time.sleep(0.1)  # the retry interval of this wait
 
 
 class RoundTrips:
@@ -191,7 +191,7 @@ def test_connection_rate_token_bucket(gateway_factory: GatewayFactory) -> None:
     accepted[1].publish("rate/t", b"still here")
     assert accepted[0].expect(Publish).payload == b"still here"
     # the bucket refills at 2/s: after ~1 s a new CONNECT is admitted again
-    time.sleep(1.1)
+    time.sleep(1.1)  # the behaviour under test: time refills the bucket
     late = RawClient(gw.port, level=5)
     late.connect("rate-late")
     for c in [*accepted, late]:
@@ -337,7 +337,7 @@ def test_persistent_client_expiration(gateway_factory: GatewayFactory, paho_fact
     new.disconnect()
     pub.publish("pce/311", b"queued-2", qos=1)
     pub.publish("pce/5", b"queued-5", qos=1)
-    time.sleep(3.0)  # expiration 2 s plus slack for the expiry sweep
+    time.sleep(3.0)  # the behaviour under test: expiration 2 s plus slack for the expiry sweep
     assert old.connect().session_present is False, "the 3.1.1 session outlived persistent_client_expiration"
     old.assert_nothing(0.3)
     res = new.connect(session_expiry=60)
@@ -368,7 +368,7 @@ class SlowAllowHandler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         with self.server.lock:
             self.server.bodies.append(body)
-        time.sleep(AUTH_DELAY)
+        time.sleep(AUTH_DELAY)  # a slow auth service
         answer = b'{"result": "allow"}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

@@ -221,7 +221,7 @@ def test_expired_queued_message_not_delivered_remaining_interval_forwarded(gatew
     pub = client(gateway, paho_factory, "exp-pub")
     pub.publish("exp/t", b"short", qos=1, properties=v5_props(PacketTypes.PUBLISH, MessageExpiryInterval=1))
     pub.publish("exp/t", b"long", qos=1, properties=v5_props(PacketTypes.PUBLISH, MessageExpiryInterval=60))
-    time.sleep(2.2)
+    time.sleep(2.2)  # the behaviour under test: "short" expires (1 s) while queued
     again = paho_factory(gateway.port, "exp-sub", version=5, clean=False)
     assert again.connect(clean_start=False, session_expiry=60).session_present
     msg = again.get()
@@ -237,7 +237,7 @@ def test_retained_message_expiry(gateway: Gateway, paho_factory: PahoFactory) ->
                 properties=v5_props(PacketTypes.PUBLISH, MessageExpiryInterval=30))
     pub.publish("rexp/gone", b"g", qos=1, retain=True,
                 properties=v5_props(PacketTypes.PUBLISH, MessageExpiryInterval=1))
-    time.sleep(2.2)
+    time.sleep(2.2)  # the behaviour under test: the retained "rexp/gone" expires (1 s)
     sub = client(gateway, paho_factory, "rexp-sub")
     sub.subscribe("rexp/+", 1)
     msg = sub.get()
@@ -382,14 +382,15 @@ def test_session_expiry_zero_to_nonzero_at_disconnect_is_protocol_error(gateway:
 def test_session_expiry_set_to_zero_at_disconnect_ends_session(gateway: Gateway) -> None:
     raw, _ = raw_subscriber(gateway, "sx-sixty", "sx/t", properties={SESSION_EXPIRY: 60})
     raw.send(Disconnect(reason_code=0, properties={SESSION_EXPIRY: 0}))
+    raw.until_closed()  # the server has handled the DISCONNECT
     raw.close()
-    time.sleep(0.3)
     again = RawClient(gateway.port, level=5)
     assert again.connect("sx-sixty", clean_start=False, properties={SESSION_EXPIRY: 60}).session_present is False
     # control: without the change the session survives
     keep, _ = raw_subscriber(gateway, "sx-keep", "sx/t", properties={SESSION_EXPIRY: 60})
-    keep.disconnect()
-    time.sleep(0.3)
+    keep.send(Disconnect(reason_code=0))
+    keep.until_closed()  # the server has handled the DISCONNECT
+    keep.close()
     back = RawClient(gateway.port, level=5)
     assert back.connect("sx-keep", clean_start=False, properties={SESSION_EXPIRY: 60}).session_present is True
 

@@ -75,12 +75,12 @@ def test_v5_session_expiry_2s(gateway: Gateway, paho_factory: PahoFactory) -> No
     pub.connect()
     pub.publish("sess/e2", b"m", qos=1)
 
-    time.sleep(0.5)
+    time.sleep(0.5)  # the behaviour under test: a while into the 2 s expiry, the session is still there
     res = quick.connect(clean_start=False, session_expiry=2)
     assert res.session_present is True, "session expired too early"
     assert quick.get().payload == b"m"
 
-    time.sleep(2.6)  # slow disconnected ~3.1 s ago
+    time.sleep(2.6)  # the behaviour under test: past the 2 s expiry (slow disconnected ~3.1 s ago)
     res = slow.connect(clean_start=False, session_expiry=2)
     assert res.session_present is False, "session outlived its 2 s expiry"
     slow.assert_nothing(0.5)

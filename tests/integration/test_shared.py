@@ -19,6 +19,7 @@ from amqtt.client import MQTTClient
 from tests.integration.conftest import Gateway, GatewayFactory, PahoClient, PahoFactory
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
 from tests.store.delaying import delaying_env
+from tests.waiting import wait_until
 from tidewire.gateway.protocols.mqtt.codec import Connack, Puback, Publish, Suback, Subscribe, SubscriptionRequest
 
 RECEIVE_MAXIMUM = 0x21
@@ -174,10 +175,9 @@ def run_speed_group(gateway: Gateway, paho_factory: PahoFactory, name: str, n: i
         t.start()
     try:
         publish_numbered(gateway, paho_factory, f"{name}/t", n)
-        deadline = time.monotonic() + 45
-        while sum(len(m.got) for m in members) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.3)  # let any duplicate show up
+        wait_until(lambda: sum(len(m.got) for m in members) >= n, timeout=45,
+                   what=lambda: f"{n} messages over the members, got {[len(m.got) for m in members]}")
+        time.sleep(0.3)  # absence: a duplicate would show up now (no event to wait on)
     finally:
         stop.set()
         for t in threads:

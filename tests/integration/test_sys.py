@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Gateway, GatewayFactory, PahoClient, PahoFactory, Received
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.tidewire_only  # Mosquitto's $SYS layout differs ($SYS/broker/..., no events)
 
@@ -134,10 +135,15 @@ def test_hash_does_not_match_sys_but_sys_hash_does(sys_gateway: Gateway, paho_fa
     c.connect()
     c.publish("plain/topic", b"p", qos=1)
     c.disconnect()
-    time.sleep(1.5)
-    seen_all = [m.topic for m in collect(sys_all, 0.5)]
-    assert any(t.startswith(f"{PREFIX}/clients/sys-churn/") for t in seen_all), seen_all[:20]
-    assert any(t.startswith(f"{PREFIX}/stats/") for t in seen_all), seen_all[:20]
+    seen_all: list[str] = []
+
+    def both_seen() -> bool:  # the client's events and the next statistics (every 1 s)
+        seen_all.extend(m.topic for m in collect(sys_all, 0.05))
+        return (any(t.startswith(f"{PREFIX}/clients/sys-churn/") for t in seen_all)
+                and any(t.startswith(f"{PREFIX}/stats/") for t in seen_all))
+
+    wait_until(both_seen, timeout=3, what=lambda: f"sys-churn's events and statistics on $SYS/#: {seen_all[:20]}",
+               interval=0)
     seen_hash = [m.topic for m in collect(everything, 0.3)]
     assert seen_hash == ["plain/topic"], f"'#' must not match $SYS topics: {seen_hash[:10]}"
     plus.assert_nothing(0.2)

@@ -22,9 +22,9 @@ from tests.integration.conftest import (
     PahoClient,
     PahoFactory,
     TlsOptions,
-    wait_until,
 )
 from tests.integration.rawconnect import raw_connect
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -68,12 +68,17 @@ def sub_and_pub(gw: Gateway, pki: TestPKI, cert: CertFiles | None = None, topic:
     sub = subprocess.Popen(["/usr/bin/mosquitto_sub", *mosquitto_tls_args(gw, pki, cert), "-t", topic, "-C", "1",
                             "-W", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 4
-        while sub.poll() is None and time.monotonic() < deadline:
+        def received() -> bool:  # the subscriber's SUBSCRIBE is not observable: publish until it has one
             pub = subprocess.run(["/usr/bin/mosquitto_pub", *mosquitto_tls_args(gw, pki, cert), "-t", topic,
                                   "-m", "over tls"], capture_output=True, text=True, timeout=5)
             assert pub.returncode == 0, pub.stderr
-            time.sleep(0.1)
+            try:
+                sub.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+
+        wait_until(received, timeout=4, what="mosquitto_sub's message over TLS", interval=0)
         out, err = sub.communicate(timeout=5)
         assert sub.returncode == 0, (out, err)
         return out.strip()
@@ -287,7 +292,7 @@ def test_failed_handshake_costs_one_log_line(gateway_factory: GatewayFactory, pk
             if lines == before:
                 return lines
             before = lines
-            time.sleep(0.3)
+            time.sleep(0.3)  # absence: no line in 0.3 s (whatever the start-up probes log has no end event)
 
     before = settled_lines()
     res = raw_connect(gw.tls_port, 5, "foreign", tls=pki.client_context(foreign_pki.issue_client("x")))

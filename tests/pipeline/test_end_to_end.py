@@ -18,7 +18,8 @@ import pika
 import pyarrow.dataset as ds
 import pytest
 
-from tests.integration.conftest import GatewayFactory, PahoFactory, wait_until
+from tests.integration.conftest import GatewayFactory, PahoFactory
+from tests.waiting import wait_until
 from tidewire.pipeline.jobs import aggregates, alerts, reports
 
 TELEMETRY = "devices/{}/telemetry"

@@ -25,11 +25,12 @@ import pyspark
 import pytest
 
 from loadtest.ports import free_port
-from tests.integration.conftest import Gateway, PahoFactory, wait_until
+from tests.integration.conftest import Gateway, PahoFactory
 from tests.pipeline.conftest import write_messages
 from tests.pipeline.driver import driver_env, make_driver_python
 from tests.pipeline.test_alerts import _lake as alerts_lake
 from tests.pipeline.test_jobs import _expected, _report_lake, _telemetry
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

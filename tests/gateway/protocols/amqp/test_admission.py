@@ -15,8 +15,8 @@ import pytest
 
 from tests.gateway.protocols.amqp.conftest import AmqpGateway, PikaFactory
 from tests.gateway.protocols.amqp.rawamqp import RawAmqp
-from tests.integration.conftest import wait_until
 from tests.integration.test_limits import AUTH_DELAY, SlowAuthServer, slow_auth  # noqa: F401  (fixture)
+from tests.waiting import wait_until
 
 
 def _refused(pika_factory: PikaFactory, port: int) -> str:

@@ -20,8 +20,8 @@ from tests.integration.conftest import (
     gateway_factory,
     paho_factory,
     wait_accepting,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 __all__ = ["gateway_factory", "paho_factory"]
 

@@ -13,7 +13,8 @@ from rocketmq.grpc_protocol import Code, MessagingServiceStub, TransactionSource
 from rocketmq.v5.exception import IllegalArgumentException
 from rocketmq.v5.util.signature import Signature
 
-from tests.integration.conftest import Gateway, PahoClient, PahoFactory, wait_until
+from tests.integration.conftest import Gateway, PahoClient, PahoFactory
+from tests.waiting import wait_until
 
 from .conftest import Clients, message
 

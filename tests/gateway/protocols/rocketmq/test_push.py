@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 from rocketmq import ConsumeResult, FilterExpression, Message, MessageListener, PushConsumer
 
-from tests.integration.conftest import Gateway, PahoFactory, wait_until
+from tests.integration.conftest import Gateway, PahoFactory
+from tests.waiting import wait_until
 
 from .conftest import Clients
 
