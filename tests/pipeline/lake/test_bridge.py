@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.pipeline.lake.support import T0, assert_once, messages, read_lake, tmp_files
+from tests.waiting import until
 from tidewire.pipeline.lake.bridge import LakeBridge
 from tidewire.store.base import LogSlice, Message
 from tidewire.store.embedded.engine import EmbeddedStore
@@ -71,16 +72,15 @@ async def test_tails_with_bounded_lag_and_stop_commits(store: EmbeddedStore, tmp
     b = bridge(store, lake, flush_rows=100_000, flush_seconds=0.3)
     task = asyncio.create_task(b.run())
     await store.append(messages(5))
-    loop = asyncio.get_running_loop()
-    start = loop.time()
     # the file is renamed into place before the checkpoint is committed: wait for both
-    while (not (lake / "messages").exists() or read_lake(lake).num_rows < 5
-           or b.stats()["partitions"][0]["position"] < 5):
-        assert loop.time() - start < 6, "a quiet log must be exported within flush_seconds (+ slack for a busy CI)"
-        await asyncio.sleep(0.05)
+    await until(lambda: ((lake / "messages").exists() and read_lake(lake).num_rows >= 5
+                         and b.stats()["partitions"][0]["position"] >= 5),
+                timeout=6, what="a quiet log exported within flush_seconds (+ slack for a busy CI)", interval=0.05)
     assert b.stats()["partitions"][0]["position"] == 5
+    b.flush_seconds = 60.0  # from here on only stop() flushes
     await store.append(messages(7, start=5))
-    await asyncio.sleep(0.1)  # read, not flushed yet (flush_rows is large, flush_seconds not over)
+    # read, not flushed yet (flush_rows is large, flush_seconds not over)
+    await until(lambda: b.stats()["partitions"][0]["buffered"] == 7, what="the 7 new records read and buffered")
     await b.stop()
     await task
     assert_once(lake, 12)
@@ -94,8 +94,13 @@ async def test_two_bridges_on_one_lake_never_both_write(store: EmbeddedStore, tm
     tasks = [asyncio.create_task(a.run()), asyncio.create_task(b.run())]
     for i in range(20):
         await store.append(messages(50, start=i * 50))
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.5)
+        await asyncio.sleep(0.01)  # pacing: the appends, and both bridges' attempts, spread over 20 flushes
+
+    def position(x: LakeBridge) -> int:
+        part = x.stats()["partitions"].get(0)
+        return int(part["position"]) if part is not None else 0
+
+    await until(lambda: max(position(a), position(b)) >= 1000, what="all 1000 records exported by one bridge")
     owned = [a.stats()["owned"], b.stats()["owned"]]
     await a.stop()
     await b.stop()
@@ -109,12 +114,10 @@ async def test_a_bridge_that_loses_its_lease_stops_without_committing(store: Emb
     b = bridge(store, lake, flush_rows=100_000, flush_seconds=60)
     task = asyncio.create_task(b.run())
     await store.append(messages(10))
-    while b.stats()["partitions"][0]["buffered"] < 10:
-        await asyncio.sleep(0.02)
+    await until(lambda: b.stats()["partitions"][0]["buffered"] >= 10, what="10 records buffered")
     await store.release("lake/p0", "test")
     assert await store.lease("lake/p0", "other", 60_000)  # another bridge took the partition over
-    while b.stats()["owned"]:
-        await asyncio.sleep(0.05)
+    await until(lambda: not b.stats()["owned"], what="the bridge giving the partition up")
     await b.stop()
     await task
     assert not (lake / "messages").exists()  # the buffered records were not published
@@ -168,7 +171,7 @@ async def test_kill_9_mid_export_then_once(tmp_path: Path) -> None:
         while writing:
             await store.append(messages(20, start=written))
             written += 20
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # pacing: a writer appending all through the kills
 
     def exported() -> int:
         try:
@@ -183,11 +186,13 @@ async def test_kill_9_mid_export_then_once(tmp_path: Path) -> None:
             proc = await asyncio.create_subprocess_exec(*args, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL)
             try:
                 before = exported()
-                deadline = asyncio.get_running_loop().time() + 15
-                while exported() <= before:  # exporting again
-                    assert asyncio.get_running_loop().time() < deadline and proc.returncode is None
-                    await asyncio.sleep(0.02)
-                await asyncio.sleep(rnd.uniform(0.02, 0.3))
+
+                def exporting_again(before: int = before, proc: asyncio.subprocess.Process = proc) -> bool:
+                    assert proc.returncode is None, f"the bridge exited with {proc.returncode}"
+                    return exported() > before
+
+                await until(exporting_again, timeout=15, what="the restarted bridge exporting again")
+                await asyncio.sleep(rnd.uniform(0.02, 0.3))  # the behaviour under test: a kill at a random point
             finally:
                 proc.kill()
                 await proc.wait()
@@ -235,7 +240,7 @@ async def test_the_loop_runs_between_reads(store: EmbeddedStore, tmp_path: Path)
     async def other_work() -> None:
         while running:
             source.streak = 0
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one turn of the loop: the work the bridge must let run
 
     task = asyncio.create_task(other_work())
     await bridge(source, tmp_path / "lake", flush_rows=6000, read_batch=100).run(once=True)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import pytest
 
 from tests.pipeline.lake.support import messages, read_lake
 from tests.store import redis_server
+from tests.waiting import until
 from tidewire.pipeline.lake.bridge import LakeBridge
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -49,7 +50,6 @@ async def test_handover_between_owners(store: object, server: redis_server.Redis
     lake = tmp_path / "lake"
     opts = {"flush_rows": 300, "read_batch": 100, "flush_seconds": 0.2, "idle_s": 0.02, "lease_ttl_ms": 600}
     a, b = LakeBridge(store, lake, owner="a", **opts), LakeBridge(store, lake, owner="b", **opts)  # type: ignore[arg-type]
-    loop = asyncio.get_running_loop()
     sent = 0
 
     async def send_and_wait(n: int) -> None:
@@ -57,15 +57,12 @@ async def test_handover_between_owners(store: object, server: redis_server.Redis
         for _ in range(n // 100):
             await store.append(messages(100, start=sent))
             sent += 100
-            await asyncio.sleep(0.01)
-        deadline = loop.time() + 10
-        while a.stats()["rows"] + b.stats()["rows"] < sent:
-            assert loop.time() < deadline
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)  # pacing: appends spread over several reads
+        await until(lambda: a.stats()["rows"] + b.stats()["rows"] >= sent, timeout=10,
+                    what=lambda: f"{sent} rows exported, {a.stats()['rows']} + {b.stats()['rows']}")
 
     task_a = asyncio.create_task(a.run())
-    while len(a.stats()["owned"]) < P:
-        await asyncio.sleep(0.02)
+    await until(lambda: len(a.stats()["owned"]) == P, what=f"a owning all {P} partitions")
     task_b = asyncio.create_task(b.run())
     await send_and_wait(1000)
     assert a.stats()["owned"] == list(range(P)) and b.stats()["owned"] == []  # one bridge per partition

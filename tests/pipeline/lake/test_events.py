@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 from tests.pipeline.lake.support import published_files, read_lake, tmp_files
+from tests.waiting import until
 from tidewire.gateway.core.events import EventBuffer
 from tidewire.pipeline.lake.events import EventExporter, node_file_prefix
 
@@ -19,10 +20,7 @@ async def test_exporter_writes_by_hour_and_flushes_on_stop(tmp_path: Path) -> No
     task = asyncio.create_task(exporter.run())
     buf.add("connected", T0 - 5, "d1", detail="alice")
     buf.add("delivered", T0 + 10, "d2", "amqp", "a/b", 7, 1, True)
-    for _ in range(100):  # flushed on the timer, well before stop
-        await asyncio.sleep(0.05)
-        if exporter.files:
-            break
+    await until(lambda: exporter.files, what="a flush on the timer (0.2 s), well before stop")
     assert exporter.rows == 2 and exporter.files == 2  # two hours, two files
     buf.add("acked", T0 + 20, "d2", "amqp", "a/b", 7, 1)
     await exporter.stop()
