@@ -108,7 +108,7 @@ class RedisServer:
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"redis-server did not start; see {self.dir / 'redis.log'}")
-            time.sleep(0.01)
+            time.sleep(0.01)  # the start-up wait's poll interval
 
     def kill(self) -> None:
         """SIGKILL and reap: nothing gets a chance to flush."""
@@ -186,7 +186,7 @@ class RedisClusterServers:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster not ok: {infos!r}")
-            time.sleep(0.05)
+            time.sleep(0.05)  # the poll interval of this wait
 
     def stop(self) -> None:
         for node in self.nodes:

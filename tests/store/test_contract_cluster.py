@@ -96,7 +96,7 @@ async def test_lease_has_one_holder_at_a_time(engine: Engine) -> None:
     await s.release("g", "n1")
     second = await s.lease("g", "n2", 300)
     assert second > first  # taken anew: a new epoch fences the former holder
-    await asyncio.sleep(0.4)  # expired without a renewal
+    await asyncio.sleep(0.4)  # the behaviour under test: expired (300 ms) without a renewal
     third = await s.lease("g", "n1", 300)
     assert third > second
     assert await s.lease("other", "n2", 300) > 0  # leases are independent

@@ -155,4 +155,4 @@ async def test_acknowledged_messages_survive_kills_during_index_writes(tmp_path:
     for q, seqs in model.items():
         assert [m.seq for m in (await s2.read(q, 0, 1_000_000)).messages] == seqs
     await s2.close()
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: callbacks the close scheduled run before the test ends

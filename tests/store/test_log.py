@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.store.conftest import Engine
+from tests.waiting import until
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, LogSource, Message, Store
 from tidewire.store.embedded.engine import EmbeddedStore
 from tidewire.store.embedded.log import HOLDS_DIR, hold_file_name, holder_from_file_name
@@ -362,7 +363,7 @@ async def test_tail_lease_between_owners_of_one_process_follows_the_ttl(tmp_path
     tail = await open_tail(tmp_path)
     assert await tail.lease("k", "one", 50) == 1
     assert await tail.lease("k", "two", 50) == 0
-    await asyncio.sleep(0.08)
+    await asyncio.sleep(0.08)  # the behaviour under test: past the lease's 50 ms TTL
     assert await tail.lease("k", "two", 50) == 2  # lapsed: taken anew
     await tail.release("k", "one")  # not the holder: nothing happens
     assert await tail.lease("k", "one", 50) == 0
@@ -422,8 +423,8 @@ async def test_log_reader_tail_yields_batches_until_closed(tmp_path: Path, via_t
                 reader.close()
 
     task = asyncio.create_task(consume())
-    for b in range(4):
-        await asyncio.sleep(0.02)
+    for b in range(4):  # each batch appended once the tailing reader has caught up with the log
+        await until(lambda b=b: bool(got) and got[-1] == 10 + b * 5, what=f"the reader at {10 + b * 5}")  # type: ignore[misc]
         await s.append([msg(10 + b * 5 + i) for i in range(5)])
     await asyncio.wait_for(task, 5)
     assert got == list(range(4, 31)) and reader.position == 30 and reader.lost == 0

@@ -182,7 +182,7 @@ async def test_tail_while_another_store_appends(where: Where, opened: OPEN) -> N
                 await writer.append(batch)
                 late.extend((m.seq, before[m.seq % P]) for m in batch if m.seq <= before[m.seq % P])
                 appended.extend(batch)
-                await asyncio.sleep(0.002)
+                await asyncio.sleep(0.002)  # pacing: appends interleave with the tails' reads
         finally:
             done.set()  # the tails end even if an append failed
 
@@ -198,7 +198,7 @@ async def test_tail_while_another_store_appends(where: Where, opened: OPEN) -> N
             if not sl.messages:
                 if finished:
                     return got
-                await asyncio.sleep(0.001)
+                await asyncio.sleep(0.001)  # the tail's poll interval
 
     tailing = [asyncio.ensure_future(tail(p)) for p in range(P)]
     await asyncio.gather(write(), *tailing)
@@ -267,7 +267,7 @@ async def test_retention_by_age_stops_at_a_hold(server: RedisServer, opened: OPE
     old = [mk(i) for i in range(10)]
     await s.append(old)
     await s.hold_log(0, "lake", old[3].seq)
-    await asyncio.sleep(1.05)
+    await asyncio.sleep(1.05)  # the behaviour under test: the records age past retention_seconds=1
     await s.append([mk(100)])
     assert await s.enforce_retention() == 4
     got, _ = await read_partition(s, 0, limit=100)

@@ -3,7 +3,6 @@ restarts that scan only what no index covers, damaged or stale files rebuilt, re
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import shutil
@@ -17,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tidewire.store.embedded.segment_index as segment_index
+from tests.waiting import until
 from tidewire.store.base import Message
 from tidewire.store.embedded.engine import EmbeddedStore
 from tidewire.store.embedded.segment_index import U32_MAX, BadIndex, IndexJob, SegmentIndex, index_path, write_index
@@ -61,11 +61,7 @@ async def read_seqs(s: EmbeddedStore, queue: str, after: int = 0, limit: int = 1
 
 async def indexed(s: EmbeddedStore) -> None:
     """Wait until every sealed segment's index file is written (the writer runs in a thread)."""
-    for _ in range(500):
-        if s.stats()["index_pending"] == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("index files not written")
+    await until(lambda: s.stats()["index_pending"] == 0, what="every sealed segment's index file written")
 
 
 async def fill(s: EmbeddedStore, rng: random.Random, batches: int, pool: int) -> None:
