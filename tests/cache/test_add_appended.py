@@ -18,7 +18,7 @@ class CountingStore(EmbeddedStore):
     async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
         self.reads += 1
         if self.slow:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # a read that takes a while (a networked store's)
         return await super().read(queue, after_seq, limit, seal)
 
 
@@ -91,7 +91,8 @@ async def test_a_queue_being_read_is_not_fed_twice(tmp_path: Path) -> None:
     first = _msgs(1, tag="a")
     await store.append(first)
     reading = asyncio.get_running_loop().create_task(cache.refresh("t"))
-    await asyncio.sleep(0)  # the read has started; it will find `first`
+    await asyncio.sleep(0)  # one turn: the read has started (store.reads == 1); it will find `first`
+    assert store.reads == 1
     assert cache.add_appended(first) == set()
     await reading
     second = _msgs(1, tag="b")

@@ -13,8 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from tests.deploy import (
 from tests.deploy.test_docker import healthcheck_command, image, services
 from tests.store import redis_server
 from tests.store.redis_server import RedisServer
+from tests.waiting import wait_until
 
 PROMETHEUS_BIN = shutil.which("prometheus") or "/usr/bin/prometheus"
 MOSQUITTO_PUB = shutil.which("mosquitto_pub") or "/usr/bin/mosquitto_pub"
@@ -49,14 +49,6 @@ pytestmark = [
     pytest.mark.skipif(not Path(PROMETHEUS_BIN).exists(), reason="prometheus is not installed"),
     pytest.mark.timeout(120),
 ]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not within {timeout}s")
-        time.sleep(0.1)
 
 
 def manifest(name: str) -> dict[str, Any]:
@@ -152,9 +144,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Node]
             procs.append(proc)
             nodes.append(Node(pod, admin, mqtt, proc, log))
         for node in nodes:
-            wait_for(node.ready, START_TIMEOUT, f"{node.name} ready")
+            wait_until(node.ready, START_TIMEOUT, what=f"{node.name} ready", interval=0.1)
         # Prometheus starts once the three have joined, so no scrape (or alert) sees a half-formed cluster
-        wait_for(lambda: clustered(nodes, secret["api_token"]), 15, "three cluster members")
+        wait_until(lambda: clustered(nodes, secret["api_token"]), 15, what="three cluster members", interval=0.1)
         # compose's Prometheus config, its targets pointed at the local admin ports, scraping every second
         prom = yaml.safe_load(PROMETHEUS.read_text())
         prom["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
@@ -228,7 +220,7 @@ def test_deployment_config_and_monitoring_on_real_nodes(stack: tuple[list[Node],
             return False
         return len(result) == 3 and all(r["value"][1] == "1" for r in result)
 
-    wait_for(all_up, SCRAPE_TIMEOUT, "three scraped targets up")
+    wait_until(all_up, SCRAPE_TIMEOUT, what="three scraped targets up", interval=0.1)
     assert len(query(prom_port, "sum by (instance) (tidewire_connections)")) == 3  # the HPA's per-pod series
     members = query(prom_port, "tidewire_cluster_members")
     assert [float(r["value"][1]) for r in members] == [3.0, 3.0, 3.0]
@@ -246,7 +238,7 @@ def test_deployment_config_and_monitoring_on_real_nodes(stack: tuple[list[Node],
         return len(rules) == len(rule_exprs()) and all(not r.get("lastEvaluation", "0001").startswith("0001")
                                                        for r in rules)
 
-    wait_for(rules_evaluated, SCRAPE_TIMEOUT, "alert rules evaluated")
+    wait_until(rules_evaluated, SCRAPE_TIMEOUT, what="alert rules evaluated", interval=0.1)
     groups = httpx.get(f"http://127.0.0.1:{prom_port}/api/v1/rules", timeout=5).json()["data"]["groups"]
     rules = [r for g in groups for r in g["rules"]]
     assert all(r["health"] == "ok" for r in rules), rules

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 
 import pytest
@@ -13,6 +12,7 @@ from loadtest.cluster_procs import Cluster, StatsMonitor
 from loadtest.failover import failover
 from loadtest.redis_proc import RedisProc, command_calls, delta, parse_info, query
 from loadtest.scenarios import close_all
+from tests.waiting import until
 
 pytestmark = [pytest.mark.timeout(90),
               pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")]
@@ -60,8 +60,7 @@ async def test_stats_monitor_sees_a_nodes_counters_grow() -> None:
             _, first = await monitor.snapshot()
             pub.publisher = Publisher(counters, "bench/stats", 1, 1, 32)
             pub.send(50)
-            while counters.acked < 50:
-                await asyncio.sleep(0.01)
+            await until(lambda: counters.acked >= 50, what="50 publishes acked")
             _, second = await monitor.snapshot()
         finally:
             monitor.close()

@@ -3,6 +3,7 @@ behaviour on a broken peer; and the benchmark's table and CLI."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 
 from loadtest import conn_bench, servers
 from loadtest.conn_bench import Config, Tool
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not (os.environ.get("CC") or shutil.which("cc")), reason="no C compiler (cc)")]
@@ -62,22 +64,42 @@ def test_connect_counts_every_connack(exe: Path, server: servers.Server, mqtt5: 
     assert r["slow_closes"] == 0  # the gateway closes after DISCONNECT
 
 
+def held_connections(pid: int, port: int) -> int:
+    """How many established TCP connections to `port` the process `pid` holds a socket of (not the fds it has:
+    a start-up probe's socket closing, or a log file, would count there)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "01":  # local port, ESTABLISHED
+                    inodes.add(fields[9])
+    held = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            held += link.startswith("socket:[") and link[8:-1] in inodes
+    return held
+
+
 def test_idle_holds_connections_until_released(exe: Path, server: servers.Server) -> None:
-    fds_before = len(os.listdir(f"/proc/{server.pid}/fd"))
+    def held() -> int:
+        return held_connections(server.pid, server.port)
+
+    before = held()
     seen: dict[str, int] = {}
 
     def on_up(up: dict[str, Any]) -> None:
-        time.sleep(0.3)
-        seen["fds"] = len(os.listdir(f"/proc/{server.pid}/fd"))
+        with contextlib.suppress(AssertionError):  # the assertion below says how many
+            wait_until(lambda: held() >= before + 100, what="the gateway holding the 100 connections")
+        seen["held"] = held()
 
     r = tool_for(exe, server.port).hold_idle(100, 50, on_up)
     check_no_errors(r)
     assert r["phase"] == "up" and r["ok"] == 100 and r["done_held"] == 100 and r["done_dropped"] == 0
-    assert seen["fds"] >= fds_before + 100  # the gateway really holds them while the tool waits
-    deadline = time.monotonic() + 5
-    while len(os.listdir(f"/proc/{server.pid}/fd")) > fds_before + 10 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(os.listdir(f"/proc/{server.pid}/fd")) <= fds_before + 10  # released on stdin EOF
+    assert seen["held"] >= before + 100  # the gateway really holds them while the tool waits
+    wait_until(lambda: held() <= before, what=lambda: f"the connections released on stdin EOF: {held()} held, "
+               f"{before} before")
 
 
 def test_measure_idle_reports_rss_per_connection(exe: Path, server: servers.Server, monkeypatch: pytest.MonkeyPatch
@@ -131,7 +153,7 @@ class ScriptedPeer:
                 conn.recv(1024)  # the CONNECT
                 for i in range(0, len(self.reply), self.chunk):
                     conn.sendall(self.reply[i:i + self.chunk])
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # a slow peer: each chunk arrives on its own
             # closed at once: after a whole CONNACK the tool sees a broker closing after DISCONNECT
 
     def close(self) -> None:
