@@ -19,12 +19,13 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-__all__ = ["until", "wait_until"]
+__all__ = ["describe", "until", "wait_until"]
 
 Description = str | Callable[[], str] | None
 
 
-def _describe(what: Description, predicate: Callable[[], object]) -> str:
+def describe(predicate: Callable[[], object], what: Description = None) -> str:
+    """`what` (called if callable) or, without one, the predicate's source line."""
     if what is None:
         try:
             return inspect.getsource(predicate).strip()
@@ -45,7 +46,7 @@ async def until(predicate: Callable[[], object | Awaitable[object]], timeout: fl
         if result:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {_describe(what, predicate)}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {describe(predicate, what)}")
         await asyncio.sleep(interval)
 
 
@@ -56,5 +57,5 @@ def wait_until(predicate: Callable[[], object], timeout: float = 5.0, what: Desc
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {_describe(what, predicate)}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {describe(predicate, what)}")
         time.sleep(interval)

@@ -8,15 +8,21 @@ from collections.abc import Callable
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.waiting import describe, wait_until
+
 Delivered = tuple[int, bytes, bool]  # delivery tag, body, redelivered
 
 
-def drain(conn: pika.BlockingConnection, until: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        conn.process_data_events(time_limit=0.05)
+def drain(conn: pika.BlockingConnection, until: Callable[[], bool], timeout: float = 5.0,
+          what: str | None = None) -> None:
+    """Pump the connection (deliveries, callbacks) until `until()` holds; fail naming it after `timeout`."""
+    def pumped() -> bool:
+        if until():
+            return True
+        conn.process_data_events(time_limit=0.05)  # waits for the broker up to 50 ms: the poll interval
+        return False
+
+    wait_until(pumped, timeout, what=lambda: describe(until, what), interval=0)
 
 
 def settle_for(conn: pika.BlockingConnection, seconds: float) -> None:
