@@ -10,7 +10,7 @@ import pytest
 
 from tests.store import redis_server
 from tests.store.delaying import DelayingStore
-from tests.store.redis_cluster_store_test_support import redis_cluster_for_module  # noqa: F401 - a fixture
+from tests.store.redis.redis_cluster_support import redis_cluster_for_module  # noqa: F401 - a fixture
 from tidewire.store.base import Store
 from tidewire.store.embedded.engine import EmbeddedStore
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtures are used by name
+from tests.store.redis.redis_cluster_support import (  # noqa: F401 - fixtures are used by name
     OPEN,
     P,
     Target,

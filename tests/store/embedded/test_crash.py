@@ -40,7 +40,7 @@ async def test_synced_writes_survive_sigkill(tmp_path: Path) -> None:
     data = tmp_path / "data"
     proc = subprocess.Popen(
         [sys.executable, "-c", WRITER, str(data)], stdout=subprocess.PIPE, text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
     )
     assert proc.stdout is not None
     synced = 0

@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import tidewire.store.redis.log as redis_log
-from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtures are used by name
+from tests.store.redis.redis_cluster_support import (  # noqa: F401 - fixtures are used by name
     OPEN,
     client_commands,
     cluster,

@@ -46,7 +46,7 @@ WRITER = textwrap.dedent(
     asyncio.run(main())
     """
 )
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def queues_of(n: int) -> tuple[str, ...]:

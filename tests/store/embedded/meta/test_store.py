@@ -30,7 +30,7 @@ from tidewire.store.groups import GroupTable
 from tidewire.store.records import OFFSETS, encode_message_body, encode_will
 from tidewire.store.records import encode_session as legacy_encode_session
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 # Tiny memtables: flushes and compactions happen within a few hundred KB of writes.
 TINY = MetaLimits(write_buffer_bytes=256 * 1024, block_cache_bytes=1 << 20, max_background_jobs=2)
 
@@ -245,7 +245,7 @@ def topics(msgs: list[Message]) -> list[str]:
 
 
 def test_retained_semantics_of_the_embedded_store(tmp_path: Path) -> None:
-    # the cases of tests/store/test_embedded_meta.py, against MetaStore
+    # the cases of tests/store/embedded/test_record_calls.py, against MetaStore
     m = MetaStore.open(tmp_path / "db")
     for t in ["a", "a/b", "a/c", "a/b/c", "x/b", "$SYS/load", "$SYS/a/b", "/lead", "a//b"]:
         m.set_retained(t, Message(t, t.encode(), retain=True))
@@ -451,7 +451,7 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
     killed_compacting = 0
     for round_ in range(5):
         child = subprocess.Popen(
-            [sys.executable, "-c", f"from tests.store.test_embedded_meta_rocks import crash_child; "
+            [sys.executable, "-c", f"from tests.store.embedded.meta.test_store import crash_child; "
                                    f"crash_child({str(path)!r}, {round_})"],
             cwd=ROOT, stdout=subprocess.PIPE, text=True)
         assert child.stdout is not None

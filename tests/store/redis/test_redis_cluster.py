@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from redis.asyncio.cluster import RedisCluster
 
-from tests.store.redis_cluster_store_test_support import (  # noqa: F401 - fixtures are used by name
+from tests.store.redis.redis_cluster_support import (  # noqa: F401 - fixtures are used by name
     OPEN,
     P,
     cluster,
