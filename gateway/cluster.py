@@ -55,7 +55,7 @@ class ClusterRole:
         self.resync_interval = resync_interval
         self.lease_ttl = lease_ttl
         self._leases_wanted = asyncio.Event()
-        self._retry = Backoff("dead-node cleanup")
+        self._retry = Backoff("dead-node cleanup", node.clock)
         fabric.on_kick(self._on_kick)
         fabric.on_dead(self._on_dead)
 

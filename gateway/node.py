@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from tidewire.extensions.auth import EnhancedAuth
 from tidewire.extensions.authn import AuthChain
 from tidewire.extensions.hooks import Authorizer, PerClient
 from tidewire.gateway.config import Settings
+from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.consumers import ConsumerGroups
 from tidewire.gateway.core.dispatch import Dispatcher
 from tidewire.gateway.core.events import EventBuffer
@@ -57,14 +57,13 @@ log = logging.getLogger("tidewire.node")
 MAX_PENDING_PUBLISHES = 50_000  # messages waiting for append before publishers are held back
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Node:
     def __init__(self, settings: Settings, store: Store, lookup: Lookup, notifier: Notifier,
                  authorizer: Authorizer, enhanced_auth: EnhancedAuth | None = None,
-                 auth: AuthChain | None = None, *, max_pending: int = MAX_PENDING_PUBLISHES) -> None:
+                 auth: AuthChain | None = None, *, max_pending: int = MAX_PENDING_PUBLISHES,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        # The one clock every part of the node reads (`gateway.core.clock`): a test moves it by hand.
+        self.clock = clock
         self.settings = settings
         self.enhanced_auth = enhanced_auth
         self.auth = auth if auth is not None else AuthChain((), allow_anonymous=True)
@@ -102,14 +101,14 @@ class Node:
         self._ack_wanted = asyncio.Event()
         self._held: set[DurableSink] = set()  # publishers not read while the batch is over max_pending
         self._dropping = False  # a drop streak is logged once
-        self._flush_retry = Backoff("flush")
-        self._sync_retry = Backoff("sync")
+        self._flush_retry = Backoff("flush", clock)
+        self._sync_retry = Backoff("sync", clock)
         self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
         self.dispatcher = Dispatcher(self)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
-        self.writes = RecordWrites(store)
+        self.writes = RecordWrites(store, clock)
         self.topology: Topology = SingleNode()  # the server sets a ClusterRole when the node joins a cluster
         self.wills = DelayedWills(lambda message: self._enqueue(message, None, None, droppable=False), self.writes)
 
@@ -126,7 +125,7 @@ class Node:
     async def start(self) -> None:
         self.notifier.register(self.node_id, self.notified)
         await self.bans.refresh()  # in force before the first client: a ban outlives a restart
-        now = _now_ms()
+        now = int(self.clock.time() * 1000)
         topology = self.topology
         # Only sessions marked online are read (not every stored one): expiry reads the store's index as it goes.
         for client_id in await self.store.online_sessions():
@@ -163,10 +162,11 @@ class Node:
         are first no longer read, so what they already sent is stored and acknowledged before their DISCONNECT
         (`reason`, `properties`: 5.0 only) and is not sent again; the pipeline (still running) then stores their
         wills, session records and offsets; what cannot be stored in time is logged, never acknowledged."""
-        deadline = time.monotonic() + timeout
+        clock = self.clock
+        deadline = clock.monotonic() + timeout
 
         def left() -> float:
-            return max(0.0, deadline - time.monotonic())
+            return max(0.0, deadline - clock.monotonic())
 
         async def flush() -> None:  # one last attempt, no retries: we are going away
             await self._flush_once()
@@ -245,7 +245,7 @@ class Node:
         return removed
 
     async def send_retained(self, session: Session, filters: list[tuple[str, int, int]]) -> None:
-        now = _now_ms()
+        now = int(self.clock.time() * 1000)
         for topic_filter, qos, sub_id in filters:
             messages = await self.store.match_retained(topic_filter)
             live = [m for m in messages if not m.expires_at_ms or m.expires_at_ms > now]
@@ -275,7 +275,7 @@ class Node:
 
     def _enqueue(self, message: Message, sink: DurableSink | None, token: Any, *, droppable: bool) -> None:
         if not message.timestamp_ms:
-            message.timestamp_ms = _now_ms()
+            message.timestamp_ms = int(self.clock.time() * 1000)
         counters = self.counters
         counters.messages_in += 1
         counters.bytes_in += len(message.payload)
@@ -307,11 +307,12 @@ class Node:
     async def _flush_loop(self) -> None:
         offsets_due = 0.0
         retry = self._flush_retry
+        clock = self.clock
         while True:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
             try:
-                await self._flush_once(offsets=time.monotonic() >= offsets_due)
+                await self._flush_once(offsets=clock.monotonic() >= offsets_due)
             except Exception as exc:  # the store failed: everything is kept in place and tried again as is
                 stop_if_cancelled()
                 await asyncio.sleep(retry.failed(exc))
@@ -319,7 +320,7 @@ class Node:
                 continue
             retry.succeeded()
             if self._dirty:
-                offsets_due = time.monotonic() + 0.1
+                offsets_due = clock.monotonic() + 0.1
 
     async def _flush_once(self, offsets: bool = True) -> None:
         """Append the batch, set retained entries, hand acks to the sync loop, write due offsets. Raises on a
@@ -332,16 +333,17 @@ class Node:
         if batch:
             subscriptions = self.subscriptions
             counters = self.counters
+            clock = self.clock
             while True:
                 # Indexed here, not when published: the queues and the version they go with are read together.
                 queues_for = subscriptions.queues_for
                 for message in batch:
                     message.queues = queues_for(message.topic)
                 try:
-                    started = time.perf_counter()
+                    started = clock.monotonic()
                     await self.store.append(batch, subscriptions.wildcard_version)
                     if counters.enabled:
-                        counters.append_seconds.observe(time.perf_counter() - started)
+                        counters.append_seconds.observe(clock.monotonic() - started)
                         counters.topics.add(batch)
                     break
                 except StaleWildcards:  # another node changed the set: index the batch with the current one
@@ -390,6 +392,7 @@ class Node:
     async def _ack_loop(self) -> None:
         """PUBACK/PUBREC once a sync covers their messages; one sync serves every ack queued before it."""
         retry = self._sync_retry
+        clock = self.clock
         while True:
             await self._ack_wanted.wait()
             self._ack_wanted.clear()
@@ -397,7 +400,7 @@ class Node:
             while True:
                 acks.extend(self._durable_acks)
                 self._durable_acks = []
-                started = time.perf_counter()
+                started = clock.monotonic()
                 try:
                     await self.store.sync()
                 except Exception as exc:
@@ -405,7 +408,7 @@ class Node:
                     await asyncio.sleep(retry.failed(exc))
                     continue
                 if self.counters.enabled:
-                    self.counters.fsync_seconds.observe(time.perf_counter() - started)
+                    self.counters.fsync_seconds.observe(clock.monotonic() - started)
                 break
             retry.succeeded()
             tell_sinks(acks)

@@ -20,6 +20,7 @@ from tidewire.errors import MissingExtra, StartupError
 from tidewire.gateway import extras
 from tidewire.gateway.cluster import ClusterRole
 from tidewire.gateway.config import Settings
+from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.node import Node
 from tidewire.gateway.ops.drain import drain
 from tidewire.gateway.protocols.mqtt.connection import MqttProtocol
@@ -300,7 +301,8 @@ async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closab
     return servers
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Run a node until `stop` is set (or SIGTERM/SIGINT); `clock` is the one clock every part of it reads."""
     loop = asyncio.get_running_loop()
     try:
         parts = optional_parts(settings)
@@ -335,7 +337,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         lookup = InProcessLookup()
         notifier = LocalNotifier(lookup)
     node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
-                security.chain, max_pending=settings.max_pending_publishes)
+                security.chain, max_pending=settings.max_pending_publishes, clock=clock)
     if fabric is not None:
         node.topology = ClusterRole(node, fabric, settings.cluster_resync_interval, settings.cluster_member_ttl)
     await node.start()

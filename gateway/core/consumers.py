@@ -83,7 +83,7 @@ class _Group:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        retry = Backoff("group " + self.name)
+        retry = Backoff("group " + self.name, self.node.clock)
         try:
             while True:
                 self._wanted = False

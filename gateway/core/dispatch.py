@@ -84,7 +84,7 @@ class Dispatcher:
         self._inline = True  # the last round that read the store did not suspend: the flush loop may read too
         self._failure: Exception | None = None  # an inline round's, for the task's backoff
         self._wanted = asyncio.Event()
-        self._retry = Backoff("dispatch")
+        self._retry = Backoff("dispatch", node.clock)
 
     @property
     def inline(self) -> bool:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+
+from tidewire.gateway.core.clock import Clock
 
 log = logging.getLogger("tidewire.node")
 
@@ -17,10 +18,11 @@ STORE_RETRY_S = 0.2  # a session's failed store read is tried again after this (
 class Backoff:
     """Exponential backoff for one background loop's store calls, logged once per failure streak."""
 
-    __slots__ = ("delay", "failures", "since", "what")
+    __slots__ = ("clock", "delay", "failures", "since", "what")
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, clock: Clock) -> None:
         self.what = what
+        self.clock = clock  # how long a streak lasted (logged when it ends)
         self.delay = 0.0
         self.failures = 0
         self.since = 0.0
@@ -28,7 +30,7 @@ class Backoff:
     def failed(self, exc: Exception) -> float:
         """Count a failure; returns the seconds to wait before the next attempt."""
         if not self.failures:
-            self.since = time.monotonic()
+            self.since = self.clock.monotonic()
             log.error("store.failing", extra={"loop": self.what, "error": f"{type(exc).__name__}: {exc}"},
                       exc_info=exc)
         self.failures += 1
@@ -38,7 +40,7 @@ class Backoff:
     def succeeded(self) -> None:
         if self.failures:
             log.warning("store.recovered", extra={"loop": self.what, "failures": self.failures,
-                                                  "down_s": round(time.monotonic() - self.since, 3)})
+                                                  "down_s": round(self.clock.monotonic() - self.since, 3)})
             self.failures = 0
             self.delay = 0.0
 

@@ -14,6 +14,7 @@ import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 
+from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.store.base import SessionRecord, Store, WillRecord
 
@@ -23,9 +24,9 @@ Write = Callable[[], Awaitable[None]]
 class OrderedWrites:
     __slots__ = ("_retry", "_tail")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
         self._tail: dict[str, asyncio.Task[None]] = {}  # key -> its last write
-        self._retry = Backoff("write")
+        self._retry = Backoff("write", clock)
 
     def write(self, key: str, make: Write) -> None:
         """Run `make()` after every earlier write of `key`; `make` builds the store call (it may run again)."""
@@ -78,8 +79,8 @@ class RecordWrites(OrderedWrites):
 
     __slots__ = ("_store", "_wills")
 
-    def __init__(self, store: Store) -> None:
-        super().__init__()
+    def __init__(self, store: Store, clock: Clock = SYSTEM_CLOCK) -> None:
+        super().__init__(clock)
         self._store = store
         self._wills: set[str] = set()  # clients whose will was saved here and not dropped since
 

@@ -251,7 +251,7 @@ class BanList:
 
     async def run(self) -> None:
         """Refresh every `interval` s, and soon after each local change, until cancelled."""
-        retry = Backoff("bans")
+        retry = Backoff("bans", self._node.clock)
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval)

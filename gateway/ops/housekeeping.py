@@ -22,7 +22,7 @@ EXPIRE_BATCH = 1000  # sessions expired per tick at most: a backlog drains over 
 async def housekeeping_loop(node: Node) -> None:
     retention_due = 0.0
     stats_due = time.monotonic() + node.settings.sys_interval
-    retry = Backoff("housekeeping")
+    retry = Backoff("housekeeping", node.clock)
     while True:
         # Wake for the stats when they are due: a fixed 1 s nap that wakes a hair early skips a whole period.
         await asyncio.sleep(max(0.01, min(1.0, stats_due - time.monotonic())))

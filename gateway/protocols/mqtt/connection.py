@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
-from tidewire.gateway.core.clock import SYSTEM_CLOCK
 from tidewire.gateway.protocols.mqtt.channel import MqttChannel
 from tidewire.gateway.protocols.mqtt.lifecycle import Cancellable
 from tidewire.gateway.transport.listeners import Bucket, CertUsername, Listener, certificate_name
@@ -39,7 +38,7 @@ class MqttProtocol(asyncio.Protocol):
             name = self.transport.get_extra_info("peername")
             peer = f"{name[0]}:{name[1]}" if isinstance(name, tuple) else str(name)
         self.transport.set_write_buffer_limits(high=self.node.settings.write_buffer_high)
-        self.channel = MqttChannel(self.node, self.listener, self, peer, SYSTEM_CLOCK)
+        self.channel = MqttChannel(self.node, self.listener, self, peer, self.node.clock)
 
     def data_received(self, data: bytes) -> None:
         assert self.channel is not None
