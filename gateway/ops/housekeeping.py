@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
@@ -20,24 +19,25 @@ EXPIRE_BATCH = 1000  # sessions expired per tick at most: a backlog drains over 
 
 
 async def housekeeping_loop(node: Node) -> None:
+    clock = node.clock
     retention_due = 0.0
-    stats_due = time.monotonic() + node.settings.sys_interval
-    retry = Backoff("housekeeping", node.clock)
+    stats_due = clock.monotonic() + node.settings.sys_interval
+    retry = Backoff("housekeeping", clock)
     while True:
         # Wake for the stats when they are due: a fixed 1 s nap that wakes a hair early skips a whole period.
-        await asyncio.sleep(max(0.01, min(1.0, stats_due - time.monotonic())))
+        await asyncio.sleep(max(0.01, min(1.0, stats_due - clock.monotonic())))
         interval = node.settings.sys_interval
-        if time.monotonic() >= stats_due - 0.005:
-            stats_due = max(stats_due + interval, time.monotonic() + interval / 2)
+        if clock.monotonic() >= stats_due - 0.005:
+            stats_due = max(stats_due + interval, clock.monotonic() + interval / 2)
             node.sys.stats(node.counters, gauges(node))
         node.offsets_due()
         try:
             await expire_sessions(node)
-            if time.monotonic() >= retention_due:
+            if clock.monotonic() >= retention_due:
                 enforce = getattr(node.store, "enforce_retention", None)
                 if enforce is not None:
                     await enforce()
-                retention_due = time.monotonic() + RETENTION_INTERVAL
+                retention_due = clock.monotonic() + RETENTION_INTERVAL
         except Exception as exc:  # tried again on the next tick; the nap above is the backoff
             stop_if_cancelled()
             retry.failed(exc)
@@ -47,7 +47,7 @@ async def housekeeping_loop(node: Node) -> None:
 
 async def expire_sessions(node: Node) -> None:
     """Drop stored sessions whose client stayed away past their expiry interval (the store's expiry index)."""
-    now = int(time.time() * 1000)
+    now = int(node.clock.time() * 1000)
     for client_id in await node.store.due_sessions(now, EXPIRE_BATCH):
         if client_id in node.connections:
             continue

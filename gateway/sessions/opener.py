@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING
 
 from tidewire.gateway.sessions.session import Session
@@ -17,10 +16,6 @@ if TYPE_CHECKING:
     from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
 
 log = logging.getLogger("tidewire.node")
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class SessionOpener:
@@ -58,7 +53,7 @@ class SessionOpener:
             await node.topology.kick_elsewhere(client_id, epoch)
             if session is not None:
                 record = None
-            elif record is not None and self.expired(record, _now_ms()):
+            elif record is not None and self.expired(record, int(node.clock.time() * 1000)):
                 await self.drop_stored(record, epoch)
                 record = None
             if clean_start:
@@ -124,7 +119,7 @@ class SessionOpener:
             return
         if session.persistent:
             record = session.snapshot()
-            record.disconnected_at_ms = _now_ms()
+            record.disconnected_at_ms = int(node.clock.time() * 1000)
             node.subscriptions.park(record)
             node.writes.save_session(record)
         else:

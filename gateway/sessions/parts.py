@@ -3,7 +3,6 @@ its connection, its node and the shared-subscription group of a message in fligh
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -14,6 +13,7 @@ from tidewire.store.base import Message, Store, SubscriptionRecord
 
 if TYPE_CHECKING:
     from tidewire.cache.queue_cache import QueueCache
+    from tidewire.gateway.core.clock import Clock
     from tidewire.gateway.core.events import EventBuffer
     from tidewire.gateway.ops.sys_topics import Counters
     from tidewire.gateway.sessions.session import Session
@@ -47,6 +47,7 @@ class SessionOwner(Protocol):
     store: Store
     events: EventBuffer | None  # session and delivery events for an exporter (None: not recorded)
     counters: Counters  # drops by reason
+    clock: Clock  # in-flight send times (3.1.1 retry), delivery events' timestamps, message expiry
 
     def session_dirty(self, session: Session) -> None: ...
 
@@ -70,14 +71,14 @@ class Inflight:
 
 
 def resend(inflight: dict[int, Inflight], level: int, deadline: float, events: EventBuffer | None,
-           client_id: str) -> tuple[list[bytes], int]:
+           client_id: str, clock: Clock) -> tuple[list[bytes], int]:
     """PUBREL, or the PUBLISH with DUP, of every in-flight entry last sent at or before `deadline` (monotonic s),
     which count as sent now: on a new connection (everything) and on 3.1.1's retry timer. Returns the packets
     and how many of them are PUBLISH."""
     chunks: list[bytes] = []
     published = 0
-    now = time.monotonic()
-    now_ms = int(time.time() * 1000)
+    now = clock.monotonic()
+    now_ms = int(clock.time() * 1000)
     for pid, entry in inflight.items():
         if entry.sent_at > deadline:
             continue

@@ -9,7 +9,6 @@ just below the oldest unacknowledged message. Shared-subscription messages are h
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -88,7 +87,8 @@ class Session:
         self.aliases = {} if conn.alias_max else None  # aliases never outlive a connection
         self.p2p_pending = self.p2p_sub is not None and not fresh  # anything sent to it while it was away
         if self.inflight:
-            chunks, published = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id)
+            chunks, published = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id,
+                                       self.owner.clock)
             if chunks:
                 conn.write_chunks(chunks)
                 self.owner.count_out(published, sum(map(len, chunks)), published)
@@ -166,7 +166,7 @@ class Session:
         events = self.owner.events
         if events is not None and entry.message is not None:
             m = entry.message
-            events.add(ACKED, int(time.time() * 1000), self.client_id, "mqtt", m.topic, m.seq, entry.qos)
+            events.add(ACKED, int(self.owner.clock.time() * 1000), self.client_id, "mqtt", m.topic, m.seq, entry.qos)
         if entry.stream:
             self.owner.session_dirty(self)
         elif entry.group is not None and not entry.released and entry.message is not None:
@@ -194,7 +194,7 @@ class Session:
             return False
         chunks: list[bytes] = []
         sent = self._encode_one(chunks, message, qos, False, (sub_id,) if sub_id else (), False, False, group,
-                                int(time.time() * 1000))
+                                int(self.owner.clock.time() * 1000))
         if chunks:
             conn.write_chunks(chunks)
             self.owner.count_out(1, sum(map(len, chunks)))
@@ -325,8 +325,9 @@ class Session:
         window = self.window
         level = self.level
         sent_upto = self.record.sent_upto
-        now = time.monotonic()
-        now_ms = int(time.time() * 1000)
+        clock = self.owner.clock
+        now = clock.monotonic()
+        now_ms = int(clock.time() * 1000)
         cursor = self.cursor
         blocked = False
         simple = not (conn.alias_max or conn.max_packet)
@@ -425,7 +426,7 @@ class Session:
             chunks.append(head)
             return True
         pid = self._next_pid()
-        self.inflight[pid] = Inflight(message, qos, stream, time.monotonic(), retain, ids, group)
+        self.inflight[pid] = Inflight(message, qos, stream, self.owner.clock.monotonic(), retain, ids, group)
         chunks += (with_dup(head) if dup else head, pid.to_bytes(2, "big"), tail)
         return True
 
@@ -434,7 +435,7 @@ class Session:
         chunks: list[bytes] = []
         extra = self.extra
         assert extra is not None
-        now_ms = int(time.time() * 1000)
+        now_ms = int(self.owner.clock.time() * 1000)
         sent = 0
         while extra:
             message, qos, ids = extra[0]
@@ -480,8 +481,9 @@ class Session:
         conn = self.conn
         if conn is None:
             return
-        deadline = time.monotonic() - self.retry_interval
-        chunks, published = resend(self.inflight, self.level, deadline, self.owner.events, self.client_id)
+        clock = self.owner.clock
+        deadline = clock.monotonic() - self.retry_interval
+        chunks, published = resend(self.inflight, self.level, deadline, self.owner.events, self.client_id, clock)
         if chunks:
             conn.write_chunks(chunks)
             self.owner.count_out(published, sum(map(len, chunks)), published)

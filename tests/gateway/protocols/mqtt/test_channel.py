@@ -5,14 +5,15 @@ recorder."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.gateway.fakeclock import FakeClock
+from tests.gateway.protocols.mqtt.fakeio import FakeIo, Timer, until
 from tidewire.extensions.hooks import AllowAll, ClientInfo, SubscribeAccess
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
@@ -22,7 +23,6 @@ from tidewire.gateway.protocols.mqtt.codec import (
     Connack,
     Connect,
     Disconnect,
-    Parser,
     Pingreq,
     Pingresp,
     PropertyId,
@@ -46,95 +46,6 @@ from tidewire.gateway.transport.ratelimit import InboundLimiter
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
 from tidewire.store.embedded.engine import EmbeddedStore
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.mono = 1000.0
-        self.wall = 1_800_000_000.0
-
-    def monotonic(self) -> float:
-        return self.mono
-
-    def time(self) -> float:
-        return self.wall
-
-    def advance(self, seconds: float) -> None:
-        self.mono += seconds
-        self.wall += seconds
-
-
-@dataclass
-class Timer:
-    at: float
-    callback: Callable[[], None]
-    cancelled: bool = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-@dataclass
-class FakeIo:
-    """What the channel asked of its connection, recorded; the server's packets decoded as a client reads them."""
-
-    clock: FakeClock
-    out: bytearray = field(default_factory=bytearray)
-    reading: bool = True
-    closed: bool = False
-    ended: bool = False  # a graceful close began (FIN sent)
-    deadline: float | None = None
-    timers: list[Timer] = field(default_factory=list)
-    cert: str | None = None
-
-    def write(self, data: bytes) -> None:
-        assert not self.closed
-        self.out += data
-
-    def writelines(self, chunks: list[bytes]) -> None:
-        for chunk in chunks:
-            self.write(chunk)
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def close(self) -> None:
-        self.closed = True
-
-    def is_closing(self) -> bool:
-        return self.closed or self.ended  # as if the client closed as soon as it read our last packet
-
-    def end_output(self) -> bool:
-        if self.closed or self.ended:
-            return False
-        self.ended = True
-        return True
-
-    def set_deadline(self, when: float | None) -> None:
-        self.deadline = when
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
-        timer = Timer(self.clock.mono + delay, callback)
-        self.timers.append(timer)
-        return timer
-
-    def certificate_name(self, kind: str | None) -> str | None:
-        return self.cert
-
-    def packets(self, level: int = 5) -> list[Any]:
-        """What the server wrote since the last call, decoded as a client of `level` reads it."""
-        data, self.out = bytes(self.out), bytearray()
-        return Parser(protocol_level=level).feed(data)
-
-    def fire_timers(self) -> None:
-        """Run the timers that are due at the clock's time (in order)."""
-        for timer in sorted(self.timers, key=lambda t: t.at):
-            if not timer.cancelled and timer.at <= self.clock.mono:
-                self.timers.remove(timer)
-                timer.callback()
 
 
 @pytest.fixture
@@ -177,15 +88,6 @@ def _client(node: Node, level: int = 5, clock: FakeClock | None = None, listener
     clock = clock or FakeClock()
     io = FakeIo(clock)
     return Client(MqttChannel(node, listener or _listener(), io, "10.0.0.7:50000", clock), io, clock, level)
-
-
-async def until(predicate: Callable[[], bool], what: str, turns: int = 2000) -> None:
-    """Let the node's own tasks (store calls, the append tick) run until `predicate` holds; no wall-clock wait."""
-    for _ in range(turns):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{what}: not reached")
 
 
 # -- CONNECT ------------------------------------------------------------------------------------------------
