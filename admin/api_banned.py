@@ -61,7 +61,7 @@ def router(node: Node) -> APIRouter:
     async def add_ban(body: BanRequest) -> BanAdded | JSONResponse:
         """Ban a client id, user name or peer address / network (kicking the matching clients of this node; the
         other nodes do at their next refresh). The same kind and who replaces an existing ban."""
-        made = new_ban(body.as_, body.who, body.reason, body.until, body.duration)
+        made = new_ban(body.as_, body.who, body.reason, body.until, body.duration, now=node.clock.time())
         if isinstance(made, str):
             return error(400, made)
         kicked = await node.bans.add(made)

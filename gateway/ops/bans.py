@@ -6,7 +6,7 @@ The list lives in the store (`Store.get_bans`/`put_ban`/`delete_ban`); each node
 re-read every `ban_refresh_interval` s and at once after a change made through this node. A ban made on another
 node applies here from the next refresh on, and then also closes the matching clients connected here (MQTT 5:
 DISCONNECT 0x98 Administrative action; 0x8A Banned is a CONNACK code only). Lapsed bans stop applying at once
-(checked against the clock at each check) and are deleted from the store by the next refresh.
+(checked against the node's clock at each check) and are deleted from the store by the next refresh.
 
 `check` is O(1) in the number of bans for client ids and user names, and O(number of distinct prefix lengths)
 for peer addresses (one dict per prefix length, keyed by the masked address); with no ban at all it returns at
@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -68,9 +67,9 @@ def normalize_who(kind: str, who: str) -> str | None:
     return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
 
 
-def new_ban(kind: str, who: str, reason: str = "", until: float | None = None, duration: float | None = None,
-            now: float | None = None) -> Ban | str:
-    """A valid ban made now, or the error (a short text) describing what is wrong with the request."""
+def new_ban(kind: str, who: str, reason: str = "", until: float | None = None, duration: float | None = None, *,
+            now: float) -> Ban | str:
+    """A valid ban made at `now` (epoch s), or the error (a short text) describing what is wrong with the request."""
     if kind not in BAN_KINDS:
         return f"'as' must be one of {', '.join(BAN_KINDS)}"
     if not who:
@@ -82,7 +81,6 @@ def new_ban(kind: str, who: str, reason: str = "", until: float | None = None, d
         return "'who' is not an IP address or CIDR network"
     if len(reason) > MAX_REASON:
         return f"'reason' is longer than {MAX_REASON} characters"
-    now = time.time() if now is None else now
     if until is not None and duration is not None:
         return "give 'until' or 'duration', not both"
     if duration is not None:
@@ -185,14 +183,14 @@ class BanList:
         view = self._view
         if view.empty:
             return None
-        return view.check(client_id, username, peer, time.time())
+        return view.check(client_id, username, peer, self._node.clock.time())
 
     def __len__(self) -> int:
         return len(self._view.bans)
 
     def current(self) -> list[Ban]:
         """The bans in force now, by kind and who."""
-        now = time.time()
+        now = self._node.clock.time()
         return sorted((b for b in self._view.bans.values() if not b.expired(now)), key=lambda b: (b.kind, b.who))
 
     # --- changes through this node -------------------------------------------------------------------------
@@ -233,7 +231,7 @@ class BanList:
         store = self._node.store
         async with self._lock:
             stored = await store.get_bans()
-            now = time.time()
+            now = self._node.clock.time()
             live = [b for b in stored if not b.expired(now)]
             if len(live) > MAX_BANS:
                 log.error("ban.too_many", extra={"stored": len(live), "kept": MAX_BANS})
@@ -275,7 +273,7 @@ class BanList:
         if not connections or not bans:
             return 0
         view = _View(bans)
-        now = time.time()
+        now = self._node.clock.time()
         if view.usernames or view.nets:
             targets = [c for c in connections.values()
                        if view.check(c.client_id, c.info.username, c.peer, now) is not None]

@@ -4,7 +4,8 @@ through its admin API, real paho clients (3.1.1 and 5) and hand-built CONNECTs f
 Covered: a banned client id is refused (5.0 0x8A, 3.1.1 code 5) before authentication; a banned user name only
 once its password proved it; a banned network (127.0.0.0/8, and a single address) refuses, a ban on another
 network does not; a 1 s ban lapses; a new ban kicks connected clients (5.0 DISCONNECT 0x98); bans survive a
-restart. The ban list's own logic (parsing, validation, matching) is checked in-process first.
+restart. The ban list's own logic (parsing, validation, matching) is checked in-process first, and so is a ban
+lapsing on the node's clock, moved by hand.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import pika
 import pika.exceptions
 import pytest
 
+from tests.gateway.fakeclock import FakeClock
+from tests.gateway.protocols.mqtt.fakeio import channel, until
 from tests.integration.conftest import Gateway, PahoClient, write_password_file
 from tests.integration.rawconnect import raw_connect
+from tidewire.gateway.node import Node
 from tidewire.gateway.ops.bans import _View, new_ban, normalize_who, peer_address
+from tidewire.gateway.protocols.mqtt.codec import Connack, Connect, encode
 from tidewire.store.base import Ban
 
 BANNED_5 = 0x8A
@@ -78,6 +83,36 @@ def test_view_matches_by_kind_network_and_time() -> None:
     assert view.check(None, None, "2001:db9::1:9", now) is None
     assert view.check("c2", "u2", "127.0.0.1:1", now) is None and _View([]).empty
 
+
+async def _connect(node: Node, clock: FakeClock, client_id: str) -> Connack:
+    conn, io = channel(node, clock)
+    conn.receive(encode(Connect(client_id, protocol_level=5), 5))
+    await until(lambda: bool(io.out), "the CONNACK")
+    [ack] = io.packets()
+    assert isinstance(ack, Connack)
+    if ack.reason_code == 0:
+        conn.connection_lost("done")
+    return ack
+
+
+async def test_a_ban_lapses_on_the_node_clock(clocked_node: Node, clock: FakeClock) -> None:
+    """A 30 s ban, on a clock moved by hand: refused (CONNACK 0x8A) until its end, admitted from then on, and the
+    next refresh deletes it from the store. No sleep."""
+    node = clocked_node
+    ban = new_ban("clientid", "mallory", "spam", duration=30, now=clock.time())
+    assert isinstance(ban, Ban) and ban.until == clock.time() + 30
+    await node.bans.add(ban)
+    assert (await _connect(node, clock, "mallory")).reason_code == BANNED_5
+    assert (await _connect(node, clock, "alice")).reason_code == 0
+    clock.advance(29.9)
+    assert (await _connect(node, clock, "mallory")).reason_code == BANNED_5
+    assert node.bans.current() == [ban]
+    clock.advance(0.1)
+    assert node.bans.current() == []  # lapsed at once, before any refresh
+    assert (await _connect(node, clock, "mallory")).reason_code == 0
+    assert [b.who for b in await node.store.get_bans()] == ["mallory"]
+    await node.bans.refresh()
+    assert await node.store.get_bans() == []
 
 # --- a real node -------------------------------------------------------------------------------------------------
 
