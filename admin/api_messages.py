@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
@@ -74,7 +73,7 @@ def build_message(node: Node, body: PublishRequest) -> Message:
         props.user = [(_mqtt_string(k, "a user property name"), _mqtt_string(v, "a user property value"))
                       for k, v in (given.user_properties or {}).items()]
     return neutral_message(topic, payload, qos=body.qos, retain=body.retain, properties=props,
-                           now_ms=int(time.time() * 1000))
+                           now_ms=int(node.clock.time() * 1000))
 
 
 def retained_answer(message: Message, *, with_payload: bool = True) -> Retained:
@@ -110,7 +109,7 @@ def router(node: Node) -> APIRouter:
         return PublishResult(topic=message.topic)
 
     async def live_retained(topic_filter: str) -> list[Message]:
-        now_ms = int(time.time() * 1000)
+        now_ms = int(node.clock.time() * 1000)
         messages = await node.store.match_retained(topic_filter)
         return [m for m in messages if not m.expires_at_ms or m.expires_at_ms > now_ms]
 

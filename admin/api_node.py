@@ -8,7 +8,6 @@ import importlib
 import importlib.metadata
 import importlib.util
 import re
-import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -108,9 +107,9 @@ def router(node: Node) -> APIRouter:
             cluster = ClusterState(members=[ClusterMember(node_id=n, address=a)
                                             for n, a in sorted(topology.members.items())],
                                    epoch=int(topology.stats().get("epoch", 0)))
-        return Status(node_id=node.node_id, version=version(), uptime_s=round(time.time() - node.sys.started_at, 3),
-                      store=store_kind(settings), draining=node.draining,
-                      connections=len(node.connections) + other_connections(found),
+        uptime_s = round(node.clock.time() - node.sys.started_at, 3)
+        return Status(node_id=node.node_id, version=version(), uptime_s=uptime_s, store=store_kind(settings),
+                      draining=node.draining, connections=len(node.connections) + other_connections(found),
                       sessions_online=len(node.connections), subscriptions=subscription_count(node),
                       messages_in=counters.messages_in, messages_out=counters.messages_out,
                       bytes_in=counters.bytes_in, bytes_out=counters.bytes_out, dropped=counters.dropped,
@@ -147,7 +146,7 @@ def router(node: Node) -> APIRouter:
     async def stats(found: Found) -> Stats:
         counters = node.counters
         top = top_topics(node, TOP_TOPICS) if top_topics is not None else []
-        return Stats(time=time.time(), connections=len(node.connections) + other_connections(found),
+        return Stats(time=node.clock.time(), connections=len(node.connections) + other_connections(found),
                      messages_in=counters.messages_in, messages_out=counters.messages_out,
                      bytes_in=counters.bytes_in, bytes_out=counters.bytes_out, dropped=counters.dropped,
                      top_topics=[_top_topic(entry) for entry in top])

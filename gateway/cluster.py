@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -111,7 +110,7 @@ class ClusterRole:
     async def _take_over_dead(self, gone: set[str]) -> None:
         node = self.node
         store = node.store
-        now = int(time.time() * 1000)
+        now = int(node.clock.time() * 1000)
         for client_id in await store.online_sessions():
             record = await store.get_session(client_id)
             if record is not None and record.owner in gone and record.disconnected_at_ms == 0:

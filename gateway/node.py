@@ -81,7 +81,7 @@ class Node:
         self.subscriptions = SubscriptionRegistry(self)
         self.groups = ConsumerGroups(self)  # competing consumers of other protocols (AMQP queues, RocketMQ)
         self.counters = Counters(settings.metrics)
-        self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events)
+        self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events, clock)
         if settings.lake_dir is None:  # the lake exports the whole log: there every event goes into it
             self.sys.audience = self.subscriptions.routed  # no event nobody reads is stored
         # Session and delivery events for the lake (pipeline.lake.events drains them); None: not recorded.
@@ -176,7 +176,7 @@ class Node:
 
         conns = list(self.connections.values())
         self._held.clear()  # else the pipeline, draining, would resume reading some of them
-        await quiesce(conns, min(QUIESCE_S, timeout / 4), lambda: self.store_down)
+        await quiesce(conns, min(QUIESCE_S, timeout / 4), lambda: self.store_down, clock)
         await disconnect_all(conns, reason, properties)
         self.wills.cancel_all()  # wills in their delay stay stored: the next start publishes what is left
         await self.groups.stop()
@@ -208,7 +208,8 @@ class Node:
         self._appending_acks, self._acks = [], []
         if lost:
             tell_sinks(lost, "the node stopped before storing it")
-        if still := await wait_closed([conn.io for conn in conns], min(self.settings.close_drain_timeout, left())):
+        if still := await wait_closed([conn.io for conn in conns], min(self.settings.close_drain_timeout, left()),
+                                      clock):
             log.info("stop.clients_not_closed", extra={"connections": still})
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:

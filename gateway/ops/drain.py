@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidewire.gateway.core.clock import Clock
 from tidewire.gateway.protocols.mqtt.codec import PropertyId, ReasonCode
 from tidewire.gateway.transport.accept_loop import AcceptLoop
 
@@ -79,19 +79,20 @@ def shutdown_disconnect(settings: Settings) -> tuple[int, dict[int, Any]]:
 
 
 class Budget:
-    """What is left of one deadline, for steps run one after the other."""
+    """What is left of one deadline on `clock`, for steps run one after the other."""
 
-    __slots__ = ("deadline", "started")
+    __slots__ = ("clock", "deadline", "started")
 
-    def __init__(self, seconds: float) -> None:
-        self.started = time.monotonic()
+    def __init__(self, seconds: float, clock: Clock) -> None:
+        self.clock = clock
+        self.started = clock.monotonic()
         self.deadline = self.started + seconds
 
     def left(self) -> float:
-        return max(0.0, self.deadline - time.monotonic())
+        return max(0.0, self.deadline - self.clock.monotonic())
 
     def elapsed_ms(self) -> int:
-        return round((time.monotonic() - self.started) * 1000)
+        return round((self.clock.monotonic() - self.started) * 1000)
 
     async def run(self, step: str, work: Awaitable[None], limit: float | None = None) -> bool:
         """Await `work` for what is left (at most `limit` s); False, logged, when it was cut or failed."""
@@ -107,14 +108,15 @@ class Budget:
         return True
 
 
-async def quiesce(conns: Sequence[ChannelBase], seconds: float, failing: Callable[[], bool]) -> None:
-    """Stop reading every client, then wait (at most `seconds`, not while the store is `failing`) until what they
-    already sent is stored and acknowledged: a publisher gets its PUBACK rather than sending it again elsewhere."""
+async def quiesce(conns: Sequence[ChannelBase], seconds: float, failing: Callable[[], bool], clock: Clock) -> None:
+    """Stop reading every client, then wait (at most `seconds` on `clock`, not while the store is `failing`) until
+    what they already sent is stored and acknowledged: a publisher gets its PUBACK rather than sending it again
+    elsewhere."""
     for conn in conns:
         conn.pause_publishes()
-    until = time.monotonic() + seconds
+    until = clock.monotonic() + seconds
     waiting = [conn for conn in conns if conn.unacked_in > 0]
-    while waiting and not failing() and time.monotonic() < until:
+    while waiting and not failing() and clock.monotonic() < until:
         await asyncio.sleep(POLL_S)
         waiting = [conn for conn in waiting if conn.unacked_in > 0]
 
@@ -128,12 +130,12 @@ async def disconnect_all(conns: Sequence[ChannelBase], reason: int, properties: 
         await asyncio.sleep(0)
 
 
-async def wait_closed(connections: Sequence[_Closing], timeout: float) -> int:
+async def wait_closed(connections: Sequence[_Closing], timeout: float, clock: Clock) -> int:
     """Until every connection is closing (the client closed after reading our last packet, or its close drain
-    ran out) or `timeout`: our DISCONNECTs have left the process. Returns how many were still open."""
-    deadline = time.monotonic() + timeout
+    ran out) or `timeout` s on `clock`: our DISCONNECTs have left the process. Returns how many were still open."""
+    deadline = clock.monotonic() + timeout
     open_ = [t for t in connections if not t.is_closing()]
-    while open_ and time.monotonic() < deadline:
+    while open_ and clock.monotonic() < deadline:
         await asyncio.sleep(POLL_S)
         open_ = [t for t in open_ if not t.is_closing()]
     return len(open_)
@@ -143,7 +145,7 @@ async def drain(node: Node, listeners: Sequence[_Closable], backends: Sequence[_
                 fabric: _Stoppable | None, store: _Store) -> None:
     """Steps 1 to 5 of the module docstring within `node.settings.drain_timeout`; logs drain.started/done."""
     settings = node.settings
-    budget = Budget(settings.drain_timeout)
+    budget = Budget(settings.drain_timeout, node.clock)
     node.draining = True
     conns = list(node.connections.values())
     mqtt5 = sum(1 for conn in conns if conn.level >= 5)

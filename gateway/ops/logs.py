@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.transport.ratelimit import TokenBucket
 
 _RESERVED = frozenset(vars(logging.makeLogRecord({})))
@@ -62,13 +63,15 @@ class Sampled:
     `event=clients.activity connected=20391 disconnected=20388 unlogged=40655 interval_s=10`. A connect storm
     would otherwise be a log storm, and cost more in formatting than the connects themselves."""
 
-    __slots__ = ("_bucket", "_counts", "_event", "_handle", "_interval", "_logger", "_unlogged")
+    __slots__ = ("_bucket", "_clock", "_counts", "_event", "_handle", "_interval", "_logger", "_unlogged")
 
-    def __init__(self, logger: logging.Logger, event: str, *, rate: float, burst: float, interval: float) -> None:
+    def __init__(self, logger: logging.Logger, event: str, *, rate: float, burst: float, interval: float,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self._logger = logger
         self._event = event
         self._interval = interval
-        self._bucket = TokenBucket(rate, burst, time.monotonic())
+        self._clock = clock
+        self._bucket = TokenBucket(rate, burst, clock.monotonic())
         self._counts: dict[str, int] = {}
         self._unlogged = 0
         self._handle: asyncio.TimerHandle | None = None
@@ -78,7 +81,7 @@ class Sampled:
         with the first event that may not, and counts every event until it ends."""
         if not self._logger.isEnabledFor(logging.INFO):
             return False
-        allowed = self._bucket.take(time.monotonic())
+        allowed = self._bucket.take(self._clock.monotonic())
         if self._handle is None:
             if allowed:
                 return True

@@ -17,12 +17,12 @@ import asyncio
 import heapq
 import json
 import logging
-import time
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import Any
 
+from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.events import EventBuffer
 from tidewire.gateway.ops.logs import Sampled
 from tidewire.pipeline.lake.event_names import SUBSCRIBED, UNSUBSCRIBED
@@ -158,17 +158,19 @@ class Counters:
 
 
 class SysTopics:
-    def __init__(self, node_id: str, publish: Callable[[Message], None], enabled: bool = True) -> None:
+    def __init__(self, node_id: str, publish: Callable[[Message], None], enabled: bool = True,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.prefix = f"$SYS/brokers/{node_id}"
         self._node = node_id
         self._publish = publish
         self.enabled = enabled
-        self.started_at = time.time()
+        self.clock = clock
+        self.started_at = clock.time()
         self.events: EventBuffer | None = None
         # May anybody read a message of this topic, now or later? None: assume so (every event is published).
         self.audience: Callable[[str], bool] | None = None
         self.activity = Sampled(log, "clients.activity", rate=ACTIVITY_LINES_PER_S, burst=ACTIVITY_LINES_BURST,
-                                interval=ACTIVITY_SUMMARY_S)  # what may be logged of connects and disconnects
+                                interval=ACTIVITY_SUMMARY_S, clock=clock)  # what may be logged of (dis)connects
         self._pending: list[tuple[str, str, int, dict[str, Any]]] = []  # (client id, event, ms, fields)
 
     @staticmethod
@@ -187,7 +189,7 @@ class SysTopics:
     def event(self, client_id: str, event: str, **fields: Any) -> None:
         """A client lifecycle event: published under $SYS (if enabled and read by anybody) with the next batch,
         and recorded for the lake (if set)."""
-        now_ms = int(time.time() * 1000)
+        now_ms = int(self.clock.time() * 1000)
         if self.events is not None:
             self._record(self.events, now_ms, client_id, event, fields)
         if not self.enabled:
@@ -210,7 +212,7 @@ class SysTopics:
     def stats(self, counters: Counters, gauges: dict[str, int]) -> None:
         if not self.enabled:
             return
-        now_ms = int(time.time() * 1000)
+        now_ms = int(self.clock.time() * 1000)
         values: dict[str, int | float] = {
             "messages/in": counters.messages_in, "messages/out": counters.messages_out,
             "bytes/in": counters.bytes_in, "bytes/out": counters.bytes_out,
@@ -219,5 +221,5 @@ class SysTopics:
         for name, value in values.items():
             # retained, so a consumer that subscribes between two rounds sees the current value at once
             self._publish(Message(f"{self.prefix}/stats/{name}", str(value).encode(), 0, True, b"", now_ms))
-        uptime = int(time.time() - self.started_at)
+        uptime = int(self.clock.time() - self.started_at)
         self._publish(Message(f"{self.prefix}/stats/uptime", str(uptime).encode(), 0, True, b"", now_ms))
