@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-import time
 from collections.abc import Iterator, Sequence
 
 import uvicorn
@@ -19,6 +18,7 @@ import uvicorn
 from tidewire.admin.app import Endpoints, ListenerSpec, build_app
 from tidewire.admin.token import resolve_token
 from tidewire.gateway.config import Settings
+from tidewire.gateway.core.clock import Clock
 from tidewire.gateway.node import Node
 from tidewire.gateway.transport.listeners import make_listeners
 
@@ -55,12 +55,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequence[object]) -> Endpoints:
+def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequence[object], clock: Clock) -> Endpoints:
     """The listeners `gateway.server.serve` opened: the MQTT ones (`servers`, in `make_listeners` order, one
     each), and the backends' (AMQP, RocketMQ) with their bound ports."""
     found = Endpoints()
     host = settings.host
-    for (listener, configured), server in zip(make_listeners(settings, time.monotonic()), servers, strict=False):
+    for (listener, configured), server in zip(make_listeners(settings, clock), servers, strict=False):
         sockets = getattr(server, "sockets", None) or ()
         port = sockets[0].getsockname()[1] if sockets else configured
         found.listeners.append(ListenerSpec(listener.name, host, int(port), listener.max_connections))
@@ -100,7 +100,8 @@ class AdminServer:
         """Resolve the token, bind the port and serve. OSError: the port cannot be bound or the token file
         cannot be read or written (`admin.token.TokenError` is one)."""
         token, token_file = resolve_token(self.settings)
-        app = build_app(self.node, token.value, endpoints_of(self.settings, self._servers, self._backends))
+        app = build_app(self.node, token.value, endpoints_of(self.settings, self._servers, self._backends,
+                                                               self.node.clock))
         sock = bind(self.host, self.settings.admin_port or 0)  # None never starts this
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(app, log_config=None, lifespan="off", access_log=False, http="h11", ws="none",
@@ -108,9 +109,10 @@ class AdminServer:
                                 timeout_graceful_shutdown=GRACEFUL_STOP_S)
         server = self._server = _InLoopServer(config)
         task = self._task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]), name="admin")
-        deadline = time.monotonic() + START_TIMEOUT_S
+        clock = self.node.clock
+        deadline = clock.monotonic() + START_TIMEOUT_S
         while not server.started:
-            if task.done() or time.monotonic() > deadline:
+            if task.done() or clock.monotonic() > deadline:
                 await self._abandon(sock)
                 raise OSError(f"admin port {self.host}:{self.port} did not start")
             await asyncio.sleep(_START_POLL_S)

@@ -10,7 +10,6 @@ import os
 import signal
 import ssl
 import sys
-import time
 import urllib.parse
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -122,7 +121,7 @@ def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts)
         # process: building Arrow tables holds the GIL, which would stall this loop's deliveries for as long.
         events = Lake(None, settings.lake_dir, settings.node_id, events=node.events, node=settings.node_id,
                       bridge=False, flush_rows=settings.lake_flush_rows, flush_seconds=settings.lake_flush_seconds)
-        backends.append(LakeRunner(events, bridge_command(settings) if settings.lake_bridge else None))
+        backends.append(LakeRunner(events, bridge_command(settings) if settings.lake_bridge else None, node.clock))
     return backends
 
 
@@ -150,9 +149,10 @@ class LakeRunner:
     child process (restarted after a crash; it resumes from its checkpoint). Stopped, flushed and committed
     before the node stops."""
 
-    def __init__(self, events: Any, bridge: tuple[list[str], dict[str, str]] | None) -> None:
+    def __init__(self, events: Any, bridge: tuple[list[str], dict[str, str]] | None, clock: Clock) -> None:
         self.events = events
         self.bridge = bridge
+        self.clock = clock  # how long the bridge ran decides how soon it is restarted
         self._tasks: list[asyncio.Task[None]] = []
         self._proc: asyncio.subprocess.Process | None = None
         self._stopping = False
@@ -168,14 +168,14 @@ class LakeRunner:
     async def _supervise(self, argv: list[str], env: dict[str, str]) -> None:
         delay = BRIDGE_RESTART_S
         while not self._stopping:
-            started = time.monotonic()
+            started = self.clock.monotonic()
             self._proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.DEVNULL,
                                                               stdout=asyncio.subprocess.DEVNULL)
             code = await self._proc.wait()
             if self._stopping:
                 return
             # a bridge that ran a while gets restarted at once; one that keeps failing, ever more slowly
-            delay = BRIDGE_RESTART_S if time.monotonic() - started > 60 else min(delay * 2, 60.0)
+            delay = BRIDGE_RESTART_S if self.clock.monotonic() - started > 60 else min(delay * 2, 60.0)
             log.error("lake.bridge_exited", extra={"code": code, "restart_in_s": delay})
             await asyncio.sleep(delay)
 
@@ -292,7 +292,7 @@ async def open_listeners(node: Node, tls: ssl.SSLContext | None) -> list[_Closab
     """The MQTT listeners (AMQP opens its own through the same `open_listener`)."""
     settings = node.settings
     servers: list[_Closable] = []
-    for listener, port in make_listeners(settings, time.monotonic()):
+    for listener, port in make_listeners(settings, node.clock):
         servers.append(await open_listener(listener, port, protocol_factory(node, listener), settings,
                                            tls if listener.tls else None))
         log.info("listening", extra={"listener": listener.name, "host": settings.host, "port": listener.port,

@@ -15,7 +15,6 @@ import contextlib
 import heapq
 import logging
 import ssl
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -24,6 +23,7 @@ from cryptography.x509.oid import NameOID
 
 from tidewire.extensions.authn import AuthChain, AuthRequest, Identity, Refused
 from tidewire.gateway.config import ListenerName, Settings
+from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.transport.accept_loop import AcceptLoop, ProtocolFactory
 from tidewire.gateway.transport.ratelimit import TokenBucket
 
@@ -36,7 +36,7 @@ _TIMER_SLACK_S = 0.002  # loop timers have 1 ms grain and may wake this much ear
 
 class Timed(Protocol):
     def deadline_due(self, now: float) -> None:
-        """Its deadline passed (`now`: time.monotonic()): act, or file itself again."""
+        """Its deadline passed (`now`: the deadlines' clock's monotonic time): act, or file itself again."""
 
 
 Bucket = set[Timed]
@@ -47,11 +47,12 @@ class Deadlines:
     each: a uvloop timer costs a connection ~0.5 KB and two loop calls. A connection sits in the bucket of the
     tick its deadline falls in; the timer wakes for the earliest tick and tells each connection of that bucket,
     which checks its own condition (its keepalive deadline may have moved since) and files itself again if it
-    must. Clock: time.monotonic()."""
+    must. Times are `clock.monotonic()` (the node's clock)."""
 
-    __slots__ = ("_armed", "_buckets", "_handle", "_ticks")
+    __slots__ = ("_armed", "_buckets", "_clock", "_handle", "_ticks")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._buckets: dict[int, Bucket] = {}
         self._ticks: list[int] = []  # heap: the tick of every bucket
         self._handle: asyncio.TimerHandle | None = None
@@ -76,12 +77,12 @@ class Deadlines:
         if self._handle is not None:
             self._handle.cancel()
         self._armed = tick
-        delay = tick * DEADLINE_TICK_S - time.monotonic()
+        delay = tick * DEADLINE_TICK_S - self._clock.monotonic()
         self._handle = asyncio.get_running_loop().call_later(delay if delay > 0 else 0, self._fire)
 
     def _fire(self) -> None:
         self._handle = None
-        now = time.monotonic() + _TIMER_SLACK_S
+        now = self._clock.monotonic() + _TIMER_SLACK_S
         ticks, buckets = self._ticks, self._buckets
         while ticks and ticks[0] * DEADLINE_TICK_S <= now:
             bucket = buckets.pop(heapq.heappop(ticks), None)
@@ -114,8 +115,9 @@ class Listener:
         return self.name in ("ws", "wss")
 
 
-def make_listener(settings: Settings, name: ListenerName, now: float) -> Listener:
-    """One listener with the node's limits and its own overrides (`listeners.<name>`)."""
+def make_listener(settings: Settings, name: ListenerName, clock: Clock) -> Listener:
+    """One listener with the node's limits and its own overrides (`listeners.<name>`); its connect rate and its
+    connections' deadlines read `clock`."""
     opts = settings.listeners.get(name)
     max_connections = settings.max_connections
     rate, burst, proxy = settings.max_connection_rate, settings.connection_rate_burst, settings.proxy_protocol
@@ -128,14 +130,15 @@ def make_listener(settings: Settings, name: ListenerName, now: float) -> Listene
     if name in ("mqtts", "wss"):
         cert_username = "cn" if settings.use_identity_as_username else (
             "subject" if settings.use_subject_as_username else None)
-    return Listener(name, max_connections, TokenBucket(rate, burst, now) if rate else None, proxy, cert_username)
+    return Listener(name, max_connections, TokenBucket(rate, burst, clock.monotonic()) if rate else None, proxy,
+                    cert_username, deadlines=Deadlines(clock))
 
 
-def make_listeners(settings: Settings, now: float) -> list[tuple[Listener, int]]:
+def make_listeners(settings: Settings, clock: Clock) -> list[tuple[Listener, int]]:
     """The configured MQTT listeners with their ports."""
     ports: list[tuple[ListenerName, int | None]] = [("mqtt", settings.port), ("mqtts", settings.tls_port),
                                                     ("ws", settings.ws_port), ("wss", settings.wss_port)]
-    return [(make_listener(settings, name, now), port) for name, port in ports if port is not None]
+    return [(make_listener(settings, name, clock), port) for name, port in ports if port is not None]
 
 
 class Server(Protocol):
@@ -229,7 +232,7 @@ class Admission:
         """Sample how late the event loop wakes us: the clearest sign that new work would hurt current work."""
         loop = asyncio.get_running_loop()
         while True:
-            start = loop.time()
+            start = loop.time()  # the loop's own clock, not the node's: what is measured is how late its timer fired
             await asyncio.sleep(interval)
             sample = (loop.time() - start - interval) * 1000
             # Smoothed: one slow tick (a GC pause, a big batch) is not overload; lag that lasts is.

@@ -96,7 +96,7 @@ class AmqpServer:
             wanted.append(("amqps", settings.amqps_port, self.tls))
         try:
             for name, port, ctx in wanted:
-                listener = self.listeners[name] = make_listener(settings, name, time.monotonic())
+                listener = self.listeners[name] = make_listener(settings, name, self.node.clock)
 
                 def factory(peer: tuple[str, int] | None, listener: Listener = listener) -> AmqpConnection:
                     return AmqpConnection(self, listener, peer)

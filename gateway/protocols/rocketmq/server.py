@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -69,7 +68,7 @@ class RocketMQServer:
             f"[{host}]:{port}" if ":" in host else f"{'127.0.0.1' if host in _WILDCARDS else host}:{port}")
         self._consuming = Consuming(self.node, endpoint)
         self._producing = Producing(self.node)
-        self.listener = make_listener(settings, "rocketmq", time.monotonic())
+        self.listener = make_listener(settings, "rocketmq", self.node.clock)
         clients = ClientAdmission(self.node.admission, self.listener)
         service = MessagingService(self._consuming, self._producing, auth, clients, endpoint, settings.node_id,
                                    advertise_requested=settings.rocketmq_endpoint is None and host in _WILDCARDS)

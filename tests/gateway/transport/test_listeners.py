@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.gateway.fakeclock import FakeClock
 from tests.waiting import until
 from tidewire.gateway.config import Settings
 from tidewire.gateway.transport.listeners import Admission, AdmissionRefusal, Listener, make_listeners, tls_context
@@ -18,7 +19,7 @@ from tidewire.gateway.transport.listeners import Admission, AdmissionRefusal, Li
 def test_listeners_take_node_defaults_and_their_own_overrides() -> None:
     settings = Settings(port=1883, ws_port=8083, max_connections=50, max_connection_rate=10,
                         listeners={"ws": {"max_connections": 5, "max_connection_rate": 0, "proxy_protocol": True}})
-    made = {listener.name: (listener, port) for listener, port in make_listeners(settings, 0.0)}
+    made = {listener.name: (listener, port) for listener, port in make_listeners(settings, FakeClock(mono=0.0))}
     assert set(made) == {"mqtt", "ws"}
     mqtt, ws = made["mqtt"][0], made["ws"][0]
     assert (mqtt.max_connections, mqtt.rate is not None, mqtt.proxy_protocol) == (50, True, False)
@@ -28,7 +29,7 @@ def test_listeners_take_node_defaults_and_their_own_overrides() -> None:
 
 def test_certificate_user_names_only_on_tls_listeners() -> None:
     settings = Settings(port=1883, tls_port=8883, wss_port=8084, use_identity_as_username=True)
-    names = {listener.name: listener.cert_username for listener, _ in make_listeners(settings, 0.0)}
+    names = {listener.name: listener.cert_username for listener, _ in make_listeners(settings, FakeClock(mono=0.0))}
     assert names == {"mqtt": None, "mqtts": "cn", "wss": "cn"}
 
 
@@ -44,7 +45,7 @@ def _admitted(admission: Admission, listener: Listener, now: float, reconnecting
 
 def test_admission_refuses_each_limit_with_its_kind() -> None:
     settings = Settings(max_connections=1, max_connection_rate=1, connection_rate_burst=2, max_pending_connects=1)
-    listener = make_listeners(settings, 0.0)[0][0]
+    listener = make_listeners(settings, FakeClock(mono=0.0))[0][0]
     admission = Admission(settings)
     _admitted(admission, listener, 0.0, False)
     listener.connections = 1

@@ -18,6 +18,7 @@ from rocketmq.grpc_protocol import (
 )
 from rocketmq.v5.util.signature import Signature
 
+from tests.gateway.fakeclock import FakeClock
 from tests.integration.conftest import Gateway
 from tidewire.gateway.config import Settings
 from tidewire.gateway.protocols.rocketmq.admission import ClientAdmission
@@ -28,7 +29,7 @@ from .conftest import Clients, message
 
 def admission(now: float = 0.0, **settings: object) -> ClientAdmission:
     config = Settings(**settings)  # type: ignore[arg-type]
-    return ClientAdmission(Admission(config), make_listener(config, "rocketmq", now), idle_s=60)
+    return ClientAdmission(Admission(config), make_listener(config, "rocketmq", FakeClock(mono=now)), idle_s=60)
 
 
 def test_max_connections_counts_client_ids_and_known_clients_pass() -> None:
