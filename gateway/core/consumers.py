@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -29,10 +28,6 @@ log = logging.getLogger("tidewire.consumers")
 
 RECLAIM_INTERVAL = 1.0  # s between looks for claims that lapsed (a consumer elsewhere died or timed out)
 _FAR = 1 << 62
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Delivery(NamedTuple):
@@ -125,7 +120,7 @@ class _Group:
 
     async def _take(self, consumer: Consumer, credit: int) -> list[Delivery]:
         store = self.node.store
-        now = _now_ms()
+        now = int(self.node.clock.time() * 1000)
         visible_at = now + consumer.visibility_ms
         batch: list[Delivery] = []
         if self.reclaim_due:
@@ -184,7 +179,7 @@ class _Group:
                 merged[message.seq] = message
         if upto == _FAR:
             return [], after
-        now = _now_ms()
+        now = int(node.clock.time() * 1000)
         wanted: list[Message] = []
         for seq in sorted(merged):
             if seq > upto:
@@ -218,7 +213,7 @@ class ConsumerGroups:
                 continue
             await node.store.release_owner(record.name, node.node_id)
             self._know(record)
-        self._routes_read = time.monotonic()
+        self._routes_read = node.clock.monotonic()
         self._reclaim_task = asyncio.get_running_loop().create_task(self._reclaim_loop())
 
     async def stop(self) -> None:
@@ -288,7 +283,7 @@ class ConsumerGroups:
             self._know(stored)
             return stored, False
         record.start_seq = self.node.store.last_seq()
-        record.created_ms = record.created_ms or _now_ms()
+        record.created_ms = record.created_ms or int(self.node.clock.time() * 1000)
         record.attrs.setdefault("node", self.node.node_id)
         return await self.set_filters(record, record.filters), True
 
@@ -320,8 +315,9 @@ class ConsumerGroups:
         of the cluster-wide set? (A group declared on another node is seen after at most a second.)"""
         if self._routes.match(topic) or self.node.subscriptions.routed(topic):
             return True
-        if time.monotonic() - self._routes_read > 1.0:
-            self._routes_read = time.monotonic()
+        clock = self.node.clock
+        if clock.monotonic() - self._routes_read > 1.0:
+            self._routes_read = clock.monotonic()
             for record in await self.node.store.list_groups():
                 if record.name not in self._groups:
                     self._know(record)
@@ -378,7 +374,8 @@ class ConsumerGroups:
         them hidden longer (RocketMQ ChangeInvisibleDuration); returns the claims with their new tokens."""
         if not handles:
             return []
-        claims = await self.node.store.set_visibility(name, handles, _now_ms() + delay_ms if delay_ms else 0)
+        visible_at = int(self.node.clock.time() * 1000) + delay_ms if delay_ms else 0
+        claims = await self.node.store.set_visibility(name, handles, visible_at)
         group = self._groups.get(name)
         if group is not None and not delay_ms:
             group.reclaim_due = True

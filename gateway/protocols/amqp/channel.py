@@ -11,7 +11,6 @@ the channel (or the connection, for hard codes).
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -155,7 +154,7 @@ class Channel:
                 self._settle_confirms([seq], Basic.Ack)
             return None
         message = neutral_message(topic, body, qos=qos, properties=neutral, publisher=conn.id,
-                                  now_ms=int(time.time() * 1000), protocol=PROTOCOL_AMQP)
+                                  now_ms=int(self.node.clock.time() * 1000), protocol=PROTOCOL_AMQP)
         self.node.publish(message, self, seq)
         return None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
@@ -48,6 +47,7 @@ class AmqpConnection(asyncio.Protocol):
     def __init__(self, server: AmqpServer, listener: Listener, peer: tuple[str, int] | None = None) -> None:
         self.server = server
         self.node = server.node
+        self.clock = server.node.clock  # deadlines, heartbeats, credentials' expiry
         self.listener = listener  # "amqp" or "amqps"
         self.id = server.new_connection_id()
         self.info = ClientInfo(self.id, None)
@@ -81,13 +81,13 @@ class AmqpConnection(asyncio.Protocol):
         # a verified client certificate (amqps with cafile), for the authentication sources that use it
         self._cert = (certificate_name(transport, "subject"), certificate_name(transport, "cn"))
         self.server.track(self)
-        self._deadline = time.monotonic() + self.node.settings.connect_timeout
+        self._deadline = self.clock.monotonic() + self.node.settings.connect_timeout
         self._worker = asyncio.get_running_loop().create_task(self._work())
         self._schedule_tick()
 
     def data_received(self, data: bytes) -> None:
         was_open = self.core.open
-        now = time.monotonic()
+        now = self.clock.monotonic()
         events = self.core.receive(data, now)
         if was_open and not self.core.open:
             self._deadline = now + self.node.settings.close_drain_timeout  # a closing handshake has begun
@@ -145,7 +145,7 @@ class AmqpConnection(asyncio.Protocol):
         data = self.core.data_to_send()
         if data:
             transport.write(data)
-            self.core.sent(time.monotonic())
+            self.core.sent(self.clock.monotonic())
         if self.core.closed:
             transport.close()
 
@@ -159,7 +159,7 @@ class AmqpConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        now = time.monotonic()
+        now = self.clock.monotonic()
         core = self.core
         if not core.open and now > self._deadline:
             log.info("amqp.timeout", extra={"conn": self.id, "peer": self.peer, "state": core.state.name})
@@ -171,7 +171,7 @@ class AmqpConnection(asyncio.Protocol):
             log.info("amqp.heartbeat_timeout", extra={"conn": self.id, "peer": self.peer})
             transport.abort()
             return
-        if self.expires_at is not None and time.time() >= self.expires_at:
+        if self.expires_at is not None and self.clock.time() >= self.expires_at:
             self.shutdown(Fault(CONNECTION_FORCED, "credentials expired"))
         self._schedule_tick()
 
@@ -187,7 +187,7 @@ class AmqpConnection(asyncio.Protocol):
         self._paused.discard(why)
         if not self._paused and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
-            self.core.touch(time.monotonic())
+            self.core.touch(self.clock.monotonic())
 
     def block(self, channel: Channel) -> None:
         """The node's append queue is full: stop reading publishes (Connection.Blocked)."""
@@ -209,7 +209,7 @@ class AmqpConnection(asyncio.Protocol):
     def shutdown(self, reason: Fault) -> None:
         """Connection.Close from the server (node stopping, credentials expired)."""
         self.core.close_connection(reason)
-        self._deadline = time.monotonic() + self.node.settings.close_drain_timeout
+        self._deadline = self.clock.monotonic() + self.node.settings.close_drain_timeout
         self._flush()
 
     # --- the worker ----------------------------------------------------------------------------------------
@@ -268,7 +268,7 @@ class AmqpConnection(asyncio.Protocol):
 
     async def _authenticate(self, event: Authenticate) -> None:
         admission = self.node.admission
-        refused = admission.refusal(self.listener, time.monotonic(), False)  # before any authentication work
+        refused = admission.refusal(self.listener, self.clock.monotonic(), False)  # before any authentication work
         if refused is not None:
             log.info("amqp.refused", extra={"conn": self.id, "peer": self.peer, "detail": refused.detail})
             self.core.refuse_open(ADMISSION_CODES[refused.kind], f"connection refused: {refused.detail}")
@@ -285,13 +285,13 @@ class AmqpConnection(asyncio.Protocol):
             log.info("amqp.auth_refused", extra={"conn": self.id, "peer": self.peer, "username": event.username,
                                                  "source": result.source, "reason": result.reason})
             self.core.auth_refused(REFUSED_TEXT)
-            self._deadline = time.monotonic() + self.node.settings.close_drain_timeout
+            self._deadline = self.clock.monotonic() + self.node.settings.close_drain_timeout
             return
         if self.node.bans.check(None, result.username, self.peer) is not None:  # its user name or address
             self.node.bans.banned_refused += 1
             log.info("amqp.banned", extra={"conn": self.id, "peer": self.peer})
             self.core.auth_refused(REFUSED_TEXT)
-            self._deadline = time.monotonic() + self.node.settings.close_drain_timeout
+            self._deadline = self.clock.monotonic() + self.node.settings.close_drain_timeout
             return
         self.info = ClientInfo(self.id, result.username, self.peer, superuser=result.superuser, acl=result.acl)
         self.expires_at = result.expires_at
@@ -308,7 +308,7 @@ class AmqpConnection(asyncio.Protocol):
             await channel.close()
             return
         self.core.close_connection(problem)
-        self._deadline = time.monotonic() + self.node.settings.close_drain_timeout
+        self._deadline = self.clock.monotonic() + self.node.settings.close_drain_timeout
         await self._close_channels()
 
     async def _close_channels(self) -> None:

@@ -10,7 +10,6 @@ requeue settles it (there are no dead-letter exchanges). Closing the channel req
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -118,7 +117,7 @@ class Deliveries:
         return tag
 
     def _send(self, method: Method, message: Message) -> None:
-        self.conn.core.send_content(self.number, method, properties_out(message, int(time.time() * 1000)),
+        self.conn.core.send_content(self.number, method, properties_out(message, int(self.conn.clock.time() * 1000)),
                                     message.payload)
 
     def server_cancel(self, consumer: AmqpConsumer) -> None:

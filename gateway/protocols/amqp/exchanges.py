@@ -9,7 +9,6 @@ non-durable groups. Nodes cache what they read for `CACHE_S`: a deletion elsewhe
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -57,7 +56,7 @@ class Exchanges:
         if known is not None:
             return known
         cached = self._cache.get((vhost, name))
-        if cached is not None and time.monotonic() - cached[1] < CACHE_S:
+        if cached is not None and self.node.clock.monotonic() - cached[1] < CACHE_S:
             return cached[0]
         record = await self.node.store.get_group(record_name(vhost, name))
         if record is None:
@@ -68,7 +67,7 @@ class Exchanges:
     def _remember(self, vhost: str, exchange: Exchange) -> Exchange:
         if len(self._cache) > 100_000:  # bounded: a client declaring exchanges without end costs a re-read
             self._cache.clear()
-        self._cache[(vhost, exchange.name)] = (exchange, time.monotonic())
+        self._cache[(vhost, exchange.name)] = (exchange, self.node.clock.monotonic())
         if len(self.kinds) < 100_000:
             self.kinds[exchange.name] = exchange.kind
         return exchange
@@ -83,7 +82,8 @@ class Exchanges:
         if not exchange.durable:
             attrs["node"] = self.node.node_id
         await self.node.store.put_group(GroupRecord(record_name(vhost, exchange.name), [], exchange.durable,
-                                                    self.node.store.last_seq(), int(time.time() * 1000), attrs))
+                                                    self.node.store.last_seq(), int(self.node.clock.time() * 1000),
+                                                    attrs))
         return self._remember(vhost, exchange)
 
     async def delete(self, vhost: str, name: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,10 +36,6 @@ _FAR_MS = 1 << 50
 
 def group_name(vhost: str, queue: str) -> str:
     return f"{GROUP_PREFIX}{vhost}/{queue}"
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,21 +92,22 @@ class Queues:
         return record
 
     def _install(self, record: GroupRecord) -> None:
+        clock = self.node.clock
         ttl = record.attrs.get("ttl_ms")
         if isinstance(ttl, int):
             def fresh(message: Message, ttl: int = ttl) -> bool:
-                return message.timestamp_ms + ttl > _now_ms()
+                return message.timestamp_ms + ttl > int(clock.time() * 1000)
 
             self.node.groups.matcher(record.name, fresh)
         expires = record.attrs.get("expires_ms")
         if isinstance(expires, int):
-            self._expiring[record.name] = (expires, time.monotonic())
+            self._expiring[record.name] = (expires, clock.monotonic())
 
     def touch(self, name: str) -> None:
         """The queue is used (declared, consumed, read): an x-expires queue's clock starts again."""
         entry = self._expiring.get(name)
         if entry is not None:
-            self._expiring[name] = (entry[0], time.monotonic())
+            self._expiring[name] = (entry[0], self.node.clock.monotonic())
 
     # --- declare -----------------------------------------------------------------------------------------
     async def declare(self, vhost: str, spec: QueueSpec, conn_id: str,
@@ -213,7 +209,8 @@ class Queues:
             return 0
         await store.claim(record.name, cursor, max(cursor, store.last_seq()), [], self.node.node_id, _FAR_MS)
         while True:
-            claims = await store.reclaim(record.name, self.node.node_id, _now_ms(), _FAR_MS, PURGE_BATCH)
+            now_ms = int(self.node.clock.time() * 1000)
+            claims = await store.reclaim(record.name, self.node.node_id, now_ms, _FAR_MS, PURGE_BATCH)
             if claims:
                 await store.settle(record.name, [(c.seq, c.token) for c in claims])
             if len(claims) < PURGE_BATCH:
@@ -235,7 +232,8 @@ class Queues:
         """Delete the x-expires queues nobody used for that long. Use on this node is tracked here; use on
         other nodes is what they wrote to `used_ms` (each node writes it while it has consumers)."""
         groups = self.node.groups
-        now = time.monotonic()
+        clock = self.node.clock
+        now = clock.monotonic()
         for name, (expires_ms, last_used) in list(self._expiring.items()):
             if groups.consumer_count(name):
                 self._expiring[name] = (expires_ms, now)
@@ -250,7 +248,7 @@ class Queues:
                 self._expiring.pop(name, None)
                 continue
             used_ms = record.attrs.get("used_ms")
-            if isinstance(used_ms, int) and (idle_ms := _now_ms() - used_ms) < expires_ms:
+            if isinstance(used_ms, int) and (idle_ms := int(clock.time() * 1000) - used_ms) < expires_ms:
                 self._expiring[name] = (expires_ms, now - idle_ms / 1000)  # used on another node: look again then
                 continue
             await self.delete(record)
@@ -258,7 +256,7 @@ class Queues:
     async def _write_use(self, name: str) -> None:
         record = await self.node.store.get_group(name)
         if record is not None:
-            record.attrs["used_ms"] = _now_ms()
+            record.attrs["used_ms"] = int(self.node.clock.time() * 1000)
             await self.node.store.put_group(record)
 
     async def forget_owner(self, conn_id: str, names: set[str]) -> None:

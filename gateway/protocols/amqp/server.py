@@ -8,7 +8,6 @@ import itertools
 import logging
 import secrets
 import ssl
-import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +61,7 @@ class AmqpServer:
         return f"{self._prefix}{next(self._ids)}"
 
     def new_core(self, wake: Callable[[], None]) -> ConnectionCore:
-        return ConnectionCore(self.limits, self.properties, wake, time.monotonic())
+        return ConnectionCore(self.limits, self.properties, wake, self.node.clock.monotonic())
 
     def track(self, conn: AmqpConnection) -> None:
         self.connections[conn.listener.name].add(conn)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
@@ -57,10 +56,6 @@ DLQ_HOLD_MS = 60_000  # a message being dead-lettered stays hidden this long if 
 MAX_GROUPS = 10_000  # RocketMQ subscriptions this node sets up (each is a stored consumer group)
 MAX_ACK_ENTRIES = 1024  # receipt handles in one AckMessage
 STOP_WAIT_S = 2.0  # at stop, how long requeues of undelivered messages may still take
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def group_name(group: str, topic: str) -> str:
@@ -152,7 +147,8 @@ class Consuming:
             for delivery in deliveries:
                 yield service_pb2.ReceiveMessageResponse(message=outbound(delivery.message, delivery.claim, to))
                 sent += 1
-            yield service_pb2.ReceiveMessageResponse(delivery_timestamp=timestamp_now(_now_ms()))
+            yield service_pb2.ReceiveMessageResponse(delivery_timestamp=timestamp_now(
+                int(self.node.clock.time() * 1000)))
         finally:
             if sent < len(deliveries):  # the call ended under us: what it did not get is visible again at once
                 lost = [(d.claim.seq, d.claim.token) for d in deliveries[sent:]]
@@ -231,7 +227,8 @@ class Consuming:
             properties.user += [("ORIGIN_MESSAGE_ID", message_id(original.seq)),
                                 ("RETRY_TOPIC", split_topic(original.topic)[0])]
             copy = neutral_message(join_topic(DLQ_PREFIX + group, split_topic(original.topic)[1]), original.payload,
-                                   properties=properties, now_ms=_now_ms(), protocol=PROTOCOL_ROCKETMQ)
+                                   properties=properties, now_ms=int(self.node.clock.time() * 1000),
+                                   protocol=PROTOCOL_ROCKETMQ)
             try:
                 await publish_future(self.node.publish, [copy])[0]
             except PublishFailed:

@@ -10,7 +10,6 @@ does not stop it, and its retry gets its answer.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +27,6 @@ if TYPE_CHECKING:
 
 DEDUP_CAPACITY = 65_536  # recent message ids remembered for retries (per node)
 MAX_SEND_BATCH = 1024  # messages in one SendMessage
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Producing:
@@ -78,7 +73,8 @@ class Producing:
             while len(self._recent) > DEDUP_CAPACITY:
                 self._recent.popitem(last=False)
             message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
-                                      publisher=caller.client_id, now_ms=_now_ms(), protocol=PROTOCOL_ROCKETMQ)
+                                      publisher=caller.client_id, now_ms=int(self.node.clock.time() * 1000),
+                                      protocol=PROTOCOL_ROCKETMQ)
             task = asyncio.get_running_loop().create_task(self._publish(key, message, answer))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -95,7 +94,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             self.consuming.node.bans.banned_refused += 1
             log.info("rocketmq.banned", extra={"peer": context.peer()})
             return status(Code.UNAUTHORIZED, "bad or missing credentials")
-        refusal = self.clients.admit(caller.client_id, time.monotonic())
+        refusal = self.clients.admit(caller.client_id, self.consuming.node.clock.monotonic())
         if refusal is not None:
             log.info("rocketmq.refused", extra={"client_id": caller.client_id, "peer": context.peer(),
                                                 "reason": refusal.detail})

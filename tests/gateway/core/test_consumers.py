@@ -1,7 +1,8 @@
 """Consumer groups (`gateway.core.consumers`) on two in-process nodes sharing one store that answers every call late
 and out of order (`DelayingStore`): consumers on both nodes compete for one group and each message is claimed
 once; a requeued or lapsed claim comes back as a redelivery; a poll waits for the first message; a matcher
-passes messages over without claiming them. The protocol handlers (AMQP, RocketMQ) sit on exactly this API."""
+passes messages over without claiming them; on one node with a clock moved by hand, an unsettled claim comes
+back exactly when its visibility timeout has passed. The protocol handlers (AMQP, RocketMQ) sit on exactly this API."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gateway.fakeclock import FakeClock
 from tests.store.delaying import DelayingStore
 from tests.waiting import until
 from tidewire.extensions.hooks import AllowAll
@@ -157,3 +159,24 @@ async def test_a_matcher_passes_messages_over_without_claiming(nodes: tuple[Node
     cursor, pending = await n1.store.group_position("tagged")
     assert pending == 0 or got.unacked
     assert cursor >= max(d.claim.seq for d in got.got)
+
+
+async def test_an_unsettled_claim_comes_back_once_the_node_clock_passes_its_visibility(clocked_node: Node,
+                                                                                      clock: FakeClock) -> None:
+    """The delivery timeout of every protocol handler (AMQP consumer_timeout, RocketMQ invisible duration), on a
+    clock moved by hand: hidden from every consumer until then, handed out again from then on as a redelivery
+    (the lapsed handle settles nothing). No sleep."""
+    node = clocked_node
+    await node.groups.declare(GroupRecord("vt", ["vt/#"]))
+    await asyncio.gather(*publish_future(node.publish, [Message("vt/1", b"one", 1)]))
+    [first] = await node.groups.receive("vt", 8, 30_000, 0)
+    assert first.claim.deliveries == 1 and first.message.timestamp_ms == int(clock.wall * 1000)
+    clock.advance(29)
+    assert await node.groups.receive("vt", 8, 30_000, 0) == []
+    clock.advance(1)
+    [again] = await node.groups.receive("vt", 8, 30_000, 0)
+    assert (again.message.seq, again.claim.deliveries) == (first.message.seq, 2)
+    assert await node.groups.ack("vt", [(first.claim.seq, first.claim.token)]) == []
+    assert await node.groups.ack("vt", [(again.claim.seq, again.claim.token)]) == [again.claim.seq]
+    clock.advance(3600)
+    assert await node.groups.receive("vt", 8, 30_000, 0) == []  # settled: never again

@@ -1,18 +1,28 @@
 """AMQP queue semantics against the real gateway: server-named, exclusive, auto-delete, x-expires,
-x-message-ttl, bind/unbind, purge, delete conditions, and the reply codes of the refusals."""
+x-message-ttl, bind/unbind, purge, delete conditions, and the reply codes of the refusals; x-expires and
+x-message-ttl also in-process, on the node's clock moved by hand (no sleep)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pika
 import pika.exceptions
 import pytest
+from pamqp import commands
 from pika.adapters.blocking_connection import BlockingChannel
 
+from tests.gateway.fakeclock import FakeClock
 from tests.gateway.protocols.amqp.conftest import AmqpGateway, PikaFactory
 from tests.gateway.protocols.amqp.helpers import collector, settle_for
 from tests.waiting import wait_until
+from tidewire.gateway.core.ingress import publish_future
+from tidewire.gateway.node import Node
+from tidewire.gateway.protocols.amqp.codec import Fault
+from tidewire.gateway.protocols.amqp.mapping import queue_topic
+from tidewire.gateway.protocols.amqp.queues import Queues, QueueSpec, group_name
+from tidewire.store.base import Message
 
 
 def closed_with(code: int, action: object) -> None:
@@ -158,3 +168,42 @@ def test_x_expires_deletes_an_unused_queue(amqp_gateway: AmqpGateway, pika_facto
     settle_for(conn, 1.8)
     closed_with(404, lambda: conn.channel().queue_declare("short-lived", passive=True))
     assert conn.channel().queue_declare("kept-alive", passive=True).method.consumer_count == 1
+
+
+# --- in-process, on the node's clock moved by hand ---------------------------------------------------------------
+
+def _spec(name: str, expires_ms: int | None = None, ttl_ms: int | None = None) -> QueueSpec:
+    return QueueSpec(name, durable=True, exclusive=False, auto_delete=False, expires_ms=expires_ms, ttl_ms=ttl_ms)
+
+
+async def test_x_expires_counts_on_the_node_clock(clocked_node: Node, clock: FakeClock) -> None:
+    """An unused x-expires queue goes once its time has passed on the node's clock, not a moment before."""
+    queues = Queues(clocked_node)
+    method = commands.Queue.Declare(queue="idle")
+    declared = await queues.declare("/", _spec("idle", expires_ms=10_000), "conn-1", method)
+    assert not isinstance(declared, Fault)
+    clock.advance(9.5)
+    await queues.expire_due()
+    assert await clocked_node.store.get_group(group_name("/", "idle")) is not None
+    queues.touch(group_name("/", "idle"))  # used: its time starts again
+    clock.advance(9.5)
+    await queues.expire_due()
+    assert await clocked_node.store.get_group(group_name("/", "idle")) is not None
+    clock.advance(0.5)
+    await queues.expire_due()
+    assert await clocked_node.store.get_group(group_name("/", "idle")) is None
+
+
+async def test_x_message_ttl_counts_on_the_node_clock(clocked_node: Node, clock: FakeClock) -> None:
+    """A message older than the queue's x-message-ttl on the node's clock is passed over; a younger one is not."""
+    node = clocked_node
+    queues = Queues(node)
+    declared = await queues.declare("/", _spec("fresh", ttl_ms=5_000), "conn-1", commands.Queue.Declare(queue="fresh"))
+    assert not isinstance(declared, Fault)
+    record, _ = declared
+    await asyncio.gather(*publish_future(node.publish, [Message(queue_topic("fresh"), b"old", 1)]))
+    clock.advance(3)
+    await asyncio.gather(*publish_future(node.publish, [Message(queue_topic("fresh"), b"new", 1)]))
+    clock.advance(2.5)  # "old" is 5.5 s old, "new" 2.5 s
+    got = await node.groups.receive(record.name, 8, 30_000, 0)
+    assert [d.message.payload for d in got] == [b"new"]

@@ -1,19 +1,27 @@
 """RocketMQ SimpleConsumers (the official Python client) consume device data through a real gateway: a
 consumer of topic `a` reads every MQTT publish on `a/...` once, with competing consumers, invisible durations,
-filters and the dead-letter queue."""
+filters and the dead-letter queue; invisible durations also in-process, on the node's clock moved by hand."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from rocketmq import FilterExpression
-from rocketmq.grpc_protocol import Code, FilterType, ForwardMessageToDeadLetterQueueRequest
+from rocketmq.grpc_protocol import Code, FilterType, ForwardMessageToDeadLetterQueueRequest, definition_pb2, service_pb2
 from rocketmq.v5.exception import BadRequestException
 
+from tests.gateway.fakeclock import FakeClock
 from tests.integration.conftest import Gateway, PahoClient, PahoFactory, v5_props
+from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.core.ingress import publish_future
+from tidewire.gateway.node import Node
+from tidewire.gateway.protocols.rocketmq.consuming import Consuming
+from tidewire.store.base import Message
 
 from .conftest import Clients, message
 
@@ -153,3 +161,45 @@ def test_dead_letter_queue(rmq_gateway: Callable[..., Gateway], clients: Clients
         poison.endpoints, request, metadata=consumer.sign(), timeout=3).result()
     assert again.status.code == Code.INVALID_RECEIPT_HANDLE
 
+
+
+# --- in-process, on the node's clock moved by hand ---------------------------------------------------------------
+
+async def _receive(consuming: Consuming, caller: ClientInfo, invisible_s: int) -> tuple[list[Any], Any]:
+    """One ReceiveMessage of topic `a` for group `g` (no long polling): the messages and the last response."""
+    request = service_pb2.ReceiveMessageRequest(
+        group=definition_pb2.Resource(name="g"), message_queue=definition_pb2.MessageQueue(
+            topic=definition_pb2.Resource(name="a")), batch_size=8,
+        filter_expression=definition_pb2.FilterExpression(type=definition_pb2.TAG, expression="*"))
+    request.invisible_duration.seconds = invisible_s
+    responses = [r async for r in consuming.receive(caller, request, None)]
+    return [r.message for r in responses if r.HasField("message")], responses[-1]
+
+
+async def test_invisible_durations_count_on_the_node_clock(clocked_node: Node, clock: FakeClock) -> None:
+    """A received message stays invisible for its invisible duration on the node's clock, then comes back (delivery
+    attempt 2); ChangeInvisibleDuration moves that on the same clock. No socket, no sleep."""
+    node = clocked_node
+    consuming = Consuming(node, "127.0.0.1:8081")
+    caller = ClientInfo("rmq-1", None)
+    assert await consuming.subscribe("g", "a", definition_pb2.TAG, "*") == "rmq/g/a"
+    await asyncio.gather(*publish_future(node.publish, [Message("a/1", b"one", 1)]))
+    [first], last = await _receive(consuming, caller, 30)
+    assert first.body == b"one" and first.system_properties.delivery_attempt == 1
+    assert last.delivery_timestamp.seconds == int(clock.wall)
+    clock.advance(29)
+    assert (await _receive(consuming, caller, 30))[0] == []
+    clock.advance(1)
+    [again], _ = await _receive(consuming, caller, 30)
+    assert again.system_properties.delivery_attempt == 2
+    change = service_pb2.ChangeInvisibleDurationRequest(
+        group=definition_pb2.Resource(name="g"), topic=definition_pb2.Resource(name="a"),
+        receipt_handle=again.system_properties.receipt_handle, message_id=again.system_properties.message_id)
+    change.invisible_duration.seconds = 120
+    changed = await consuming.change_invisible(caller, change)
+    assert changed.status.code == definition_pb2.Code.OK
+    clock.advance(119)
+    assert (await _receive(consuming, caller, 30))[0] == []
+    clock.advance(1)
+    [third], _ = await _receive(consuming, caller, 30)
+    assert third.system_properties.delivery_attempt == 3
