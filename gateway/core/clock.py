@@ -1,5 +1,7 @@
-"""The clock, passed in: whatever reads time (connections' deadlines, message timestamps) takes a `Clock`, so a
-test can move time by hand instead of sleeping."""
+"""The clock, passed in: whatever reads time (connections' deadlines, message timestamps, expiry) takes a `Clock`,
+so a test can move time by hand instead of sleeping. A node has one (`Node(..., clock=...)`, `node.clock`) and
+hands it to its parts; nothing under gateway/ or admin/ reads the system's time itself
+(`tests/gateway/core/test_clock.py`). Epoch milliseconds are `int(clock.time() * 1000)`."""
 
 from __future__ import annotations
 
