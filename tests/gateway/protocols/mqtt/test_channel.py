@@ -1,7 +1,7 @@
 """The MQTT channel with no socket and a clock moved by hand: every state, refusal and timer is driven through
 `MqttChannel.receive`, `deadline_due` and the timers it asked its `ChannelIo` for, and read back from the bytes
-it wrote. The node under it is real (embedded store in a temporary directory); only the connection is a
-recorder."""
+it wrote. The node under it is real (embedded store in a temporary directory) and reads the same clock; only the
+connection is a recorder."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     store = EmbeddedStore(tmp_path, fsync="never")
     await store.open()
     lookup = InProcessLookup()
-    made = Node(settings, store, lookup, LocalNotifier(lookup), AllowAll())
+    made = Node(settings, store, lookup, LocalNotifier(lookup), AllowAll(), clock=FakeClock())
     await made.start()
     try:
         yield made
@@ -85,7 +85,9 @@ class Client:
 
 
 def _client(node: Node, level: int = 5, clock: FakeClock | None = None, listener: Listener | None = None) -> Client:
-    clock = clock or FakeClock()
+    if clock is None:  # the node's, as a listener's connections have
+        assert isinstance(node.clock, FakeClock)
+        clock = node.clock
     io = FakeIo(clock)
     return Client(MqttChannel(node, listener or _listener(), io, "10.0.0.7:50000", clock), io, clock, level)
 
