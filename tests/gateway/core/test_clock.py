@@ -5,7 +5,8 @@ instead of sleeping (`tests/gateway/fakeclock.py`).
 An AST walk over every module under gateway/ and admin/ finds each use of `time.time`, `time.monotonic`,
 `time.time_ns` (and their `_ns` and `perf_counter` kin), called or passed on, however `time` or the function was
 imported; `datetime.now()`, `utcnow()` and `date.today()`; and an event loop's own `loop.time()`. The exceptions
-are listed here, each with its reason."""
+are listed here, each with its reason. `SYSTEM_CLOCK` itself is named only as a parameter's default: the server
+and the node pass theirs on."""
 
 from __future__ import annotations
 
@@ -157,3 +158,19 @@ def test_no_module_of_the_gateway_reads_the_system_time_but_the_listed_exception
     assert not direct, "read the clock the part was given (node.clock, or a `clock` argument) instead:\n" + (
         "\n".join(direct))
     assert used == ALLOWED_READS.keys(), f"exceptions listed but no longer used: {ALLOWED_READS.keys() - used}"
+
+
+def system_clock_uses(source: str) -> list[int]:
+    """Lines naming SYSTEM_CLOCK other than as a parameter's default: a part handed the system's clock itself
+    would not read its node's."""
+    tree = ast.parse(source)
+    defaults = {id(default) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                for default in (*node.args.defaults, *node.args.kw_defaults) if default is not None}
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and node.id == "SYSTEM_CLOCK" and id(node) not in defaults]
+
+
+def test_the_system_clock_is_only_a_default() -> None:
+    assert system_clock_uses("def f(clock=SYSTEM_CLOCK, *, c=SYSTEM_CLOCK): pass\nx = f(SYSTEM_CLOCK)\n") == [2]
+    named = {f"{name}:{line}" for name, path in _modules() for line in system_clock_uses(path.read_text("utf-8"))}
+    assert not named, f"pass the node's clock instead: {sorted(named)}"
