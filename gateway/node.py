@@ -44,7 +44,7 @@ from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
 from tidewire.gateway.sessions.wills import DelayedWills, delay_left
 from tidewire.gateway.topology import SingleNode, Topology
-from tidewire.gateway.transport.listeners import Admission
+from tidewire.gateway.transport.admission import Admission
 from tidewire.lookup.base import Lookup
 from tidewire.notify.base import Notifier
 from tidewire.store.base import Message, Store

@@ -24,13 +24,8 @@ from tidewire.gateway.node import Node
 from tidewire.gateway.ops.drain import drain
 from tidewire.gateway.protocols.mqtt.connection import MqttProtocol
 from tidewire.gateway.security import Security
-from tidewire.gateway.transport.listeners import (
-    Listener,
-    make_listeners,
-    open_listener,
-    reload_certificate,
-    tls_context,
-)
+from tidewire.gateway.transport.listeners import Listener, make_listeners, open_listener
+from tidewire.gateway.transport.tls import reload_certificate, tls_context
 from tidewire.gateway.transport.websocket import WebSocketProtocol
 from tidewire.gateway.transport.websocket_core import WebSocketOptions
 from tidewire.lookup.base import InProcessLookup, Lookup

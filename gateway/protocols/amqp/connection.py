@@ -28,7 +28,8 @@ from tidewire.gateway.protocols.amqp.events import (
     Event,
     Opened,
 )
-from tidewire.gateway.transport.listeners import Listener, certificate_name
+from tidewire.gateway.transport.listeners import Listener
+from tidewire.gateway.transport.tls import certificate_name
 
 if TYPE_CHECKING:
     from tidewire.gateway.protocols.amqp.server import AmqpServer
@@ -38,7 +39,7 @@ log = logging.getLogger("tidewire.amqp")
 MAX_BACKLOG = 1024  # events waiting for the worker before reading pauses
 TICK_S = 1.0  # heartbeat / handshake checks (a quarter of the heartbeat when that is shorter)
 REFUSED_TEXT = "Login was refused using authentication mechanism PLAIN. For details see the broker logfile."
-# How AMQP answers an admission refusal (gateway.transport.listeners.AdmissionRefusal), decided at Start-Ok and
+# How AMQP answers an admission refusal (gateway.transport.admission.AdmissionRefusal), decided at Start-Ok and
 # sent at Connection.Open: RabbitMQ's codes for a node that is shutting down and for a connection limit.
 ADMISSION_CODES = {"stopping": CONNECTION_FORCED, "busy": NOT_ALLOWED, "rate": NOT_ALLOWED}
 

@@ -55,7 +55,7 @@ class Terms:
     ack_properties: dict[int, Any] = field(default_factory=dict)
 
 
-# How MQTT answers an admission refusal (gateway.transport.listeners.AdmissionRefusal): 3.1.1 code, 5.0 code.
+# How MQTT answers an admission refusal (gateway.transport.admission.AdmissionRefusal): 3.1.1 code, 5.0 code.
 ADMISSION_CODES: dict[str, tuple[int, int]] = {
     "stopping": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_UNAVAILABLE),
     "busy": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_BUSY),

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, cast
 
 from tidewire.gateway.protocols.mqtt.channel import MqttChannel
 from tidewire.gateway.protocols.mqtt.lifecycle import Cancellable
-from tidewire.gateway.transport.listeners import Bucket, CertUsername, Listener, certificate_name
+from tidewire.gateway.transport.deadlines import Bucket
+from tidewire.gateway.transport.listeners import Listener
+from tidewire.gateway.transport.tls import CertUsername, certificate_name
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node

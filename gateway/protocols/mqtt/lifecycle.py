@@ -25,8 +25,9 @@ from tidewire.gateway.protocols.mqtt.codec import (
     encode,
 )
 from tidewire.gateway.protocols.mqtt.connect import Terms
-from tidewire.gateway.transport.listeners import CertUsername, Listener
+from tidewire.gateway.transport.listeners import Listener
 from tidewire.gateway.transport.ratelimit import InboundLimiter
+from tidewire.gateway.transport.tls import CertUsername
 from tidewire.store.base import NEVER_EXPIRES, Ban, Message
 
 if TYPE_CHECKING:

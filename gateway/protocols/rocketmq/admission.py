@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from tidewire.gateway.transport.listeners import Admission, AdmissionRefusal, Listener
+from tidewire.gateway.transport.admission import Admission, AdmissionRefusal
+from tidewire.gateway.transport.listeners import Listener
 
 # RocketMQ 5 clients heartbeat every 10 s: a client silent for six beats counts as gone.
 CLIENT_IDLE_S = 60.0

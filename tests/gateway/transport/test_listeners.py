@@ -13,7 +13,9 @@ import pytest
 from tests.gateway.fakeclock import FakeClock
 from tests.waiting import until
 from tidewire.gateway.config import Settings
-from tidewire.gateway.transport.listeners import Admission, AdmissionRefusal, Listener, make_listeners, tls_context
+from tidewire.gateway.transport.admission import Admission, AdmissionRefusal
+from tidewire.gateway.transport.listeners import Listener, make_listeners
+from tidewire.gateway.transport.tls import tls_context
 
 
 def test_listeners_take_node_defaults_and_their_own_overrides() -> None:

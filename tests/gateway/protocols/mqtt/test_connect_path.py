@@ -17,7 +17,8 @@ from tidewire.gateway.config import Settings
 from tidewire.gateway.core.writes import RecordWrites
 from tidewire.gateway.ops.logs import Sampled
 from tidewire.gateway.ops.sys_topics import SysTopics
-from tidewire.gateway.transport.listeners import DEADLINE_TICK_S, Admission, Deadlines
+from tidewire.gateway.transport.admission import Admission
+from tidewire.gateway.transport.deadlines import DEADLINE_TICK_S, Deadlines
 from tidewire.store.base import Message, WillRecord
 from tidewire.store.embedded.engine import EmbeddedStore
 

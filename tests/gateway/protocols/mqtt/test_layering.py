@@ -16,7 +16,8 @@ SANS_IO = ("channel.py", "handshake.py", "lifecycle.py", "connect.py", "outbound
 # What the byte-moving side may import: the event loop, the channel it drives, the listener's wheel and TLS.
 PROTOCOL_IMPORTS = {"asyncio", "collections.abc", "typing", "tidewire.gateway.core.clock",
                     "tidewire.gateway.protocols.mqtt.channel", "tidewire.gateway.protocols.mqtt.lifecycle",
-                    "tidewire.gateway.transport.listeners", "tidewire.gateway.node"}
+                    "tidewire.gateway.transport.listeners", "tidewire.gateway.transport.deadlines",
+                    "tidewire.gateway.transport.tls", "tidewire.gateway.node"}
 
 
 def imported_modules(tree: ast.Module) -> set[str]:

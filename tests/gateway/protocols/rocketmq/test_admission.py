@@ -22,7 +22,8 @@ from tests.gateway.fakeclock import FakeClock
 from tests.integration.conftest import Gateway
 from tidewire.gateway.config import Settings
 from tidewire.gateway.protocols.rocketmq.admission import ClientAdmission
-from tidewire.gateway.transport.listeners import Admission, make_listener
+from tidewire.gateway.transport.admission import Admission
+from tidewire.gateway.transport.listeners import make_listener
 
 from .conftest import Clients, message
 
