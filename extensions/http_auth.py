@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from tidewire.extensions.acl import AclFile
-from tidewire.extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.authentication import AuthDecision, AuthRequest, Failure, Outcome
 from tidewire.gateway.config import Settings
 
 log = logging.getLogger("tidewire.auth.http")

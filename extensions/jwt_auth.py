@@ -54,7 +54,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from jwt.utils import base64url_decode
 
 from tidewire.extensions.acl import AclFile
-from tidewire.extensions.authn import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.authentication import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
 
 if TYPE_CHECKING:
     from tidewire.gateway.config import Settings

@@ -4,7 +4,7 @@ One file may hold any mix of these lines (blank lines and lines starting with ``
 
     alice:$7$101$<salt b64>$<hash b64>         PBKDF2-HMAC-SHA512 (mosquitto_passwd 2.0 default)
     bob:$6$<salt b64>$<hash b64>               SHA-512(password bytes + salt) (mosquitto_passwd -H sha512, 1.x)
-    alice:SCRAM-SHA-256:4096:<salt>:<StoredKey>:<ServerKey>   extensions.passwords, for MQTT 5 AUTH
+    alice:SCRAM-SHA-256:4096:<salt>:<StoredKey>:<ServerKey>   extensions.scram_credentials, for MQTT 5 AUTH
 
 As in Mosquitto (src/password_mosq.c, src/security_default.c in 2.0.11): the salt is 12 bytes, the hash 64,
 both standard base64 with padding; the password is hashed as the raw bytes the client sent; the user name is
@@ -37,8 +37,15 @@ from enum import Enum
 from functools import partial
 from pathlib import Path
 
-from tidewire.extensions.authn import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
-from tidewire.extensions.passwords import KEY_SIZE, CredentialEntry, Credentials, is_scram_line, parse_line, saslprep
+from tidewire.extensions.authentication import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.scram_credentials import (
+    KEY_SIZE,
+    CredentialEntry,
+    Credentials,
+    is_scram_line,
+    parse_line,
+    saslprep,
+)
 
 SALT_LEN = 12  # Mosquitto drops entries whose salt is any other length
 HASH_LEN = 64  # SHA-512 digest size

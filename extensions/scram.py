@@ -1,6 +1,6 @@
 """SCRAM-SHA-256 server (RFC 5802, RFC 7677) as a sans-IO MQTT 5 enhanced authentication mechanism.
 
-Exchange, driven by the gateway through `extensions.auth`:
+Exchange, driven by the gateway through `extensions.enhanced_auth`:
 
 1. CONNECT Authentication Data = client-first-message ``n,,n=<user>,r=<client nonce>``;
    `step` answers server-first-message ``r=<client nonce><server nonce>,s=<salt>,i=<iterations>``.
@@ -23,8 +23,8 @@ import hmac
 import secrets
 from collections.abc import Callable
 
-from tidewire.extensions.auth import AuthResult, auth_failed
-from tidewire.extensions.passwords import KEY_SIZE, MECHANISM, CredentialEntry, Credentials
+from tidewire.extensions.enhanced_auth import AuthResult, auth_failed
+from tidewire.extensions.scram_credentials import KEY_SIZE, MECHANISM, CredentialEntry, Credentials
 
 DEFAULT_MAX_MESSAGE = 4096  # bytes of Authentication Data accepted per step
 _FAILED_PROOF = "authentication failed"  # one reason for unknown user and wrong password alike

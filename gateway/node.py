@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from tidewire.cache.queue_cache import QueueCache
 from tidewire.errors import StaleWildcards
-from tidewire.extensions.auth import EnhancedAuth
-from tidewire.extensions.authn import AuthChain
+from tidewire.extensions.authentication import AuthChain
+from tidewire.extensions.enhanced_auth import EnhancedAuth
 from tidewire.extensions.hooks import Authorizer, PerClient
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.consumers import ConsumerGroups
 from tidewire.gateway.core.dispatch import Dispatcher
-from tidewire.gateway.core.events import EventBuffer
+from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.shared import SharedGroup
@@ -84,7 +84,7 @@ class Node:
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events, clock)
         if settings.lake_dir is None:  # the lake exports the whole log: there every event goes into it
             self.sys.audience = self.subscriptions.routed  # no event nobody reads is stored
-        # Session and delivery events for the lake (pipeline.lake.events drains them); None: not recorded.
+        # Session and delivery events for the lake (pipeline.lake.event_export drains them); None: not recorded.
         self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
         self.sessions = SessionOpener(self)  # open (takeover, claim, restore) and close client sessions
         # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks

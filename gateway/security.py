@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tidewire.extensions.acl import AclFile
-from tidewire.extensions.authn import AuthChain, Authenticator
+from tidewire.extensions.authentication import AuthChain, Authenticator
 from tidewire.extensions.hooks import AllowAll, Authorizer
 from tidewire.extensions.http_auth import HttpAuthenticator
 from tidewire.extensions.password_file import PasswordFileAuthenticator

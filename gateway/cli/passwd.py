@@ -35,8 +35,8 @@ from tidewire.extensions.password_file import (
     line_username,
     mosquitto_hash,
 )
-from tidewire.extensions.passwords import DEFAULT_ITERATIONS as SCRAM_ITERATIONS
-from tidewire.extensions.passwords import credential_line
+from tidewire.extensions.scram_credentials import DEFAULT_ITERATIONS as SCRAM_ITERATIONS
+from tidewire.extensions.scram_credentials import credential_line
 
 _HASHES = {"sha512-pbkdf2": HashKind.PBKDF2_SHA512, "sha512": HashKind.SHA512}
 MAX_PASSWORD = 65535  # mosquitto_passwd's limit, in bytes

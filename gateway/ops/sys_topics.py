@@ -23,7 +23,7 @@ from operator import itemgetter
 from typing import Any
 
 from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
-from tidewire.gateway.core.events import EventBuffer
+from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.gateway.ops.logs import Sampled
 from tidewire.pipeline.lake.event_names import SUBSCRIBED, UNSUBSCRIBED
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_ROCKETMQ, Claim, Message

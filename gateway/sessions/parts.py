@@ -14,7 +14,7 @@ from tidewire.store.base import Message, Store, SubscriptionRecord
 if TYPE_CHECKING:
     from tidewire.cache.queue_cache import QueueCache
     from tidewire.gateway.core.clock import Clock
-    from tidewire.gateway.core.events import EventBuffer
+    from tidewire.gateway.core.event_buffer import EventBuffer
     from tidewire.gateway.ops.sys_topics import Counters
     from tidewire.gateway.sessions.session import Session
 

@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Literal
 
-from tidewire.extensions.authn import AuthChain, AuthRequest, Identity, Refused
+from tidewire.extensions.authentication import AuthChain, AuthRequest, Identity, Refused
 from tidewire.gateway.config import Settings
 from tidewire.gateway.transport.listeners import Listener
 

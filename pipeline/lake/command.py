@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tidewire.gateway.core.events import EventBuffer
+from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.pipeline.lake.bridge import LakeBridge
-from tidewire.pipeline.lake.events import EventExporter
+from tidewire.pipeline.lake.event_export import EventExporter
 from tidewire.store.base import LogSource
 
 log = logging.getLogger(__name__)

@@ -178,12 +178,13 @@ def messages_table(records: Sequence[LogRecord], json_cap: int = MAX_JSON_NUMBER
     return pa.Table.from_arrays(columns, schema=MESSAGES_SCHEMA)
 
 
-# gateway.core.events.Event: (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail)
+# gateway.core.event_buffer.Event: (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail)
 EventTuple = tuple[str, int, str, str, str | None, int | None, int | None, bool, str | None, str | None]
 
 
 def events_table(events: Iterable[EventTuple], node: str) -> pa.Table:
-    """An EVENTS_SCHEMA table of gateway events (tuples as `gateway.core.events.EventBuffer.drain` returns them)."""
+    """An EVENTS_SCHEMA table of gateway events (tuples as `gateway.core.event_buffer.EventBuffer.drain` returns
+    them)."""
     rows = list(events)
     if not rows:
         return EVENTS_SCHEMA.empty_table()

@@ -16,7 +16,7 @@ import pytest
 
 from loadtest.ports import free_port
 from tests.waiting import until
-from tidewire.extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.authentication import AuthDecision, AuthRequest, Failure, Outcome
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
 from tidewire.extensions.http_auth import HttpAuthenticator
 from tidewire.gateway.config import Settings

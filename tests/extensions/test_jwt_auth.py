@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from tidewire.extensions.authn import AuthChain, AuthDecision, AuthRequest, Failure, Identity, Outcome, Refused
+from tidewire.extensions.authentication import AuthChain, AuthDecision, AuthRequest, Failure, Identity, Outcome, Refused
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
 from tidewire.extensions.jwt_auth import JwtAuthenticator, grants_from_acl_claim
 from tidewire.gateway.config import Settings

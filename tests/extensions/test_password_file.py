@@ -19,7 +19,7 @@ from typer.testing import CliRunner, Result
 
 from loadtest.ports import free_port
 from tests.waiting import wait_until
-from tidewire.extensions.authn import AuthDecision, AuthRequest, Failure, Outcome
+from tidewire.extensions.authentication import AuthDecision, AuthRequest, Failure, Outcome
 from tidewire.extensions.password_file import (
     HashKind,
     PasswordFile,
@@ -27,7 +27,7 @@ from tidewire.extensions.password_file import (
     mosquitto_hash,
     verify_mosquitto,
 )
-from tidewire.extensions.passwords import credential_line
+from tidewire.extensions.scram_credentials import credential_line
 
 REPO = Path(__file__).resolve().parents[2]
 MOSQUITTO = "/usr/sbin/mosquitto"

@@ -1,4 +1,4 @@
-"""Tests for extensions.scram (SCRAM-SHA-256 server), extensions.passwords and extensions.auth."""
+"""Tests for extensions.scram (SCRAM-SHA-256 server), extensions.scram_credentials and extensions.enhanced_auth."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tidewire.extensions.auth import AuthResult, AuthSession, EnhancedAuth, EnhancedAuthRegistry
-from tidewire.extensions.passwords import CredentialEntry, Credentials, credential_line, hash_password, saslprep
+from tidewire.extensions.enhanced_auth import AuthResult, AuthSession, EnhancedAuth, EnhancedAuthRegistry
 from tidewire.extensions.scram import ScramSha256
+from tidewire.extensions.scram_credentials import CredentialEntry, Credentials, credential_line, hash_password, saslprep
 
 # RFC 7677 §3 example exchange (user "user", password "pencil")
 RFC_CLIENT_NONCE = "rOprNGfwEbeRWgbNEkqO"

@@ -78,7 +78,7 @@ def _copy_of_pipeline(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("line", ["from tidewire.gateway.core.events import EventBuffer", "import redis"])
+@pytest.mark.parametrize("line", ["from tidewire.gateway.core.event_buffer import EventBuffer", "import redis"])
 def test_a_job_reaching_past_the_artifact_fails_the_build(tmp_path: Path, line: str) -> None:
     root = _copy_of_pipeline(tmp_path)
     schema = root / "tidewire" / "pipeline" / "lake" / "schema.py"

@@ -13,7 +13,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
-from tidewire.extensions.authn import AuthRequest, Refused
+from tidewire.extensions.authentication import AuthRequest, Refused
 from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.protocols.amqp.channel import Channel
 from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, INTERNAL_ERROR, NOT_ALLOWED, Fault

@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidewire.extensions.authn import Failure
+from tidewire.extensions.authentication import Failure
 from tidewire.extensions.hooks import Authorizer, ClientInfo
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.topics import valid_topic_name

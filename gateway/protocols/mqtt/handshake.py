@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tidewire.extensions.authn import AuthRequest, Identity, Refused
+from tidewire.extensions.authentication import AuthRequest, Identity, Refused
 from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.protocols.mqtt.codec import (
     Auth,

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tidewire.extensions.auth import AuthSession
+from tidewire.extensions.enhanced_auth import AuthSession
 from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.core.clock import Clock
 from tidewire.gateway.protocols.mqtt.codec import (

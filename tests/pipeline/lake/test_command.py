@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.pipeline.lake.support import T0, assert_once, messages, read_lake
 from tests.waiting import until
-from tidewire.gateway.core.events import EventBuffer
+from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.pipeline.lake.command import Lake, run_lake
 from tidewire.store.base import LogSlice
 from tidewire.store.embedded.engine import EmbeddedStore

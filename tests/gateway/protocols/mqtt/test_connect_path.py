@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.waiting import until
-from tidewire.extensions.authn import AuthChain, AuthRequest
+from tidewire.extensions.authentication import AuthChain, AuthRequest
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.writes import RecordWrites
 from tidewire.gateway.ops.logs import Sampled

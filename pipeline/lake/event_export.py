@@ -1,4 +1,4 @@
-"""The gateway's session and delivery events (`gateway.core.events.EventBuffer`) exported to `<lake>/events/`.
+"""The gateway's session and delivery events (`gateway.core.event_buffer.EventBuffer`) exported to `<lake>/events/`.
 
 Files are `events/dt=YYYY-MM-DD/hour=HH/<node>-<first time ms>-<n>.parquet` (`n` counts this exporter's files),
 each written under a leading-dot name, synced and renamed. Events are AT MOST ONCE: they live only in the
@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewire.gateway.core.events import EventBuffer
+from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.pipeline.lake.rows import events_table
 from tidewire.pipeline.lake.schema import EVENTS
 from tidewire.pipeline.lake.writer import hour_dir, remove_tmp_files, write_split

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tests.pipeline.lake.support import published_files, read_lake, tmp_files
 from tests.waiting import until
-from tidewire.gateway.core.events import EventBuffer
-from tidewire.pipeline.lake.events import EventExporter, node_file_prefix
+from tidewire.gateway.core.event_buffer import EventBuffer
+from tidewire.pipeline.lake.event_export import EventExporter, node_file_prefix
 
 H = 3_600_000
 T0 = 1_700_000_000_000 // H * H
