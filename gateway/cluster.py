@@ -44,7 +44,7 @@ class Fabric(Protocol):
 
 
 class ClusterRole:
-    """The `gateway.topology.Topology` of a node in a cluster."""
+    """The `gateway.core.topology.Topology` of a node in a cluster."""
 
     shared = True
 

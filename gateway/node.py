@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from tidewire.cache.queue_cache import QueueCache
@@ -34,6 +34,7 @@ from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.shared import SharedGroup
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
+from tidewire.gateway.core.topology import SingleNode, Topology
 from tidewire.gateway.core.writes import RecordWrites
 from tidewire.gateway.ops.bans import BanList
 from tidewire.gateway.ops.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
@@ -43,7 +44,6 @@ from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionReques
 from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
 from tidewire.gateway.sessions.wills import DelayedWills, delay_left
-from tidewire.gateway.topology import SingleNode, Topology
 from tidewire.gateway.transport.admission import Admission
 from tidewire.lookup.base import Lookup
 from tidewire.notify.base import Notifier
@@ -61,7 +61,8 @@ class Node:
     def __init__(self, settings: Settings, store: Store, lookup: Lookup, notifier: Notifier,
                  authorizer: Authorizer, enhanced_auth: EnhancedAuth | None = None,
                  auth: AuthChain | None = None, *, max_pending: int = MAX_PENDING_PUBLISHES,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, topology: Callable[[Node], Topology] | None = None) -> None:
+        """`topology`: the cluster role to play, made from the node (None: a node alone), chosen once, here."""
         # The one clock every part of the node reads (`gateway.core.clock`): a test moves it by hand.
         self.clock = clock
         self.settings = settings
@@ -78,9 +79,14 @@ class Node:
                                 metrics=settings.metrics)
         self.connections: dict[str, ChannelBase] = {}
         self.bans = BanList(self)  # cluster-wide bans, checked on connect (gateway.ops.bans)
-        self.subscriptions = SubscriptionRegistry(self)
-        self.groups = ConsumerGroups(self)  # competing consumers of other protocols (AMQP queues, RocketMQ)
+        self.writes = RecordWrites(store, clock)
+        self.topology: Topology = topology(self) if topology is not None else SingleNode()
+        self.subscriptions = SubscriptionRegistry(self.node_id, settings, store, self.writes, lookup, self.cache,
+                                                  self.authorizer, self.topology, self)
         self.counters = Counters(settings.metrics)
+        # competing consumers of other protocols (AMQP queues, RocketMQ)
+        self.groups = ConsumerGroups(self.node_id, store, self.cache, self.subscriptions, self.counters, clock,
+                                     self.spawn)
         self.sys = SysTopics(settings.node_id, self.publish, settings.sys_events, clock)
         if settings.lake_dir is None:  # the lake exports the whole log: there every event goes into it
             self.sys.audience = self.subscriptions.routed  # no event nobody reads is stored
@@ -105,12 +111,15 @@ class Node:
         self._sync_retry = Backoff("sync", clock)
         self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
-        self.dispatcher = Dispatcher(self)
+        self.dispatcher = Dispatcher(self.subscriptions.readers, self._p2p_reader, self.cache, clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
-        self.writes = RecordWrites(store, clock)
-        self.topology: Topology = SingleNode()  # the server sets a ClusterRole when the node joins a cluster
         self.wills = DelayedWills(lambda message: self._enqueue(message, None, None, droppable=False), self.writes)
+
+    def _p2p_reader(self, client_id: str) -> Session | None:
+        """The session reading `client_id`'s P2P queue here: its connection's, if connected to this node."""
+        conn = self.connections.get(client_id)
+        return conn.session if conn is not None else None
 
     @property
     def draining(self) -> bool:

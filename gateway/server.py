@@ -331,10 +331,15 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
     else:
         lookup = InProcessLookup()
         notifier = LocalNotifier(lookup)
-    node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
-                security.chain, max_pending=settings.max_pending_publishes, clock=clock)
+    role: Callable[[Node], ClusterRole] | None = None
     if fabric is not None:
-        node.topology = ClusterRole(node, fabric, settings.cluster_resync_interval, settings.cluster_member_ttl)
+        joined = fabric
+
+        def role(node: Node) -> ClusterRole:
+            return ClusterRole(node, joined, settings.cluster_resync_interval, settings.cluster_member_ttl)
+
+    node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
+                security.chain, max_pending=settings.max_pending_publishes, clock=clock, topology=role)
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)

@@ -14,17 +14,25 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.topics import FilterTrie
 from tidewire.store.base import Claim, GroupRecord, Message
 
 if TYPE_CHECKING:
-    from tidewire.gateway.node import Node
+    from tidewire.cache.queue_cache import QueueCache
+    from tidewire.gateway.core.clock import Clock
+    from tidewire.gateway.core.subscriptions import SubscriptionRegistry
+    from tidewire.store.base import Store
 
 log = logging.getLogger("tidewire.consumers")
+
+
+class DeliveryCounters(Protocol):
+    def consumed(self, group: str, deliveries: Sequence[tuple[Message, Claim]]) -> None:
+        """A consumer of `group` was handed `deliveries` (one call per batch)."""
 
 RECLAIM_INTERVAL = 1.0  # s between looks for claims that lapsed (a consumer elsewhere died or timed out)
 _FAR = 1 << 62
@@ -53,11 +61,11 @@ Matcher = Callable[[Message], bool]
 class _Group:
     """The node-local reader of one group: its local consumers, the cursor as last learnt from the store."""
 
-    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "matcher", "name", "node", "reclaim_due",
+    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "groups", "matcher", "name", "reclaim_due",
                  "record")
 
-    def __init__(self, node: Node, record: GroupRecord) -> None:
-        self.node = node
+    def __init__(self, groups: ConsumerGroups, record: GroupRecord) -> None:
+        self.groups = groups  # the node's groups: the store, cache, clock and counters this one reads
         self.name = record.name
         self.record = record
         self.cursor = record.start_seq
@@ -78,7 +86,7 @@ class _Group:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
-        retry = Backoff("group " + self.name, self.node.clock)
+        retry = Backoff("group " + self.name, self.groups.clock)
         try:
             while True:
                 self._wanted = False
@@ -110,21 +118,21 @@ class _Group:
                 self._taking.discard(id(consumer))
             if batch and consumer in self.consumers:
                 consumer.deliver(batch)
-                self.node.counters.consumed(self.name, batch)
+                self.groups.counters.consumed(self.name, batch)
                 delivered += len(batch)
             elif batch:  # it left while the claim was made: give them back at once
-                await self.node.store.set_visibility(self.name, [(d.claim.seq, d.claim.token) for d in batch], 0)
+                await self.groups.store.set_visibility(self.name, [(d.claim.seq, d.claim.token) for d in batch], 0)
                 self.reclaim_due = True
                 self._wanted = True
         return delivered
 
     async def _take(self, consumer: Consumer, credit: int) -> list[Delivery]:
-        store = self.node.store
-        now = int(self.node.clock.time() * 1000)
+        store = self.groups.store
+        now = int(self.groups.clock.time() * 1000)
         visible_at = now + consumer.visibility_ms
         batch: list[Delivery] = []
         if self.reclaim_due:
-            claims = await store.reclaim(self.name, self.node.node_id, now, visible_at, credit)
+            claims = await store.reclaim(self.name, self.groups.node_id, now, visible_at, credit)
             if len(claims) < credit:
                 self.reclaim_due = False
             if claims:
@@ -145,7 +153,7 @@ class _Group:
                 break
             seqs = [m.seq for m in candidates]
             before = self.cursor
-            claims, cursor = await store.claim(self.name, before, upto, seqs, self.node.node_id, visible_at)
+            claims, cursor = await store.claim(self.name, before, upto, seqs, self.groups.node_id, visible_at)
             self.cursor = max(before, cursor)
             if claims:
                 by_seq = {m.seq: m for m in candidates}
@@ -163,15 +171,14 @@ class _Group:
     async def _read_new(self, limit: int) -> tuple[list[Message], int]:
         """Messages of the group's queues after its cursor (merged, deduplicated, filtered) up to `limit`, and
         the seq up to which that answer is complete."""
-        node = self.node
-        cache = node.cache
+        cache = self.groups.cache
         after = self.cursor
         merged: dict[int, Message] = {}
         upto = _FAR
         for queue in self.record.filters:
             cached = cache.get(queue, after, limit)
             if cached is None or cached[1] <= after:
-                messages, horizon = await node.store.read(queue, after, limit)
+                messages, horizon = await self.groups.store.read(queue, after, limit)
             else:
                 messages, horizon = cached
             upto = min(upto, horizon)
@@ -179,7 +186,7 @@ class _Group:
                 merged[message.seq] = message
         if upto == _FAR:
             return [], after
-        now = int(node.clock.time() * 1000)
+        now = int(self.groups.clock.time() * 1000)
         wanted: list[Message] = []
         for seq in sorted(merged):
             if seq > upto:
@@ -193,10 +200,17 @@ class _Group:
 
 
 class ConsumerGroups:
-    """The node's consumer groups: `node.groups`."""
+    """The node's consumer groups: `node.groups`. It gets the few parts it uses, not the node."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, node_id: str, store: Store, cache: QueueCache, subscriptions: SubscriptionRegistry,
+                 counters: DeliveryCounters, clock: Clock, spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self.node_id = node_id
+        self.store = store
+        self.cache = cache
+        self.subscriptions = subscriptions
+        self.counters = counters
+        self.clock = clock
+        self.spawn = spawn  # a background task the node keeps (and cancels at stop)
         self._groups: dict[str, _Group] = {}  # every group this node knows (declared here or loaded)
         self._routes: FilterTrie[str] = FilterTrie()  # filter → group names, for `routed`
         self._routes_read = 0.0
@@ -206,14 +220,13 @@ class ConsumerGroups:
     async def load(self) -> None:
         """At startup: every stored group; what this node's previous life had claimed is visible again, and its
         non-durable groups are gone (as RabbitMQ drops non-durable queues on restart)."""
-        node = self.node
-        for record in await node.store.list_groups():
-            if not record.durable and record.attrs.get("node") == node.node_id:
-                await node.store.delete_group(record.name)
+        for record in await self.store.list_groups():
+            if not record.durable and record.attrs.get("node") == self.node_id:
+                await self.store.delete_group(record.name)
                 continue
-            await node.store.release_owner(record.name, node.node_id)
+            await self.store.release_owner(record.name, self.node_id)
             self._know(record)
-        self._routes_read = node.clock.monotonic()
+        self._routes_read = self.clock.monotonic()
         self._reclaim_task = asyncio.get_running_loop().create_task(self._reclaim_loop())
 
     async def stop(self) -> None:
@@ -225,8 +238,8 @@ class ConsumerGroups:
 
     async def owner_gone(self, owner: str) -> None:
         """A node died: what it had claimed is visible again now, not when the claims lapse."""
-        for record in await self.node.store.list_groups():
-            if await self.node.store.release_owner(record.name, owner) and (
+        for record in await self.store.list_groups():
+            if await self.store.release_owner(record.name, owner) and (
                     group := self._groups.get(record.name)) is not None:
                 group.reclaim_due = True
                 group.pull()
@@ -242,12 +255,12 @@ class ConsumerGroups:
     # --- definitions -----------------------------------------------------------------------------------
     def _know(self, record: GroupRecord) -> _Group:
         group = self._groups.get(record.name)
-        subscriptions = self.node.subscriptions
+        subscriptions = self.subscriptions
         owner = "group:" + record.name
         old = set(group.record.filters) if group is not None else set()
         new = set(record.filters)
         if group is None:
-            group = self._groups[record.name] = _Group(self.node, record)
+            group = self._groups[record.name] = _Group(self, record)
         group.record = record
         for topic_filter in new - old:
             subscriptions.hold_wildcard(topic_filter, owner)
@@ -265,7 +278,7 @@ class ConsumerGroups:
         group = self._groups.pop(name, None)
         if group is None:
             return
-        subscriptions = self.node.subscriptions
+        subscriptions = self.subscriptions
         for topic_filter in group.record.filters:
             subscriptions.release_wildcard(topic_filter, "group:" + name)
             self._routes.remove(topic_filter, name)
@@ -278,17 +291,17 @@ class ConsumerGroups:
     async def declare(self, record: GroupRecord) -> tuple[GroupRecord, bool]:
         """Create the group unless it exists; returns the stored definition and whether it was created. A new
         group starts at the log's end; `attrs["node"]` records the declaring node."""
-        stored = await self.node.store.get_group(record.name)
+        stored = await self.store.get_group(record.name)
         if stored is not None:
             self._know(stored)
             return stored, False
-        record.start_seq = self.node.store.last_seq()
-        record.created_ms = record.created_ms or int(self.node.clock.time() * 1000)
-        record.attrs.setdefault("node", self.node.node_id)
+        record.start_seq = self.store.last_seq()
+        record.created_ms = record.created_ms or int(self.clock.time() * 1000)
+        record.attrs.setdefault("node", self.node_id)
         return await self.set_filters(record, record.filters), True
 
     async def get(self, name: str) -> GroupRecord | None:
-        record = await self.node.store.get_group(name)
+        record = await self.store.get_group(name)
         if record is None:
             self._forget(name)
         else:
@@ -301,24 +314,24 @@ class ConsumerGroups:
         record = copy.copy(record)  # `_know` compares with the filters held before: maybe this very object's
         record.filters = sorted(set(filters))
         group = self._know(record)
-        await self.node.subscriptions.wildcards_registered(record.filters)
-        await self.node.store.put_group(record)
+        await self.subscriptions.wildcards_registered(record.filters)
+        await self.store.put_group(record)
         group.pull()
         return record
 
     async def delete(self, name: str) -> None:
         self._forget(name)
-        await self.node.store.delete_group(name)
+        await self.store.delete_group(name)
 
     async def routed(self, topic: str) -> bool:
         """Would a message on `topic` reach some consumer: a group's filter, an MQTT subscriber here, a wildcard
         of the cluster-wide set? (A group declared on another node is seen after at most a second.)"""
-        if self._routes.match(topic) or self.node.subscriptions.routed(topic):
+        if self._routes.match(topic) or self.subscriptions.routed(topic):
             return True
-        clock = self.node.clock
+        clock = self.clock
         if clock.monotonic() - self._routes_read > 1.0:
             self._routes_read = clock.monotonic()
-            for record in await self.node.store.list_groups():
+            for record in await self.store.list_groups():
                 if record.name not in self._groups:
                     self._know(record)
             return bool(self._routes.match(topic))
@@ -339,7 +352,7 @@ class ConsumerGroups:
             return False
         if not group.consumers:
             for topic_filter in group.record.filters:
-                self.node.subscriptions.add_reader(group, topic_filter)
+                self.subscriptions.add_reader(group, topic_filter)
         group.consumers.append(consumer)
         group.reclaim_due = True
         group.pull()
@@ -353,7 +366,7 @@ class ConsumerGroups:
         group.consumers.remove(consumer)
         if not group.consumers:
             for topic_filter in group.record.filters:
-                self.node.subscriptions.remove_reader(group, topic_filter)
+                self.subscriptions.remove_reader(group, topic_filter)
 
     def consumer_count(self, name: str) -> int:
         group = self._groups.get(name)
@@ -367,15 +380,15 @@ class ConsumerGroups:
 
     async def ack(self, name: str, handles: list[tuple[int, int]]) -> list[int]:
         """Settle (seq, token) handles; returns the seqs settled (a stale handle settles nothing)."""
-        return await self.node.store.settle(name, handles) if handles else []
+        return await self.store.settle(name, handles) if handles else []
 
     async def requeue(self, name: str, handles: list[tuple[int, int]], delay_ms: int = 0) -> list[Claim]:
         """Give claims back, visible again after `delay_ms` (0: now, to any consumer, as a redelivery), or keep
         them hidden longer (RocketMQ ChangeInvisibleDuration); returns the claims with their new tokens."""
         if not handles:
             return []
-        visible_at = int(self.node.clock.time() * 1000) + delay_ms if delay_ms else 0
-        claims = await self.node.store.set_visibility(name, handles, visible_at)
+        visible_at = int(self.clock.time() * 1000) + delay_ms if delay_ms else 0
+        claims = await self.store.set_visibility(name, handles, visible_at)
         group = self._groups.get(name)
         if group is not None and not delay_ms:
             group.reclaim_due = True
@@ -392,7 +405,7 @@ class ConsumerGroups:
         group.consumers.append(poll)
         if len(group.consumers) == 1:
             for topic_filter in group.record.filters:
-                self.node.subscriptions.add_reader(group, topic_filter)
+                self.subscriptions.add_reader(group, topic_filter)
         try:
             group.reclaim_due = True
             await group.serve()  # now, not via the loop: a Basic.Get answers at once
@@ -405,7 +418,7 @@ class ConsumerGroups:
         except asyncio.CancelledError:
             if poll.got:  # claimed for a caller that is gone: visible to the others again now, not at lapse
                 handles = [(d.claim.seq, d.claim.token) for d in poll.got]
-                self.node.spawn(self._give_back(name, handles))
+                self.spawn(self._give_back(name, handles))
             raise
         finally:
             self.cancel(name, poll)

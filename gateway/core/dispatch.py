@@ -15,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import types
-from collections.abc import Coroutine, Generator
+from collections.abc import Callable, Collection, Coroutine, Generator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.store.base import P2P_PREFIX
 
 if TYPE_CHECKING:
-    from tidewire.gateway.node import Node
+    from tidewire.cache.queue_cache import QueueCache
+    from tidewire.gateway.core.clock import Clock
+    from tidewire.gateway.core.subscriptions import Puller
 
 log = logging.getLogger("tidewire.node")
 
@@ -74,17 +76,23 @@ def awaited(coro: Coroutine[Any, Any, T]) -> Generator[Any, Any, tuple[T, bool]]
 class Dispatcher:
     """The node's notify dispatch (see the module doc)."""
 
-    __slots__ = ("_busy", "_failure", "_fresh", "_inline", "_node", "_pending", "_retry", "_wanted")
+    __slots__ = ("_busy", "_cache", "_failure", "_fresh", "_inline", "_p2p_reader", "_pending", "_readers", "_retry",
+                 "_wanted")
 
-    def __init__(self, node: Node) -> None:
-        self._node = node
+    def __init__(self, readers: Mapping[str, Collection[Puller]], p2p_reader: Callable[[str], P2PReader | None],
+                 cache: QueueCache, clock: Clock) -> None:
+        """`readers`: queue -> its local readers (the subscription registry's, read live); `p2p_reader(client
+        id)`: the session reading that client's P2P queue on this node, if any."""
+        self._readers = readers
+        self._p2p_reader = p2p_reader
+        self._cache = cache
         self._pending: set[str] = set()  # notified, not yet dispatched
         self._fresh: set[str] = set()  # of those, queues the cache took from this node's append: no read needed
         self._busy = False  # a round runs, or the task backs off after a failure: it takes `_pending` after
         self._inline = True  # the last round that read the store did not suspend: the flush loop may read too
         self._failure: Exception | None = None  # an inline round's, for the task's backoff
         self._wanted = asyncio.Event()
-        self._retry = Backoff("dispatch", node.clock)
+        self._retry = Backoff("dispatch", clock)
 
     @property
     def inline(self) -> bool:
@@ -115,7 +123,7 @@ class Dispatcher:
             self._wanted.set()
             return
         if not self._inline:
-            readers = self._node.subscriptions.readers
+            readers = self._readers
             if any(q in readers for q in self._pending - self._fresh):
                 self._wanted.set()  # this round reads and reads suspend: the task's, not to hold up appends
                 return
@@ -167,21 +175,19 @@ class Dispatcher:
 
     async def _dispatch(self, queues: set[str], fresh: set[str]) -> bool:
         """One round; whether it read the store (refreshed a queue)."""
-        node = self._node
         # P2P first, before any pull moves a cursor past a P2P message not yet seen
         p2p: list[P2PReader] = []
-        connections = node.connections
         for queue in queues:
             if queue.startswith(P2P_PREFIX):
-                conn = connections.get(queue[len(P2P_PREFIX):])
-                if conn is not None and conn.session is not None:
-                    conn.session.p2p_pending = True
-                    p2p.append(conn.session)
-        readers = node.subscriptions.readers
+                owner = self._p2p_reader(queue[len(P2P_PREFIX):])
+                if owner is not None:
+                    owner.p2p_pending = True
+                    p2p.append(owner)
+        readers = self._readers
         live = [q for q in queues if q in readers]
         # Every refresh before any pull: a reader merging several queues must not pass a message of a queue
         # whose refresh failed.
-        cache = node.cache
+        cache = self._cache
         read = False
         for queue in live:
             if queue in fresh:

@@ -22,12 +22,16 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from tidewire.extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
-from tidewire.gateway.core.shared import GroupMember, SharedGroup, parse_shared, strategy_for
+from tidewire.gateway.core.shared import GroupMember, GroupOwner, SharedGroup, parse_shared, strategy_for
 from tidewire.gateway.core.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
 from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
-    from tidewire.gateway.node import Node
+    from tidewire.cache.queue_cache import QueueCache
+    from tidewire.gateway.config import MqttSettings
+    from tidewire.gateway.core.topology import Topology
+    from tidewire.gateway.core.writes import RecordWrites
+    from tidewire.lookup.base import Lookup
     from tidewire.store.base import Store
 
 log = logging.getLogger("tidewire.subscriptions")
@@ -94,8 +98,20 @@ class Refusal(StrEnum):
 
 
 class SubscriptionRegistry:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    """Which local readers read which queues, the wildcard set appends are indexed with, and the node's `$share`
+    groups. It gets the few parts it uses, not the node."""
+
+    def __init__(self, node_id: str, settings: MqttSettings, store: Store, writes: RecordWrites, lookup: Lookup,
+                 cache: QueueCache, authorizer: Authorizer, topology: Topology, group_owner: GroupOwner) -> None:
+        self.node_id = node_id
+        self.settings = settings
+        self.store = store
+        self.writes = writes
+        self.lookup = lookup
+        self.cache = cache
+        self.authorizer = authorizer
+        self.topology = topology
+        self.group_owner = group_owner  # what a `$share` group hands its messages and dirty state to
         self.readers: dict[str, set[Puller]] = {}
         self.groups: dict[str, SharedGroup] = {}
         self._holders: dict[str, set[str]] = {}  # wildcard filter → ids of local sessions/groups that need it
@@ -144,8 +160,8 @@ class SubscriptionRegistry:
                 self._indexed.add(topic_filter)
                 self._wildcards.add(topic_filter, "")
                 self._topic_queues.clear()  # indexed from now on by this node's appends
-            store = self.node.store
-            self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
+            store = self.store
+            self.writes.write("wildcard:" + topic_filter, lambda: self._registered(
                 store.add_wildcards([topic_filter])))
         if owner is None:
             self._stored.add(topic_filter)
@@ -160,8 +176,8 @@ class SubscriptionRegistry:
         if not holders:
             del self._holders[topic_filter]
             if topic_filter not in self._stored:
-                store = self.node.store
-                self.node.writes.write("wildcard:" + topic_filter, lambda: self._registered(
+                store = self.store
+                self.writes.write("wildcard:" + topic_filter, lambda: self._registered(
                     store.remove_wildcards([topic_filter])))
 
     async def _registered(self, change: Awaitable[int]) -> None:
@@ -172,11 +188,11 @@ class SubscriptionRegistry:
         """Wait until the store has every wildcard among `filters` (before SUBACK: a message published after it
         must be indexed into the new subscription's queue on every node)."""
         for topic_filter in filters:
-            await self.node.writes.settled("wildcard:" + topic_filter)
+            await self.writes.settled("wildcard:" + topic_filter)
 
     async def refresh_wildcards(self) -> None:
         """Read the store's wildcard set and index with it (plus what local holders are registering)."""
-        version, filters = await self.node.store.wildcards()
+        version, filters = await self.store.wildcards()
         if version < self.wildcard_version:
             return  # an older answer overtaken by a newer one
         wanted = filters | self._holders.keys() | self._stored
@@ -200,8 +216,8 @@ class SubscriptionRegistry:
             readers = self.readers[queue] = set()
         if reader not in readers:
             readers.add(reader)
-            self.node.cache.track(queue)
-            self.node.lookup.add_queue_subscriber(queue, self.node.node_id)
+            self.cache.track(queue)
+            self.lookup.add_queue_subscriber(queue, self.node_id)
 
     def _unregister(self, reader: Puller, queue: str) -> None:
         readers = self.readers.get(queue)
@@ -209,8 +225,8 @@ class SubscriptionRegistry:
             readers.discard(reader)
             if not readers:
                 del self.readers[queue]
-            self.node.cache.untrack(queue)
-            self.node.lookup.remove_queue_subscriber(queue, self.node.node_id)
+            self.cache.untrack(queue)
+            self.lookup.remove_queue_subscriber(queue, self.node_id)
 
     # --- for other readers (consumer groups of other protocols: `gateway.core.consumers`) --------------------------
     def add_reader(self, reader: Puller, queue: str) -> None:
@@ -237,9 +253,9 @@ class SubscriptionRegistry:
                 return True
         if len(self._wildcards) and self._wildcards.match(topic):
             return True
-        if not self.node.topology.shared and not queues[0].startswith(P2P_PREFIX):
+        if not self.topology.shared and not queues[0].startswith(P2P_PREFIX):
             return False  # one node: its lookup knows of no reader of these queues that `readers` does not
-        lookup = self.node.lookup
+        lookup = self.lookup
         for queue in queues:  # subscribers on other nodes; a lookup that can't tell (None) counts as routed
             nodes = lookup.nodes_for_queue(queue)
             if nodes is None or nodes:
@@ -253,16 +269,16 @@ class SubscriptionRegistry:
             parsed = parse_shared(key)
             assert parsed is not None
             name, topic_filter = parsed
-            settings = self.node.settings
+            settings = self.settings
             if record is None:
-                last = self.node.store.last_seq()
+                last = self.store.last_seq()
                 record = SessionRecord(key, offset=last, sent_upto=last)
-                self.node.writes.save_session(record)
+                self.writes.save_session(record)
             group = self.groups[key] = SharedGroup(
-                self.node, name, topic_filter, strategy_for(name, settings.shared_strategy,
+                self.group_owner, name, topic_filter, strategy_for(name, settings.shared_strategy,
                                                             settings.shared_strategies),
                 record, settings.pull_batch)
-            group.serving = not self.node.topology.shared  # shared: once this node holds the group's lease
+            group.serving = not self.topology.shared  # shared: once this node holds the group's lease
             self._register(group, topic_filter)
             self._add_wildcard(topic_filter, key)
         return group
@@ -276,7 +292,7 @@ class SubscriptionRegistry:
             del self.groups[key]
             self._unregister(group, group.queue)
             self._remove_wildcard(group.queue, key)
-            self.node.writes.drop_session(key)
+            self.writes.drop_session(key)
 
     # --- sessions ---------------------------------------------------------------------------------------------
     async def load(self, store: Store) -> None:
@@ -291,7 +307,7 @@ class SubscriptionRegistry:
             else:
                 self._add_wildcard(topic_filter, None)
         for key in groups.keys() - self.groups.keys():
-            self.node.writes.drop_session(key)  # no member left
+            self.writes.drop_session(key)  # no member left
 
     def park(self, record: SessionRecord) -> None:
         """A persistent session went offline: its wildcards stay indexed, held as a stored session's."""
@@ -308,16 +324,16 @@ class SubscriptionRegistry:
         record = session.record
         own_p2p = p2p_queue(session.client_id)
         if own_p2p not in record.subscriptions:
-            record.subscriptions[own_p2p] = SubscriptionRecord(own_p2p, 2, since_seq=self.node.store.last_seq())
+            record.subscriptions[own_p2p] = SubscriptionRecord(own_p2p, 2, since_seq=self.store.last_seq())
         for topic_filter, sub in record.subscriptions.items():
             if topic_filter.startswith(SHARED_PREFIX):
                 self.group(topic_filter).join(session, sub)
-                self.node.topology.member_joined()
+                self.topology.member_joined()
             elif not topic_filter.startswith(P2P_PREFIX):  # the P2P queue is read by the session on notice
                 self._register(session, topic_filter)
                 # the ACL may have changed while the client was away
                 self._set_access(session, client, topic_filter,
-                                 self.node.authorizer.subscribe_access(client, topic_filter))
+                                 self.authorizer.subscribe_access(client, topic_filter))
         session.subscriptions_changed()
 
     def resume_groups(self, session: Subscriber) -> None:
@@ -350,8 +366,8 @@ class SubscriptionRegistry:
         """Returns per request the granted QoS or why it is refused, the (filter, qos, subscription id) whose
         retained messages to send, and the wildcard filters being added to the store's set (the answer to the
         client waits for them)."""
-        authorizer: Authorizer = self.node.authorizer
-        settings = self.node.settings
+        authorizer: Authorizer = self.authorizer
+        settings = self.settings
         codes: list[int | Refusal] = []
         retained: list[tuple[str, int, int]] = []
         registering: list[str] = []
@@ -376,14 +392,14 @@ class SubscriptionRegistry:
                 continue
             qos = min(request.qos, 2)
             existing = session.subscriptions.get(key)
-            since = existing.since_seq if existing is not None else self.node.store.last_seq()
+            since = existing.since_seq if existing is not None else self.store.last_seq()
             sub = session.subscriptions[key] = SubscriptionRecord(
                 key, qos, request.no_local, request.retain_as_published, request.retain_handling, sub_id, since)
             if shared is not None:
                 if key not in self.groups and self._is_wildcard_queue(topic_filter):
                     registering.append(topic_filter)
                 self.group(key).join(session, sub)  # retained messages are not sent to shared subscriptions
-                self.node.topology.member_joined()
+                self.topology.member_joined()
             else:
                 self._set_access(session, client, key, access)
                 if existing is None:
@@ -427,5 +443,5 @@ class SubscriptionRegistry:
             session.filtered = set()
         session.filtered.add(topic_filter)
         if session.read_check is None:
-            authorizer = self.node.authorizer
+            authorizer = self.authorizer
             session.read_check = lambda topic: authorizer.allow_read(client, topic)

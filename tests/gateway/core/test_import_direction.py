@@ -5,8 +5,8 @@ level, in functions, under `if TYPE_CHECKING:`; relative imports resolved), read
   `.transport`, `.cli`, `.sessions` (MQTT's session layer: it encodes MQTT packets), `.ops`, `.server`,
   `.cluster`, nor `tidewire.admin` or `tidewire.pipeline`. What it needs of a session or a subscription request
   is a `typing.Protocol` of its own, and it answers with neutral results that each protocol maps to its codes.
-  The node it is handed (`tidewire.gateway.node`, the composition root above it) it may name only in an
-  `if TYPE_CHECKING:` block, for the type: never imported at run time.
+  Nor does it name the node (`tidewire.gateway.node`, the composition root above it), not even for a type:
+  each part of the core is handed the few parts it uses (store, cache, lookup, writes, clock, topology, ...).
 - `tidewire.store`, `tidewire.cache`, `tidewire.lookup` and `tidewire.notify` import nothing of
   `tidewire.gateway`, `tidewire.admin`, `tidewire.extensions` or `tidewire.pipeline`; the store imports none of
   cache, lookup and notify either (they are built on it).
@@ -23,8 +23,7 @@ import tidewire
 PACKAGE = Path(tidewire.__file__).resolve().parent  # the tree the tests import
 UP_FROM_CORE = ("tidewire.gateway.protocols", "tidewire.gateway.transport", "tidewire.gateway.cli",
                 "tidewire.gateway.sessions", "tidewire.gateway.ops", "tidewire.gateway.server",
-                "tidewire.gateway.cluster", "tidewire.admin", "tidewire.pipeline")
-TYPE_ONLY_FROM_CORE = ("tidewire.gateway.node",)
+                "tidewire.gateway.cluster", "tidewire.gateway.node", "tidewire.admin", "tidewire.pipeline")
 UP_FROM_LOWER = ("tidewire.gateway", "tidewire.admin", "tidewire.extensions", "tidewire.pipeline")
 RULES: dict[str, tuple[str, ...]] = {
     "tidewire.gateway.core": UP_FROM_CORE,
@@ -91,8 +90,7 @@ def violations(imports: list[Import], package: str) -> list[str]:
     for imp in imports:
         if (imp.module, imp.line) in bad:
             continue
-        if _under(imp.name, banned) or (
-                package == "tidewire.gateway.core" and _under(imp.name, TYPE_ONLY_FROM_CORE) and not imp.type_only):
+        if _under(imp.name, banned):
             bad[imp.module, imp.line] = (f"{imp.module}:{imp.line} imports {imp.name}"
                                          + (" (type only)" if imp.type_only else ""))
     return list(bad.values())
@@ -142,7 +140,7 @@ def late() -> None:
     got = violations(imports_of(source, "tidewire.gateway.core.example"), "tidewire.gateway.core")
     assert [line.split(" imports ")[1] for line in got] == [
         "tidewire.gateway.protocols.mqtt.codec", "tidewire.gateway.sessions", "tidewire.gateway.sessions.session",
-        "tidewire.admin.app (type only)", "tidewire.gateway.node"]
+        "tidewire.gateway.node (type only)", "tidewire.admin.app (type only)", "tidewire.gateway.node"]
     lower = violations(imports_of("from tidewire.gateway.core.topics import matches\nfrom . import base\n",
                                   "tidewire.store", is_package=True), "tidewire.store")
     assert lower == ["tidewire.store:1 imports tidewire.gateway.core.topics"]
