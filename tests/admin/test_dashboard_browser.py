@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()
                                        "chromium-driver)")
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium 4")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -113,7 +114,10 @@ def _row_ids(driver: WebDriver) -> list[str]:
 
 
 def _wait(driver: WebDriver, what: str, condition: Callable[[WebDriver], bool]) -> None:
-    WebDriverWait(driver, WAIT, poll_frequency=0.1).until(condition, message=f"dashboard: {what}")
+    # The dashboard re-renders its tables on every refresh: an element read between two renders is stale, which
+    # is a reason to look again, not a failure.
+    WebDriverWait(driver, WAIT, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)).until(
+        condition, message=f"dashboard: {what}")
 
 
 def test_dashboard_live_rates_search_and_kick(node: Gateway, browser: WebDriver,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import resource
@@ -280,6 +281,7 @@ def test_close_drops_pending_and_leaks_nothing(run: Callable[[Any], None]) -> No
         async with serving() as (_, seen):  # uvloop opens one fd of its own on its first connection
             assert await echo_once(seen.port, v2(), b"warm-up") == b"warm-up"
             await until(lambda: seen.ended == 1, what="the served side of the warm-up closed")
+        gc.collect()  # earlier tests' garbage (sockets, loops) closes its fds now, not in the middle of this count
         baseline = _open_fds()
         seen = Seen()
         listener = AcceptLoop(lambda peer: Echo(peer, seen), "127.0.0.1", 0, header_timeout=5,
@@ -304,7 +306,8 @@ def test_close_drops_pending_and_leaks_nothing(run: Callable[[Any], None]) -> No
         await until(lambda: seen.ended == 1, what="the served side of the echo closed")
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection("127.0.0.1", port)
-        assert _open_fds() == baseline
+        gc.collect()
+        assert _open_fds() <= baseline  # a leak adds fds; fewer is garbage of other tests' closing late
     run(scenario())
 
 
