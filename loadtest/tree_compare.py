@@ -48,7 +48,8 @@ def run_once(scenario: str, src: Path | None, seconds: float) -> dict[str, float
         env["PYTHONPATH"] = str(src)
     done = subprocess.run([sys.executable, "-m", "loadtest.bench", scenario, "--target", "tidewire", "--json",
                            "--seconds", str(seconds)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                          # the tree's own harness too: an old tree's CLI may not read what today's passes it
+                          cwd=src or ROOT, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"{scenario} ({src or 'new'}): {done.stderr[-2000:]}")
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
