@@ -15,6 +15,10 @@ from tidewire.pipeline.cli import build_parser
 from tidewire.pipeline.jobs import alerts
 from tidewire.pipeline.jobs.alerts import MqttTarget, Rule, RuleError, parse_duration, parse_mqtt_url, parse_rule
 
+# Spark local jobs (a JVM per session, seconds per job): `make test-slow`, with the Spark cluster test, keeps
+# `make test` under its 10 minutes.
+pytestmark = pytest.mark.slow
+
 T0_MS = int(T0.timestamp() * 1000)
 
 # -- parsing -------------------------------------------------------------------------------------------------

@@ -22,6 +22,10 @@ from tests.integration.conftest import GatewayFactory, PahoFactory
 from tests.waiting import wait_until
 from tidewire.pipeline.jobs import aggregates, alerts, reports
 
+# Spark local jobs (a JVM per session, seconds per job): `make test-slow`, with the Spark cluster test, keeps
+# `make test` under its 10 minutes.
+pytestmark = pytest.mark.slow
+
 TELEMETRY = "devices/{}/telemetry"
 PLAIN = [("d1", 5, [20.0 + i / 4 for i in range(30)]), ("d2", 4, [18.5 - i / 8 for i in range(30)])]
 HOT = [85.0 + i / 10 for i in range(16)]  # one every 0.1 s: above 80 for 1.5 s

@@ -15,6 +15,10 @@ from tests.pipeline.conftest import T0, event, message, write_events, write_mess
 from tidewire.pipeline.jobs import aggregates, reports
 from tidewire.pipeline.spark import read_events, read_messages
 
+# Spark local jobs (a JVM per session, seconds per job): `make test-slow`, with the Spark cluster test, keeps
+# `make test` under its 10 minutes.
+pytestmark = pytest.mark.slow
+
 T0_MS = int(T0.timestamp() * 1000)
 
 
