@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
+from rich.markup import escape
 
 from tidewire.errors import ConfigError, StartupError
 from tidewire.gateway.config import SECRETS, Settings, section_of
@@ -28,11 +29,8 @@ def flag_of(name: str) -> str:
 
 
 def _plain(text: str) -> str:
-    """Help text shown as written: typer renders help through rich, which would read `[...]` as markup."""
-    try:
-        from rich.markup import escape
-    except ImportError:  # typer without rich prints help as is
-        return text
+    """Help text shown as written: typer renders help through rich (one of its dependencies), which would read
+    `[...]` as markup."""
     return escape(text)
 
 
