@@ -44,10 +44,6 @@ _MOSQUITTO_OPTIONS = {
 }
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "tidewire_only: Mosquitto fails this by design (skipped there)")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if TARGET != "mosquitto":
         return

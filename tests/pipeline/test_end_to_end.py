@@ -41,7 +41,9 @@ def _bridge(data_dir: Path, lake: Path, *extra: str) -> subprocess.Popen[bytes]:
 
 def _lake_rows(lake: Path, table: str, columns: list[str]) -> list[dict[str, Any]]:
     path = lake / table
-    if not path.exists():
+    # The table's directory appears before its first committed file (files are written hidden, then renamed):
+    # an empty dataset has no columns to project.
+    if not any(path.rglob("*.parquet")):
         return []
     return ds.dataset(path, format="parquet", partitioning="hive").to_table(columns=columns).to_pylist()
 
