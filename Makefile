@@ -10,7 +10,7 @@ ARGS ?=
 SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub /usr/bin/redis-server \
 	/usr/bin/redis-cli /usr/bin/chromium /usr/bin/chromedriver /usr/bin/promtool
 
-.PHONY: run test test-slow install dev system-deps java-deps lint typecheck bench bench-deps bench-backends clean
+.PHONY: run test test-slow test-pure install dev system-deps java-deps lint typecheck bench bench-deps bench-backends clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,6 +50,11 @@ test: dev system-deps java-deps
 test-slow: dev system-deps java-deps
 	$(BIN)/pytest -q -m slow $(ARGS)
 
+# The suite again with the hot path as plain Python (tidewire/compiled.py): the fallback of a machine without a
+# C compiler must pass what the compiled build passes. CI runs it after `make test-slow`.
+test-pure: dev system-deps java-deps
+	TIDEWIRE_PURE_PYTHON=1 $(BIN)/pytest -q -m "not slow" $(ARGS)
+
 lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -67,4 +72,5 @@ bench-backends: dev bench-deps
 	$(BIN)/python -m loadtest.rocketmq_bench --runs 3
 
 clean:
-	rm -rf $(VENV) data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) data build .pytest_cache .mypy_cache .ruff_cache tidewire/compiled.stamp
+	find . -path ./$(VENV) -prune -o -name '*.so' -print -exec rm {} +

@@ -34,6 +34,7 @@ from typing import Any
 
 from loadtest import servers
 from loadtest.bench import LOAD_CORE, raise_nofile
+from tidewire.compiled import PURE_ENV
 
 SOURCE = Path(__file__).with_name("mqttload.c")
 CFLAGS = ("-O2", "-std=c99", "-Wall")
@@ -41,7 +42,12 @@ SETTLE_S = 1.0  # between the last CONNACK and the idle RSS sample: the broker f
 WARMUP_CONNECTS = 100  # before the idle RSS baseline: one-time costs of the first connections are not per-conn
 TOOL_SLACK_S = 15.0  # subprocess timeout beyond the tool's own global deadline
 MODES = ("connect", "idle", "latency")
-TARGETS = ("tidewire", "mosquitto")
+TARGETS = ("tidewire", "tidewire-py", "mosquitto", "bare")
+DEFAULT_TARGETS = ("tidewire", "mosquitto")
+# What each target runs: Tidewire as installed (its hot path compiled when the build could), the same with
+# TIDEWIRE_PURE_PYTHON=1 (the fallback), Mosquitto, and a bare uvloop CONNACK server (connect and idle only).
+TARGET_LABELS = {"tidewire": "Tidewire", "tidewire-py": "Tidewire (pure Python)", "mosquitto": "Mosquitto",
+                 "bare": "bare uvloop"}
 
 
 class ToolError(RuntimeError):
@@ -229,7 +235,11 @@ MEASURES: dict[str, Callable[[servers.Server, Tool, Config], dict[str, Any]]] = 
 def start_target(target: str, cfg: Config) -> servers.Server:
     if target == "mosquitto":
         return servers.start_mosquitto(core=cfg.server_core)
-    env = {"PYTHONPATH": str(cfg.tidewire_src)} if cfg.tidewire_src is not None else None
+    if target == "bare":
+        return servers.start_bare(core=cfg.server_core)
+    env = {"PYTHONPATH": str(cfg.tidewire_src)} if cfg.tidewire_src is not None else {}
+    if target == "tidewire-py":
+        env[PURE_ENV] = "1"
     return servers.start_tidewire(core=cfg.server_core, extra_env=env)  # the embedded store: its default
 
 
@@ -286,20 +296,22 @@ def _fmt(v: float | None, digits: int) -> str:
 
 
 def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
-    """metric | Tidewire (median) | Mosquitto (median) | ratio | aim."""
-    head = ("metric", "Tidewire (median)", "Mosquitto (median)", "ratio T/M", "aim")
+    """metric | each target's median | Tidewire / Mosquitto | aim (checked on Tidewire's median)."""
+    targets = [t for t in TARGETS if t in results]
+    head = ("metric", *(f"{TARGET_LABELS[t]}" for t in targets), "ratio T/M", "aim")
     lines = [head]
     for row in ROWS:
-        t = median_of(results.get("tidewire", {}).get(row.mode, []), row.key)
-        m = median_of(results.get("mosquitto", {}).get(row.mode, []), row.key)
-        if t is None and m is None:
+        medians = {t: median_of(results[t].get(row.mode, []), row.key) for t in targets}
+        if all(v is None for v in medians.values()):
             continue
-        ts, ms = (None if v is None else v / row.scale for v in (t, m))
+        scaled = {t: None if v is None else v / row.scale for t, v in medians.items()}
+        t, m = medians.get("tidewire"), medians.get("mosquitto")
         ratio = f"{t / m:.2f}" if t is not None and m else "-"
         aim = row.aim
+        ts = scaled.get("tidewire")
         if row.check is not None and ts is not None:
-            aim += "  met" if row.check(ts, ms) else "  NOT met"
-        lines.append((row.label, _fmt(ts, row.digits), _fmt(ms, row.digits), ratio, aim))
+            aim += "  met" if row.check(ts, scaled.get("mosquitto")) else "  NOT met"
+        lines.append((row.label, *(_fmt(scaled[t], row.digits) for t in targets), ratio, aim))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = [" | ".join(c.ljust(w) if i == 0 else c.rjust(w)
                       for i, (c, w) in enumerate(zip(line, widths, strict=True))) for line in lines]
@@ -320,6 +332,8 @@ class Bench:
         for mode in self.modes:
             for i in range(self.runs):
                 for target in self.targets:  # alternate, so background load spreads over both
+                    if target == "bare" and mode == "latency":
+                        continue  # it routes nothing
                     try:
                         r = measure(target, mode, exe, self.cfg)
                     except (ToolError, RuntimeError, OSError, subprocess.SubprocessError) as e:
@@ -354,7 +368,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--payload", type=int, default=64, help="latency mode: payload bytes (≥ 16)")
     ap.add_argument("--mqtt5", action="store_true", help="MQTT 5 instead of 3.1.1")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
-    ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated subset of " + ",".join(TARGETS))
+    ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                    help="comma-separated subset of " + ",".join(TARGETS))
     ap.add_argument("--no-pin", action="store_true", help="do not pin the broker and the tool to cores")
     ap.add_argument("--tidewire-src", type=Path, default=None,
                     help="run Tidewire from this source tree instead of the installed one, e.g. a baseline "

@@ -271,6 +271,16 @@ def start_tidewire(host: str = "127.0.0.1", port: int | None = None, *, core: in
                   security=sec)
 
 
+def start_bare(host: str = "127.0.0.1", port: int | None = None, *, core: int | None = SERVER_CORE) -> Server:
+    """`loadtest.bare_broker`: uvloop answering CONNECT with CONNACK and nothing else (the floor under a connect)."""
+    port = port or free_port(host)
+    workdir = Path(tempfile.mkdtemp(prefix="loadtest-bare-"))
+    cmd = [*_pin_prefix(core), sys.executable, "-m", "loadtest.bare_broker", "--host", host, "--port", str(port)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parents[1]), env.get("PYTHONPATH")]))
+    return _spawn("bare", cmd, host, port, workdir, "bare uvloop", env=env)
+
+
 def start_tidewire_redis(host: str = "127.0.0.1", *, core: int | None = SERVER_CORE,
                          redis_core: int | None = REDIS_CORE, security: Security | None = None) -> Server:
     """Tidewire on the Redis store: a private redis-server (AOF appendfsync always) pinned to `redis_core`,

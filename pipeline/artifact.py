@@ -23,6 +23,8 @@ from tidewire.errors import TidewireError
 
 PACKAGE = "tidewire.pipeline"
 ENTRY = "tidewire.pipeline.cli"  # the jobs' command line: every job is reached from it
+# What `tidewire/__init__` itself imports (the choice of the compiled or pure hot path: standard library only).
+ROOT_IMPORTS = ("tidewire.compiled",)
 JOBS_PACKAGE = "tidewire.pipeline.jobs"
 # The driver's documented requirements (import name -> distribution): what a job may import besides the standard
 # library and the artifact. Executors need Spark only (the jobs run no Python UDFs).
@@ -112,7 +114,7 @@ def closure(root: Path) -> tuple[str, ...]:
         path = _module_file(root, module)
         assert path is not None
         for name in _imports(path, module):
-            if name != PACKAGE and not name.startswith(f"{PACKAGE}."):
+            if name != PACKAGE and not name.startswith((f"{PACKAGE}.", *ROOT_IMPORTS)):
                 if not _allowed_outside(name):
                     chain = [module]
                     while (parent := found[chain[-1]]) is not None:
@@ -123,12 +125,13 @@ def closure(root: Path) -> tuple[str, ...]:
                 continue
             if name in found or _module_file(root, name) is None:
                 continue  # an attribute of a module (`from pipeline.spark import read_messages`), not a module
-            found[name] = module
-            stack.append(name)
+            parts = name.split(".")
+            # importing a.b.c runs a/__init__ and a/b/__init__ first: what they import is needed too
+            for package in [".".join(parts[:i]) for i in range(1, len(parts))] + [name]:
+                if package not in found:
+                    found[package] = module
+                    stack.append(package)
     modules = set(found)
-    for name in list(modules):  # importing a.b.c runs a/__init__ and a/b/__init__ first
-        parts = name.split(".")
-        modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
     missing = [job for job in job_names(root) if f"{JOBS_PACKAGE}.{job}" not in modules]
     if missing:
         raise ArtifactError(f"job(s) {', '.join(missing)} in {JOBS_PACKAGE} not reached from {ENTRY}")

@@ -13,5 +13,10 @@ the installed wheel does (one tree for the interpreter, mypy, pytest and Spark):
     tidewire.pipeline    the lake bridge (the log as Parquet) and the PySpark jobs over the lake
     tidewire.errors      the one root exception, `TidewireError`, and its small hierarchy (a file of its own here)
 
-Importing this package imports nothing else (a Spark driver loads it from the jobs' zip).
+Importing this package imports nothing of Tidewire but `tidewire.compiled` (standard library only; a Spark driver
+loads the package from the jobs' zip).
 """
+
+from tidewire.compiled import choose_implementation
+
+choose_implementation()  # the compiled hot path, unless asked for the sources or the build is stale

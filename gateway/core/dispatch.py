@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import types
-from collections.abc import Callable, Collection, Coroutine, Generator, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Protocol
 
+from tidewire.gateway.core.awaiting import awaited
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.store.base import P2P_PREFIX
 
@@ -34,9 +34,6 @@ REFRESH_READS = 4  # store reads per queue per dispatch round before its readers
 # nothing next to that batch's own time, while a longer step delays publishers' acks).
 INLINE_MAX_MESSAGES = 64
 
-T = TypeVar("T")
-
-
 class P2PReader(Protocol):
     """The one reader of a client's P2P queue (its session): told that the queue has news, then pulled."""
 
@@ -45,39 +42,11 @@ class P2PReader(Protocol):
     def pull(self) -> None: ...
 
 
-@types.coroutine
-def awaited(coro: Coroutine[Any, Any, T]) -> Generator[Any, Any, tuple[T, bool]]:
-    """`await coro` in the calling task: its result, and whether it suspended (False: it ran to its end at once).
-
-    Exactly `yield from`: whatever the coroutine waits on is handed to the calling task, and what the task
-    sends or throws back is handed on, so it runs in the caller's task as a plain `await` would."""
-    try:
-        pending = coro.send(None)
-    except StopIteration as done:
-        return done.value, False
-    while True:
-        try:
-            sent = yield pending
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:  # a cancel, too, is the coroutine's to handle
-            try:
-                pending = coro.throw(exc)
-            except StopIteration as done:
-                return done.value, True
-        else:
-            try:
-                pending = coro.send(sent)
-            except StopIteration as done:
-                return done.value, True
-
-
 class Dispatcher:
     """The node's notify dispatch (see the module doc)."""
 
-    __slots__ = ("_busy", "_cache", "_failure", "_fresh", "_inline", "_p2p_reader", "_pending", "_readers", "_retry",
-                 "_wanted")
+    __slots__ = ("_busy", "_cache", "_failure", "_fresh", "_p2p_reader", "_pending", "_readers", "_reads_inline",
+                 "_retry", "_wanted")
 
     def __init__(self, readers: Mapping[str, Collection[Puller]], p2p_reader: Callable[[str], P2PReader | None],
                  cache: QueueCache, clock: Clock) -> None:
@@ -89,7 +58,7 @@ class Dispatcher:
         self._pending: set[str] = set()  # notified, not yet dispatched
         self._fresh: set[str] = set()  # of those, queues the cache took from this node's append: no read needed
         self._busy = False  # a round runs, or the task backs off after a failure: it takes `_pending` after
-        self._inline = True  # the last round that read the store did not suspend: the flush loop may read too
+        self._reads_inline = True  # the last round that read the store did not suspend: the flush loop may read too
         self._failure: Exception | None = None  # an inline round's, for the task's backoff
         self._wanted = asyncio.Event()
         self._retry = Backoff("dispatch", clock)
@@ -98,7 +67,7 @@ class Dispatcher:
     def inline(self) -> bool:
         """Whether the flush loop runs a round that reads the store itself (else the dispatch task does; a
         round that needs no read, every queue being taken from the append, is always the flush loop's)."""
-        return self._inline
+        return self._reads_inline
 
     def notified(self, queues: set[str]) -> None:
         """Names from the notifier or a resync: the dispatch task takes them."""
@@ -122,7 +91,7 @@ class Dispatcher:
         if messages > INLINE_MAX_MESSAGES:
             self._wanted.set()
             return
-        if not self._inline:
+        if not self._reads_inline:
             readers = self._readers
             if any(q in readers for q in self._pending - self._fresh):
                 self._wanted.set()  # this round reads and reads suspend: the task's, not to hold up appends
@@ -169,7 +138,7 @@ class Dispatcher:
             stop_if_cancelled()
             return exc
         if read:  # a round without reads says nothing about the store
-            self._inline = not suspended
+            self._reads_inline = not suspended
         self._retry.succeeded()
         return None
 

@@ -1,6 +1,7 @@
-"""`pip install tidewire` (the core, no extra) into a clean venv, as a new user does: it serves MQTT on the
-embedded store with QoS 1 persistence across kill -9; the listeners that are on by default but need an extra
-stay off with one log line each; a part asked for without its extra refuses to start and names the extra.
+"""`pip install tidewire` (the core, no extra; the wheel with its hot path compiled, as a machine with a C compiler
+builds it) into a clean venv, as a new user does: it runs the compiled modules, serves MQTT on the embedded store
+with QoS 1 persistence across kill -9; the listeners that are on by default but need an extra stay off with one
+log line each; a part asked for without its extra refuses to start and names the extra.
 
 make test-slow: pip resolves the core's dependencies from the package index (its cache when warm).
 """
@@ -28,12 +29,12 @@ EXTRA_ONLY = {"redis", "hiredis", "msgspec", "pamqp", "grpcio", "protobuf", "roc
 
 
 @pytest.fixture(scope="module")
-def core(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def core(compiled_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The venv's bin/ with the core installed."""
     venv = tmp_path_factory.mktemp("core") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(compiled_wheel)], capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return venv / "bin"
 
@@ -45,6 +46,22 @@ def _installed(bin_dir: Path) -> dict[str, int]:
     out = subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True, text=True, check=True,
                          timeout=60).stdout
     return {k: v for k, v in json.loads(out).items() if k not in ("pip", "setuptools")}
+
+
+def test_the_installed_hot_path_is_compiled(core: Path, compiled_wheel: Path, tmp_path: Path) -> None:
+    assert "-py3-none-any" not in compiled_wheel.name  # a platform wheel: it holds C extensions
+    probe = ("import importlib, json; from tidewire.compiled import MODULES, is_compiled; "
+             "print(json.dumps({m: is_compiled(importlib.import_module(m)) for m in MODULES}))")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TIDEWIRE_PURE_PYTHON")}
+    out = subprocess.run([str(core / "python"), "-c", probe], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    kinds = json.loads(out.stdout)
+    assert kinds and all(kinds.values()), kinds
+    env["TIDEWIRE_PURE_PYTHON"] = "1"
+    out = subprocess.run([str(core / "python"), "-c", probe], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path, env=env)
+    assert not any(json.loads(out.stdout).values())
 
 
 def test_core_installs_no_extra(core: Path) -> None:

@@ -150,8 +150,15 @@ class MqttChannel(Handshake):
             else:
                 return
 
+    def _take_backlog(self) -> list[Any] | None:
+        # A call, not `packets, self._backlog = self._backlog, None`: that narrows `_backlog` to None for the rest
+        # of the caller, and the compiled build (mypyc) then checks `_dispatch`'s new backlog against None.
+        backlog = self._backlog
+        self._backlog = None
+        return backlog
+
     def _metered_resume(self) -> None:
-        packets, self._backlog = self._backlog, None
+        packets = self._take_backlog()
         if self._state != CONNECTED or packets is None:
             return
         self._dispatch(packets)
@@ -160,8 +167,7 @@ class MqttChannel(Handshake):
 
     def run_backlog(self) -> None:
         """What was read while CONNECT was processed, once the session is open."""
-        backlog, self._backlog = self._backlog or [], None
-        for queued in backlog:
+        for queued in self._take_backlog() or ():
             if self._state != CONNECTED:
                 break
             self._handle(queued)

@@ -13,7 +13,7 @@ import pytest
 from tests.integration.paho import PahoClient
 from tidewire.extensions.hooks import AllowAll
 from tidewire.gateway.config import Settings
-from tidewire.gateway.core.dispatch import INLINE_MAX_MESSAGES, awaited
+from tidewire.gateway.core.dispatch import INLINE_MAX_MESSAGES
 from tidewire.gateway.node import Node
 from tidewire.gateway.server import open_listeners
 from tidewire.lookup.base import InProcessLookup
@@ -154,40 +154,3 @@ async def test_a_large_batch_is_pushed_by_the_dispatch_task(node: tuple[Node, Sl
         assert [m.payload for m in got] == [str(i).encode() for i in range(n)]
     finally:
         await asyncio.to_thread(paho.close)
-
-
-async def test_awaited_is_a_plain_await_that_tells_whether_it_suspended() -> None:
-    async def at_once() -> int:
-        return 1
-
-    async def later() -> int:
-        await asyncio.sleep(0)  # suspends once
-        return 2
-
-    async def fails() -> None:
-        await asyncio.sleep(0)  # suspends once
-        raise ValueError("boom")
-
-    assert await awaited(at_once()) == (1, False)
-    assert await awaited(later()) == (2, True)
-    with pytest.raises(ValueError, match="boom"):
-        await awaited(fails())
-
-    seen: list[str] = []
-
-    async def waits() -> None:
-        try:
-            await asyncio.sleep(10)  # suspended until cancelled
-        except asyncio.CancelledError:
-            seen.append("cancelled inside")
-            raise
-
-    async def outer() -> None:
-        await awaited(waits())
-
-    task = asyncio.get_running_loop().create_task(outer())
-    await asyncio.sleep(0)  # one turn: the task starts and suspends inside `waits`
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert seen == ["cancelled inside"]
