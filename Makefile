@@ -16,11 +16,22 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-install: $(BIN)/python
-	$(BIN)/pip install -q -e ".[all]"
+# The install compiles the hot path (setup.py, about a minute): it is redone only when what it builds from changed.
+HOT_PATH := $(shell $(PY) -c "import sys; sys.path.insert(0, '.'); from tidewire.compiled import MODULES, \
+	module_path; print(' '.join(module_path(m) for m in MODULES))")
+BUILD_INPUTS := pyproject.toml setup.py tidewire/compiled.py $(HOT_PATH)
 
-dev: $(BIN)/python
+$(VENV)/.installed: $(BUILD_INPUTS) | $(BIN)/python
+	$(BIN)/pip install -q -e ".[all]"
+	touch $@
+
+$(VENV)/.dev: $(BUILD_INPUTS) | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+dev: $(VENV)/.dev
 
 run: install
 	$(BIN)/tidewire serve $(ARGS)

@@ -60,9 +60,10 @@ class StampedBuild(build_ext):
 if compiling():
     from mypyc.build import mypycify
 
-    # Not the project's mypy configuration: its pydantic plugin is not in an isolated build's environment (whose
-    # packages are setuptools and mypy: a third-party type is Any to the compiler, as to an interpreter).
-    options = ["--config-file=", "--ignore-missing-imports", "--python-version", "3.11"]
+    # Not the project's mypy configuration (its pydantic plugin is not in an isolated build's environment), and no
+    # installed package's types: a third-party type is Any to the compiler, so what it builds is the same in an
+    # isolated build and in a venv that has every dependency.
+    options = ["--config-file=", "--no-site-packages", "--ignore-missing-imports", "--python-version", "3.11"]
     # Relative: setuptools lists the generated C among the sdist's sources (MANIFEST.in prunes build/).
     extensions = mypycify([*options, *(module_path(m) for m in MODULES)], opt_level="3", group_name=GROUP,
                           target_dir=os.path.join("build", "mypyc"))

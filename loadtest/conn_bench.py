@@ -1,4 +1,5 @@
-"""Connects/s, CONNACK latency, memory per idle connection and 1k msgs/s QoS 1 latency, Tidewire beside Mosquitto.
+"""Connects/s, CONNACK latency, memory per idle connection, 1k msgs/s QoS 1 latency and QoS 1 fan-in (10 publishers
+with 100 unacknowledged each, to one subscriber), Tidewire beside Mosquitto.
 
 `python -m loadtest.conn_bench [--runs 3] [--connections 10000] [--concurrency 100] [--rate 1000] [--seconds 5]`
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadtest import servers
+from loadtest import servers, text_table
 from loadtest.bench import LOAD_CORE, raise_nofile
 from tidewire.compiled import PURE_ENV
 
@@ -41,7 +42,7 @@ CFLAGS = ("-O2", "-std=c99", "-Wall")
 SETTLE_S = 1.0  # between the last CONNACK and the idle RSS sample: the broker finishes per-connection setup
 WARMUP_CONNECTS = 100  # before the idle RSS baseline: one-time costs of the first connections are not per-conn
 TOOL_SLACK_S = 15.0  # subprocess timeout beyond the tool's own global deadline
-MODES = ("connect", "idle", "latency")
+MODES = ("connect", "idle", "latency", "fanin")
 TARGETS = ("tidewire", "tidewire-py", "mosquitto", "bare")
 DEFAULT_TARGETS = ("tidewire", "mosquitto")
 # What each target runs: Tidewire as installed (its hot path compiled when the build could), the same with
@@ -165,6 +166,8 @@ class Config:
     seconds: float = 5.0
     payload: int = 64
     mqtt5: bool = False
+    publishers: int = 10  # fanin: to one subscriber, each with `window` QoS 1 publishes unacknowledged
+    window: int = 100
     server_core: int | None = servers.SERVER_CORE
     load_core: int | None = LOAD_CORE
     tidewire_src: Path | None = None  # run Tidewire from this source tree (e.g. a `git archive` of a commit)
@@ -228,8 +231,16 @@ def measure_latency(server: servers.Server, tool: Tool, cfg: Config) -> dict[str
     return r
 
 
+def measure_fanin(server: servers.Server, tool: Tool, cfg: Config) -> dict[str, Any]:
+    meter = _CoreMeter(server, cfg)
+    r = tool.run("fanin", "-n", str(cfg.publishers), "--window", str(cfg.window), "--seconds", str(cfg.seconds),
+                 "--payload", str(cfg.payload), "--qos", "1", "--prefix", "cb-fanin")
+    r.update(meter.stop(float(r.get("tool_cpu_s", 0.0))))
+    return r
+
+
 MEASURES: dict[str, Callable[[servers.Server, Tool, Config], dict[str, Any]]] = {
-    "connect": measure_connect, "idle": measure_idle, "latency": measure_latency}
+    "connect": measure_connect, "idle": measure_idle, "latency": measure_latency, "fanin": measure_fanin}
 
 
 def start_target(target: str, cfg: Config) -> servers.Server:
@@ -277,6 +288,10 @@ ROWS = (
     Row("latency p50 µs", "latency", "p50_us", 0, "≤ 150 µs", lambda t, m: t <= 150),
     Row("latency p99 µs", "latency", "p99_us", 0),
     Row("latency lost", "latency", "lost", 0),
+    Row("fan-in QoS 1 msgs/s", "fanin", "msgs_per_s", 0, "≥ Mosquitto", lambda t, m: m is None or t >= m),
+    Row("fan-in lost", "fanin", "lost", 0),
+    Row("broker core use (fan-in)", "fanin", "server_cpu", 2),
+    Row("tool core use (fan-in)", "fanin", "tool_core", 2),
     Row("broker core use (connect)", "connect", "server_cpu", 2),
     Row("tool core use (connect)", "connect", "tool_core", 2),
     Row("tool ceiling conn/s", "connect", "tool_ceiling_per_s", 0),
@@ -312,11 +327,7 @@ def table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
         if row.check is not None and ts is not None:
             aim += "  met" if row.check(ts, scaled.get("mosquitto")) else "  NOT met"
         lines.append((row.label, *(_fmt(scaled[t], row.digits) for t in targets), ratio, aim))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = [" | ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                      for i, (c, w) in enumerate(zip(line, widths, strict=True))) for line in lines]
-    out.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(out)
+    return text_table.render(lines)
 
 
 @dataclass(slots=True)
@@ -332,7 +343,7 @@ class Bench:
         for mode in self.modes:
             for i in range(self.runs):
                 for target in self.targets:  # alternate, so background load spreads over both
-                    if target == "bare" and mode == "latency":
+                    if target == "bare" and mode in ("latency", "fanin"):
                         continue  # it routes nothing
                     try:
                         r = measure(target, mode, exe, self.cfg)
@@ -353,6 +364,9 @@ def summary(r: dict[str, Any]) -> str:
     if mode == "idle":
         return (f"{r.get('bytes_per_conn')} B/conn ({r['ok']} held, rss {r['rss_before_kb']} -> "
                 f"{r['rss_after_kb']} KB) errors {r['errors']}")
+    if mode == "fanin":
+        return (f"{r['msgs_per_s']:,.0f} msgs/s p99 {r['p99_ms']:.2f} ms sent {r['sent']} lost {r['lost']}"
+                f" dup {r['dup']} tool_core {r.get('tool_core', '-')}")
     return (f"p50 {r['p50_us']:.0f} us p99 {r['p99_us']:.0f} us sent {r['sent']} lost {r['lost']}"
             f" core0_other {r.get('core0_other', '-')}")
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadtest import servers
+from loadtest import servers, text_table
 from loadtest.bench import LOAD_CORE, raise_nofile
 from loadtest.conn_bench import TOOL_SLACK_S, Tool, ToolError, build_tool, end_process, parse_json_line
 
@@ -104,11 +104,7 @@ def table(results: dict[str, list[dict[str, Any]]]) -> str:
                 v /= 1024
             cells.append("-" if v is None else f"{v:,.{digits}f}")
         rows.append((label, *cells))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [" | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-             for r in rows]
-    lines.insert(1, "-+-".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table.render(rows)
 
 
 def run_all(cfg: Config, runs: int, targets: Sequence[str], exe: Path,

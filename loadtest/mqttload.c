@@ -7,6 +7,9 @@
  *            EOF, SIGINT/SIGTERM, --hold seconds or the global deadline; then print "done" (dropped count).
  *   latency  one subscriber and one publisher (QoS 1 both ways by default); publish at R msgs/s for S s with
  *            the send time in the payload; end-to-end latency in us, lost and duplicate counts.
+ *   fanin    N publishers (-n, default 10) to one subscriber of `<topic>/+`, closed loop: each publisher keeps
+ *            --window W (default 100) QoS 1 publishes unacknowledged for S s (QoS 0: W per read turn); msgs/s
+ *            the subscriber received while publishing, end-to-end latency, lost and duplicate counts.
  * Build: cc -O2 -std=c99 -o mqttload mqttload.c (Linux only: epoll, timerfd). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -46,7 +49,7 @@ typedef struct {
 
 typedef struct {
   const char *mode, *host, *prefix, *topic;
-  int port, n, conc, v5, keepalive, qos, payload, wait_close;
+  int port, n, conc, v5, keepalive, qos, payload, wait_close, window;
   double rate, seconds, timeout, conn_timeout, drain, hold;
 } Opts;
 
@@ -59,6 +62,8 @@ typedef struct {
   /* latency mode */
   Conn sub, pub; int tfd; long sent, acked, uniq, dup; unsigned char *seen; long inflight, skipped;
   uint64_t pub_end, pub_stop; long cap; int pub_done;
+  /* fanin mode */
+  Conn *pubs; long *pub_sent, *pub_inflight, *expect; long in_window, gaps; int window, ready;
 } Run;
 
 static volatile sig_atomic_t g_stop = 0;      /* the one global: a signal handler can reach nothing else */
@@ -130,6 +135,19 @@ static int conn_flush(Run *r, Conn *c, uint64_t tag) {
   if (w < 0) return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
   memmove(c->out, c->out + w, c->out_len - (size_t)w); c->out_len -= (size_t)w;
   if (c->out_len == 0) { c->want_out = 0; conn_events(r, c, tag, EPOLL_CTL_MOD); }
+  return 0;
+}
+/* Queues bytes without a syscall; `conn_push` sends what is queued (fanin: one send per read turn, not per packet). */
+static void conn_queue(Conn *c, const unsigned char *p, size_t n) {
+  if (c->out_len + n > c->out_cap) { c->out_cap = (c->out_len + n) * 2; c->out = xrealloc(c->out, c->out_cap); }
+  memcpy(c->out + c->out_len, p, n); c->out_len += n;
+}
+static int conn_push(Run *r, Conn *c, uint64_t tag) {
+  if (!c->out_len || c->want_out) return 0;        /* nothing queued, or EPOLLOUT will send it */
+  ssize_t w = send(c->fd, c->out, c->out_len, MSG_NOSIGNAL);
+  if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+  if (w > 0) { memmove(c->out, c->out + w, c->out_len - (size_t)w); c->out_len -= (size_t)w; }
+  if (c->out_len) { c->want_out = 1; conn_events(r, c, tag, EPOLL_CTL_MOD); }
   return 0;
 }
 /* Reads what is there; 1 when the peer closed or reset, -1 on a buffer overflow, else 0. */
@@ -333,6 +351,40 @@ static int run_conns(Run *r) {
   return r->ok == r->o.n && r->dropped == 0 ? 0 : 1;
 }
 
+/* A received PUBLISH: its packet id (QoS 1) and where its payload starts; -1 (counted) when malformed. */
+static int parse_publish(Run *r, unsigned char first, const unsigned char *b, size_t blen, unsigned *pid,
+                         size_t *payload) {
+  size_t i, qos = (first >> 1) & 3;
+  if (blen < 2) { fail(r, E_PROTOCOL, "short PUBLISH"); return -1; }
+  i = 2 + ((size_t)b[0] << 8 | b[1]);
+  *pid = 0;
+  if (qos) { if (i + 2 > blen) { fail(r, E_PROTOCOL, "short PUBLISH"); return -1; } *pid = (unsigned)b[i] << 8 | b[i + 1]; i += 2; }
+  if (r->o.v5) {                                     /* skip the properties */
+    size_t plen = 0; unsigned mult = 1, k = 0;
+    do { if (i >= blen || k++ == 4) { fail(r, E_PROTOCOL, "bad properties"); return -1; }
+         plen += (size_t)(b[i] & 0x7f) * mult; mult <<= 7; } while (b[i++] & 0x80);
+    i += plen;
+  }
+  *payload = i;
+  return 0;
+}
+/* SUBSCRIBE (packet id 1) to `filter` at the run's QoS; the connection then waits for SUBACK. */
+static void send_subscribe(Run *r, Conn *c, uint64_t tag, const char *filter) {
+  unsigned char body[300], pkt[320]; size_t i = 0, fl = strlen(filter);
+  if (fl > 280) fl = 280;
+  body[i++] = 0; body[i++] = 1;
+  if (r->o.v5) body[i++] = 0;                        /* no properties */
+  i += put_str(body + i, filter, fl); body[i++] = (unsigned char)r->o.qos;
+  conn_send(r, c, tag, pkt, frame(pkt, 0x82, body, i)); c->state = ST_WAIT_SUBACK;
+}
+/* The start of a client connection's event: CONNECT once connected, queued bytes out. 1: nothing to read. */
+static int conn_event_start(Run *r, Conn *c, uint64_t tag, uint32_t ev, const char *cid) {
+  if (c->fd < 0) return 1;
+  if (c->state == ST_CONNECTING) { if (tcp_connected(r, c, tag, cid) < 0) g_stop = 1; return 1; }
+  if ((ev & EPOLLOUT) && c->out_len && conn_flush(r, c, tag) < 0) { fail(r, E_RESET, "send"); g_stop = 1; return 1; }
+  return !(ev & (EPOLLIN | EPOLLHUP | EPOLLERR));
+}
+
 /* ---- latency ---- */
 #define TAG_SUB ((uint64_t)K_SLOT << 32 | 0u)
 #define TAG_PUB ((uint64_t)K_SLOT << 32 | 1u)
@@ -350,17 +402,8 @@ static void publish_one(Run *r) {
   r->sent++; if (r->o.qos) r->inflight++;
 }
 static void on_sub_publish(Run *r, unsigned char first, unsigned char *b, size_t blen) {
-  uint64_t t = now_ns(); size_t i = 0, qos = (first >> 1) & 3;
-  if (blen < 2) { fail(r, E_PROTOCOL, "short PUBLISH"); return; }
-  i = 2 + ((size_t)b[0] << 8 | b[1]);
-  unsigned pid = 0;
-  if (qos) { if (i + 2 > blen) { fail(r, E_PROTOCOL, "short PUBLISH"); return; } pid = (unsigned)b[i] << 8 | b[i + 1]; i += 2; }
-  if (r->o.v5) {                                     /* skip the properties */
-    size_t plen = 0; unsigned mult = 1, k = 0;
-    do { if (i >= blen || k++ == 4) { fail(r, E_PROTOCOL, "bad properties"); return; }
-         plen += (size_t)(b[i] & 0x7f) * mult; mult <<= 7; } while (b[i++] & 0x80);
-    i += plen;
-  }
+  uint64_t t = now_ns(); size_t i, qos = (first >> 1) & 3; unsigned pid;
+  if (parse_publish(r, first, b, blen, &pid, &i) < 0) return;
   if (qos == 1) { unsigned char ack[4] = {0x40, 2, (unsigned char)(pid >> 8), (unsigned char)pid}; conn_send(r, &r->sub, TAG_SUB, ack, 4); }
   if (i + HDR > blen) { fail(r, E_PROTOCOL, "foreign payload"); return; }
   uint64_t ts, seq; memcpy(&ts, b + i, 8); memcpy(&seq, b + i + 8, 8);
@@ -370,14 +413,9 @@ static void on_sub_publish(Run *r, unsigned char first, unsigned char *b, size_t
 }
 static void lat_conn_event(Run *r, Conn *c, uint64_t tag, uint32_t ev) {
   int is_sub = c == &r->sub;
-  if (c->fd < 0) return;
-  if (c->state == ST_CONNECTING) {
-    char cid[160]; snprintf(cid, sizeof cid, "%s-%s", r->o.prefix, is_sub ? "sub" : "pub");
-    if (tcp_connected(r, c, tag, cid) < 0) g_stop = 1;
-    return;
-  }
-  if ((ev & EPOLLOUT) && c->out_len && conn_flush(r, c, tag) < 0) { fail(r, E_RESET, "send"); g_stop = 1; return; }
-  if (!(ev & (EPOLLIN | EPOLLHUP | EPOLLERR))) return;
+  char cid[160] = "";
+  if (c->state == ST_CONNECTING) snprintf(cid, sizeof cid, "%s-%s", r->o.prefix, is_sub ? "sub" : "pub");
+  if (conn_event_start(r, c, tag, ev, cid)) return;
   int rc = conn_read(c); size_t off = 0;
   unsigned char first, *b; size_t blen, total; int p;
   while ((p = next_packet(c, off, &first, &b, &blen, &total)) == 1) {
@@ -386,11 +424,7 @@ static void lat_conn_event(Run *r, Conn *c, uint64_t tag, uint32_t ev) {
     if (c->state == ST_WAIT_CONNACK) {
       if (check_connack(r, first, b, blen) < 0) { g_stop = 1; return; }
       if (is_sub) {
-        unsigned char body[300]; size_t i = 0; body[i++] = 0; body[i++] = 1;    /* packet id 1 */
-        if (r->o.v5) body[i++] = 0;
-        i += put_str(body + i, r->o.topic, strlen(r->o.topic)); body[i++] = (unsigned char)r->o.qos;
-        unsigned char pkt[320]; size_t n = frame(pkt, 0x82, body, i);
-        conn_send(r, c, tag, pkt, n); c->state = ST_WAIT_SUBACK;
+        send_subscribe(r, c, tag, r->o.topic);
       } else { c->state = ST_READY; r->start = now_ns(); r->pub_end = r->start + (uint64_t)(r->o.seconds * 1e9);
         struct itimerspec its = {0}; long iv = (long)(1e9 / r->o.rate); if (iv < 1000) iv = 1000;
         its.it_interval.tv_nsec = iv % 1000000000L; its.it_interval.tv_sec = iv / 1000000000L; its.it_value = its.it_interval;
@@ -455,10 +489,124 @@ static int run_latency(Run *r) {
   return r->pub_done && r->sent > 0 && r->uniq == r->sent && !errs ? 0 : 1;
 }
 
+/* ---- fanin ---- */
+#define TAG_FANIN(i) ((uint64_t)K_SLOT << 32 | (uint64_t)(i))       /* 0: the subscriber, 1..n: publishers */
+static void fanin_publish(Run *r, int k) {
+  Conn *c = &r->pubs[k];
+  unsigned char body[2 + 300 + 2 + 1 + 65536], pkt[sizeof body + 8]; size_t i = 0;
+  char topic[300]; int tl = snprintf(topic, sizeof topic, "%s/%d", r->o.topic, k);
+  i += put_str(body, topic, (size_t)tl);
+  long seq = r->pub_sent[k];
+  if (r->o.qos) { unsigned pid = (unsigned)(seq % 65535) + 1; body[i++] = (unsigned char)(pid >> 8); body[i++] = (unsigned char)pid; }
+  if (r->o.v5) body[i++] = 0;
+  memset(body + i, 'x', (size_t)r->o.payload);
+  uint64_t ts = now_ns(), s64 = (uint64_t)seq; uint32_t who = (uint32_t)k;
+  memcpy(body + i, &ts, 8); memcpy(body + i + 8, &s64, 8); memcpy(body + i + 16, &who, 4); i += (size_t)r->o.payload;
+  conn_queue(c, pkt, frame(pkt, (unsigned char)(0x30 | (r->o.qos << 1)), body, i));
+  r->pub_sent[k]++; r->sent++;
+  if (r->o.qos) r->pub_inflight[k]++;
+}
+static void fanin_fill(Run *r, int k) {        /* the publisher's window: QoS 1 up to W unacked, QoS 0 W at once */
+  if (r->pub_done || r->ready < r->o.n || r->pubs[k].state != ST_READY) return;   /* the clock has not started */
+  if (now_ns() >= r->pub_end) { r->pub_done = 1; r->pub_stop = now_ns(); r->in_window = r->uniq; return; }
+  if (r->o.qos) { while (r->pub_inflight[k] < r->window) fanin_publish(r, k); }
+  else if (r->pubs[k].out_len == 0) { for (int j = 0; j < r->window; j++) fanin_publish(r, k); }
+  if (conn_push(r, &r->pubs[k], TAG_FANIN(k + 1)) < 0) { fail(r, E_RESET, "publisher send"); g_stop = 1; }
+}
+static void fanin_received(Run *r, unsigned char first, unsigned char *b, size_t blen) {
+  uint64_t t = now_ns(); size_t i, qos = (first >> 1) & 3; unsigned pid;
+  if (parse_publish(r, first, b, blen, &pid, &i) < 0) return;
+  if (qos == 1) { unsigned char ack[4] = {0x40, 2, (unsigned char)(pid >> 8), (unsigned char)pid}; conn_queue(&r->sub, ack, 4); }
+  if (i + 20 > blen) { fail(r, E_PROTOCOL, "foreign payload"); return; }
+  uint64_t ts, seq; uint32_t who; memcpy(&ts, b + i, 8); memcpy(&seq, b + i + 8, 8); memcpy(&who, b + i + 16, 4);
+  if (who >= (uint32_t)r->o.n || (long)seq >= r->pub_sent[who] || ts > t) { fail(r, E_PROTOCOL, "foreign payload"); return; }
+  /* One publisher's messages arrive in order: behind the next expected is a duplicate, past it a gap. */
+  if ((long)seq < r->expect[who]) { r->dup++; return; }
+  r->gaps += (long)seq - r->expect[who]; r->expect[who] = (long)seq + 1; r->uniq++;
+  if (!r->pub_done) add_lat(r, t - ts);
+}
+static void fanin_conn_event(Run *r, int idx, uint32_t ev) {
+  Conn *c = idx == 0 ? &r->sub : &r->pubs[idx - 1]; uint64_t tag = TAG_FANIN(idx);
+  char cid[160] = "";
+  if (c->state == ST_CONNECTING) snprintf(cid, sizeof cid, idx == 0 ? "%s-sub" : "%s-pub%d", r->o.prefix, idx - 1);
+  if (conn_event_start(r, c, tag, ev, cid)) { if (idx && c->fd >= 0) fanin_fill(r, idx - 1); return; }
+  int rc = conn_read(c); size_t off = 0;
+  unsigned char first, *b; size_t blen, total; int p;
+  while ((p = next_packet(c, off, &first, &b, &blen, &total)) == 1) {
+    off += total;
+    unsigned type = first >> 4;
+    if (c->state == ST_WAIT_CONNACK) {
+      if (check_connack(r, first, b, blen) < 0) { g_stop = 1; return; }
+      if (idx == 0) {
+        char filter[280]; snprintf(filter, sizeof filter, "%s/+", r->o.topic);
+        send_subscribe(r, c, tag, filter);
+      } else {
+        c->state = ST_READY;
+        if (++r->ready == r->o.n) {                  /* every publisher is in: the clock starts */
+          r->start = now_ns(); r->pub_end = r->start + (uint64_t)(r->o.seconds * 1e9);
+          for (int k = 0; k < r->o.n; k++) fanin_fill(r, k);
+        }
+      }
+    } else if (c->state == ST_WAIT_SUBACK && type == 9) {
+      size_t rcoff = r->o.v5 ? 2 + 1 + (blen > 2 ? b[2] : 0) : 2;
+      if (rcoff >= blen || b[rcoff] >= 0x80) { fail(r, E_REFUSED, "SUBACK failure"); g_stop = 1; return; }
+      c->state = ST_READY;
+      for (int k = 0; k < r->o.n; k++) if (tcp_open(r, &r->pubs[k], TAG_FANIN(k + 1)) < 0) { g_stop = 1; return; }
+    } else if (idx == 0 && type == 3) fanin_received(r, first, b, blen);
+    else if (idx > 0 && type == 4) { r->acked++; if (r->pub_inflight[idx - 1]) r->pub_inflight[idx - 1]--; }
+    else if (type != 13) { fail(r, E_PROTOCOL, "unexpected packet"); }
+  }
+  memmove(c->in, c->in + off, c->in_len - off); c->in_len -= off;
+  if (p < 0 || rc != 0) { fail(r, p < 0 || rc < 0 ? E_PROTOCOL : E_RESET, idx ? "publisher lost" : "subscriber lost"); g_stop = 1; return; }
+  if (idx) fanin_fill(r, idx - 1);
+  else {
+    if (conn_push(r, c, tag) < 0) { fail(r, E_RESET, "subscriber send"); g_stop = 1; return; }   /* the PUBACKs */
+    if (!r->o.qos) for (int k = 0; k < r->o.n; k++) fanin_fill(r, k);
+  }
+}
+static void fanin_dispatch(Run *r, uint64_t tag, uint32_t ev) {
+  uint32_t idx = (uint32_t)tag;
+  if (tag >> 32 == K_SLOT && idx <= (uint32_t)r->o.n) fanin_conn_event(r, (int)idx, ev);
+}
+static int run_fanin(Run *r) {
+  int n = r->o.n;
+  r->pubs = calloc((size_t)n, sizeof(Conn)); r->pub_sent = calloc((size_t)n, sizeof(long));
+  r->pub_inflight = calloc((size_t)n, sizeof(long)); r->expect = calloc((size_t)n, sizeof(long));
+  r->window = r->o.window; r->sub.fd = -1;
+  for (int k = 0; k < n; k++) r->pubs[k].fd = -1;
+  if (tcp_open(r, &r->sub, TAG_FANIN(0)) < 0) g_stop = 1;
+  uint64_t t = 0, drain_until = 0;
+  while (!g_stop && (t = now_ns()) < r->deadline) {
+    if (r->ready == n && !r->pub_done && t >= r->pub_end) { r->pub_done = 1; r->pub_stop = t; r->in_window = r->uniq; }
+    if (r->pub_done) {
+      if (!drain_until) drain_until = t + (uint64_t)(r->o.drain * 1e9);
+      if (t >= drain_until || (r->uniq >= r->sent && (!r->o.qos || r->acked >= r->sent))) break;
+    }
+    if (loop_once(r, 10, fanin_dispatch) < 0) break;
+    if (r->ready < n && t - r->start > (uint64_t)(r->o.conn_timeout * 1e9)) { fail(r, E_TIMEOUT, "setup"); break; }
+  }
+  static const unsigned char disc[2] = {0xe0, 0x00};
+  for (int k = 0; k < n; k++) if (r->pubs[k].fd >= 0) { conn_send(r, &r->pubs[k], TAG_FANIN(k + 1), disc, 2); conn_close(r, &r->pubs[k]); }
+  if (r->sub.fd >= 0) { conn_send(r, &r->sub, TAG_FANIN(0), disc, 2); conn_close(r, &r->sub); }
+  if (!r->pub_stop) { r->pub_stop = now_ns(); r->in_window = r->uniq; }
+  qsort(r->lat, r->nlat, 8, cmp_u64);
+  double el = r->pub_stop > r->start && r->ready == n ? (double)(r->pub_stop - r->start) / 1e9 : 0;
+  printf("{\"mode\":\"fanin\",\"mqtt\":%d,\"qos\":%d,\"publishers\":%d,\"window\":%d,\"seconds\":%.3f,\"payload\":%d,"
+         "\"sent\":%ld,\"acked\":%ld,\"received\":%ld,\"dup\":%ld,\"lost\":%ld,\"gaps\":%ld,", r->o.v5 ? 5 : 4, r->o.qos, n,
+         r->window, el, r->o.payload, r->sent, r->acked, r->uniq, r->dup, r->sent - r->uniq, r->gaps);
+  print_errors(r);
+  printf(",\"complete\":%s,\"msgs_per_s\":%.1f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"p999_ms\":%.3f,\"tool_cpu_s\":%.3f}\n",
+         r->pub_done ? "true" : "false", el > 0 ? (double)r->in_window / el : 0.0, pct(r->lat, r->nlat, .5, 1e6),
+         pct(r->lat, r->nlat, .99, 1e6), pct(r->lat, r->nlat, .999, 1e6), cpu_s());
+  fflush(stdout);
+  long errs = 0; for (int k = 0; k < E_KINDS; k++) errs += r->err[k];
+  return r->pub_done && r->sent > 0 && r->uniq == r->sent && !errs ? 0 : 1;
+}
+
 static void usage(void) {
-  fprintf(stderr, "usage: mqttload connect|idle|latency [--host H] [--port P] [-n N] [-c C] [--mqtt5]\n"
+  fprintf(stderr, "usage: mqttload connect|idle|latency|fanin [--host H] [--port P] [-n N] [-c C] [--mqtt5]\n"
           "  [--keepalive S] [--prefix ID] [--timeout S] [--conn-timeout S] [--no-wait-close] [--hold S]\n"
-          "  [--rate R] [--seconds S] [--qos 0|1] [--payload BYTES] [--topic T] [--drain S]\n");
+          "  [--rate R] [--seconds S] [--qos 0|1] [--payload BYTES] [--topic T] [--drain S] [--window W]\n");
   exit(2);
 }
 int main(int argc, char **argv) {
@@ -466,12 +614,14 @@ int main(int argc, char **argv) {
   char topic[200], prefix[100];
   snprintf(prefix, sizeof prefix, "mqttload-%d", (int)getpid());
   *o = (Opts){.host = "127.0.0.1", .port = 1883, .n = 1000, .conc = 100, .keepalive = 60, .qos = 1, .payload = 64,
-              .wait_close = 1, .rate = 1000, .seconds = 5, .timeout = 120, .conn_timeout = 10, .drain = 2,
+              .wait_close = 1, .rate = 1000, .seconds = 5, .timeout = 120, .conn_timeout = 10, .drain = 2, .window = 100,
               .prefix = prefix, .topic = NULL};
   if (argc < 2) usage();
   o->mode = argv[1];
-  if (strcmp(o->mode, "connect") && strcmp(o->mode, "idle") && strcmp(o->mode, "latency")) usage();
+  if (strcmp(o->mode, "connect") && strcmp(o->mode, "idle") && strcmp(o->mode, "latency") && strcmp(o->mode, "fanin"))
+    usage();
   if (!strcmp(o->mode, "idle")) o->keepalive = 600;
+  if (!strcmp(o->mode, "fanin")) o->n = 10;   /* publishers */
   for (int i = 2; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (!strcmp(a, name) && v && ++i)
@@ -482,15 +632,15 @@ int main(int argc, char **argv) {
     else if (ARG("--hold")) o->hold = atof(v); else if (ARG("--rate")) o->rate = atof(v);
     else if (ARG("--seconds")) o->seconds = atof(v); else if (ARG("--qos")) o->qos = atoi(v);
     else if (ARG("--payload")) o->payload = atoi(v); else if (ARG("--topic")) o->topic = v;
-    else if (ARG("--drain")) o->drain = atof(v);
+    else if (ARG("--drain")) o->drain = atof(v); else if (ARG("--window")) o->window = atoi(v);
     else if (!strcmp(a, "--mqtt5")) o->v5 = 1; else if (!strcmp(a, "--no-wait-close")) o->wait_close = 0;
     else usage();
   }
   if (o->n < 0 || o->conc < 1 || o->qos < 0 || o->qos > 1 || o->payload < HDR || o->payload > 65536 ||
       o->rate <= 0 || o->seconds <= 0 || o->keepalive < 0 || o->keepalive > 65535 || strlen(o->prefix) > 90 ||
-      o->timeout <= 0) usage();
+      o->timeout <= 0 || o->window < 1 || o->window > 60000) usage();
   if (o->conc > o->n && o->n > 0) o->conc = o->n;
-  if (!o->topic) { snprintf(topic, sizeof topic, "mqttload/%s/latency", o->prefix); o->topic = topic; }
+  if (!o->topic) { snprintf(topic, sizeof topic, "mqttload/%s/%s", o->prefix, o->mode); o->topic = topic; }
   if (strlen(o->topic) > 250) usage();
   r->addr.sin_family = AF_INET; r->addr.sin_port = htons((uint16_t)o->port);
   if (inet_pton(AF_INET, o->host, &r->addr.sin_addr) != 1) { fprintf(stderr, "mqttload: bad IPv4 host\n"); return 2; }
@@ -498,5 +648,6 @@ int main(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL); sigaction(SIGTERM, &sa, NULL); signal(SIGPIPE, SIG_IGN);
   r->ep = epoll_create1(EPOLL_CLOEXEC);
   r->start = now_ns(); r->deadline = r->start + (uint64_t)(o->timeout * 1e9);
+  if (!strcmp(o->mode, "fanin")) return o->n < 1 || o->payload < HDR + 4 ? (usage(), 2) : run_fanin(r);
   return !strcmp(o->mode, "latency") ? run_latency(r) : run_conns(r);
 }
