@@ -48,10 +48,25 @@ def compiling() -> bool:
     return not missing
 
 
+def _remove_stale_extensions() -> None:
+    """Extensions of modules no longer compiled (an earlier build's, in place beside the sources) would be imported
+    before their `.py`: they go before the build."""
+    compiled = {module_path(m)[: -len(".py")] for m in MODULES}
+    for folder, _, files in os.walk(ROOT / "tidewire", followlinks=True):
+        for name in files:
+            if name.endswith(".so") and not name.startswith(GROUP.rpartition(".")[2] + "__mypyc"):
+                path = Path(folder) / name
+                module = path.relative_to(ROOT).as_posix().split(".", 1)[0]
+                if module not in compiled:
+                    path.unlink()
+
+
 class StampedBuild(build_ext):
     """Builds the extensions, then stamps the sources they were compiled from."""
 
     def run(self) -> None:
+        if self.inplace:
+            _remove_stale_extensions()
         super().run()
         out = ROOT if self.inplace else Path(self.build_lib)
         (out / "tidewire" / STAMP).write_text(sources_digest(str(ROOT)) + "\n", encoding="ascii")
