@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # Each earns its place by what compiling it buys, measured (loadtest.compile_bench in process; loadtest.conn_bench
-# --targets tidewire,tidewire-py end to end, builds with and without it): the codec parses 2.4x and encodes 1.5x
+# --targets tidewire,tidewire-py end to end, builds with and without it): the codec parses 2.7x and encodes 1.5x
 # faster, topic matching runs 2.2x faster, and with dispatch and the queue cache QoS 1 fan-in gains ~13%. Left out
 # because they made a real connect slower, not faster (+5 to +12 µs of broker CPU per connect, over three builds):
 # the MQTT channel and handshake, sessions and the deadline wheel, whose objects the interpreted node and registry
@@ -66,11 +66,11 @@ def _build_is_current(root: str) -> bool:
             built = stamp.read().strip()
     except OSError:
         return False  # never compiled here (or compiled without a stamp): the sources are what is known to be right
-    current = sources_digest(root)
-    if built != current:
-        print("tidewire: the compiled hot path is older than its sources; running the sources (rebuild: make dev)",
-              file=sys.stderr)
-    return built == current
+    if built == sources_digest(root):
+        return True
+    print("tidewire: the compiled hot path is older than its sources; running the sources (rebuild: make dev)",
+          file=sys.stderr)
+    return False
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):

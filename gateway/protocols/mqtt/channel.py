@@ -150,15 +150,8 @@ class MqttChannel(Handshake):
             else:
                 return
 
-    def _take_backlog(self) -> list[Any] | None:
-        # A call, not `packets, self._backlog = self._backlog, None`: that narrows `_backlog` to None for the rest
-        # of the caller, and the compiled build (mypyc) then checks `_dispatch`'s new backlog against None.
-        backlog = self._backlog
-        self._backlog = None
-        return backlog
-
     def _metered_resume(self) -> None:
-        packets = self._take_backlog()
+        packets, self._backlog = self._backlog, None
         if self._state != CONNECTED or packets is None:
             return
         self._dispatch(packets)
@@ -167,7 +160,8 @@ class MqttChannel(Handshake):
 
     def run_backlog(self) -> None:
         """What was read while CONNECT was processed, once the session is open."""
-        for queued in self._take_backlog() or ():
+        backlog, self._backlog = self._backlog or [], None
+        for queued in backlog:
             if self._state != CONNECTED:
                 break
             self._handle(queued)
