@@ -141,6 +141,9 @@ class ClusterRole:
         names = {"frames_sent": "notify/frames_sent", "notify_broadcasts": "notify/broadcasts",
                  "notify_broadcast_msgs": "notify/broadcast_msgs", "frames_received": "cluster/frames_received",
                  "notify_route_msgs": "notify/route_msgs", "notify_event_msgs": "notify/event_msgs",
+                 "notify_direct_msgs": "notify/direct_msgs", "notify_catchup_msgs": "notify/catchup_msgs",
+                 "notify_lease_msgs": "notify/lease_msgs", "notify_update_msgs": "notify/update_msgs",
+                 "notify_leases_held": "notify/leases_held", "notify_leases_granted": "notify/leases_granted",
                  "notify_merged": "notify/merged", "casts_dropped": "cluster/casts_dropped"}
         out = {name: stats[key] for key, name in names.items() if key in stats}
         out["cluster/members"] = len(self.fabric.members)

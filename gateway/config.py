@@ -204,6 +204,9 @@ class ClusterSettings(BaseModel):
     cluster_member_ttl: float = Field(3.0, gt=0, description="s without a heartbeat before a node is dead")
     cluster_resync_interval: float = Field(1.0, gt=0, description="s between re-reads of every local queue (a "
                                            "notify lost with a node delays, never loses)")
+    cluster_notify_lease: float = Field(5.0, ge=0, description="s a node may notify a queue's readers directly on "
+                                        "its slot owner's answer (one hop); the owner sends changes meanwhile; 0: "
+                                        "always through the owner (two hops)")
 
 
 class BackendSettings(BaseModel):

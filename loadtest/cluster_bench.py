@@ -24,7 +24,7 @@ until publishers stopped):
     n1 → n2 latency at 1k msgs/s QoS 1: p50 1.56 / 2.07 ms, p99 7.97 / 11.14 ms, no loss.
     notify frames per publish at 1k msgs/s, subscribers on k = 1, 2, N nodes: N=3 0.81, 0.90, 1.29;
     N=5 1.27, 1.79, 2.07. Forced broadcast (one run, with a benchmark-only setting
-    since taken out of the production settings; `--broadcast-env KEY=VALUE` runs a variant with any node env):
+    since taken out of the production settings; `--variant-env KEY=VALUE` runs a variant with any node env):
     N=3 0.55 whatever k; N=5 1.14, 1.10, 0.71 (fewer frames at this rate: one hop merging ~4 publishes per
     flush, against two hops, publisher → slot owner → interested nodes, for targeted notify).
     kill -9 n2, 20 persistent subscribers: receiving again on n1/n3 after p50 134 / 112 ms (max 180 / 168 ms);
@@ -57,7 +57,9 @@ T = TypeVar("T")
 FRAMES_KEYS = ("notify/frames_sent", "cluster/frames_sent", "frames_sent")  # first one a node publishes wins
 BROADCAST_KEYS = ("notify/broadcasts", "cluster/notify_broadcasts", "notify_broadcasts")
 NOTIFY_CAST_KEYS = (("notify/route_msgs", "notify_route_msgs"), ("notify/event_msgs", "notify_event_msgs"),
-                    ("notify/broadcast_msgs", "notify_broadcast_msgs"))
+                    ("notify/broadcast_msgs", "notify_broadcast_msgs"), ("notify/direct_msgs", "notify_direct_msgs"),
+                    ("notify/catchup_msgs", "notify_catchup_msgs"), ("notify/lease_msgs", "notify_lease_msgs"),
+                    ("notify/update_msgs", "notify_update_msgs"))
 PROBE_WAIT_S = 1.0  # a cluster "works" once a QoS 1 publish on n1 reaches every other node within this
 
 
@@ -264,9 +266,9 @@ def run_cluster(args: argparse.Namespace) -> bool:
     ok = True
     measures = set(args.measure.split(","))
     variants: list[tuple[str, dict[str, str]]] = [("", {})]
-    if args.broadcast_env:
-        key, _, value = args.broadcast_env.partition("=")
-        variants.append((f" (forced broadcast: {key}={value})", {key: value}))
+    for setting in args.variant_env or []:
+        key, _, value = setting.partition("=")
+        variants.append((f" ({key}={value})", {key: value}))
     for n in (int(x) for x in args.nodes.split(",")):
         for label, env in variants if measures & {"latency", "frames"} else []:
             try:
@@ -315,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--failover-subscribers", type=int, default=20)
     cl.add_argument("--failover-rate", type=float, default=500.0)
     cl.add_argument("--failover-after", type=float, default=5.0, help="s of streaming after the kill")
-    cl.add_argument("--broadcast-env", help="KEY=VALUE node setting that forces notify broadcast; measured too")
+    cl.add_argument("--variant-env", action="append", help="KEY=VALUE: latency and frames again on nodes with this "
+                    "env (repeatable; e.g. TIDEWIRE_CLUSTER_NOTIFY_LEASE=0: notify always through slot owners)")
     return ap
 
 

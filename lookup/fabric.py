@@ -16,6 +16,7 @@ from tidewire.lookup.membership import Membership
 from tidewire.lookup.rpc import DEFAULT_MAX_FRAME, RpcError, RpcNode
 from tidewire.lookup.sharded import ShardedLookup
 from tidewire.notify.cluster import DEFAULT_MERGE_DELAY, ClusterNotifier
+from tidewire.notify.leases import DEFAULT_LEASE
 
 log = logging.getLogger("tidewire.cluster")
 
@@ -28,11 +29,11 @@ class ClusterFabric:
     def __init__(self, node_id: str, redis_client: Any, *, host: str = "127.0.0.1", cluster_port: int = 0,
                  secret: bytes | str, heartbeat_interval: float = 0.5, member_ttl: float = 3.0, prefix: str = "tw",
                  advertise_host: str | None = None, call_timeout: float = 2.0, max_frame: int = DEFAULT_MAX_FRAME,
-                 merge_delay: float = DEFAULT_MERGE_DELAY) -> None:
+                 merge_delay: float = DEFAULT_MERGE_DELAY, notify_lease: float = DEFAULT_LEASE) -> None:
         self.node_id = node_id
         self.rpc = RpcNode(node_id, host, cluster_port, secret, call_timeout=call_timeout, max_frame=max_frame)
         self.lookup = ShardedLookup(node_id, self.rpc)
-        self.notifier = ClusterNotifier(node_id, self.rpc, self.lookup, merge_delay=merge_delay)
+        self.notifier = ClusterNotifier(node_id, self.rpc, self.lookup, merge_delay=merge_delay, lease=notify_lease)
         self.membership: Membership | None = None
         self._redis = redis_client
         self._host = advertise_host or host

@@ -79,23 +79,30 @@ class _Shard:
         self.done.add(node)
         self.complete = self.done.issuperset(self.table.members)
 
-    def apply(self, node: str, ops: list[Any]) -> None:
+    def apply(self, node: str, ops: list[Any]) -> set[str]:
+        """Apply one sender's ops; returns the queues whose answer (`local_nodes_for_queue`) they changed."""
         mine = self.by_node.setdefault(node, (set(), set()))
+        changed: set[str] = set()
         for op, key in ops:
             is_client = op in (CLIENT_ADD, CLIENT_DEL)
             if self.table.owner_of(key if is_client else route_key(key)) != self.me:
                 continue  # not our slot (cannot happen within one epoch; never trust a peer blindly)
             table, index = (self.clients, mine[0]) if is_client else (self.queues, mine[1])
             if op in (CLIENT_ADD, QUEUE_ADD):
-                table.setdefault(key, set()).add(node)
+                nodes = table.setdefault(key, set())
+                if node not in nodes:
+                    nodes.add(node)
+                    changed.add(P2P_PREFIX + key if is_client else key)
                 index.add(key)
             else:
-                nodes = table.get(key)
-                if nodes is not None:
-                    nodes.discard(node)
-                    if not nodes:
+                held = table.get(key)
+                if held is not None and node in held:
+                    held.discard(node)
+                    changed.add(P2P_PREFIX + key if is_client else key)
+                    if not held:
                         del table[key]
                 index.discard(key)
+        return changed
 
 
 class ShardedLookup:
@@ -111,6 +118,10 @@ class ShardedLookup:
         self.max_buffered = max_buffered  # messages of a newer epoch held until we learn that epoch
         self.table: SlotTable | None = None
         self.on_future_epoch: Callable[[], None] | None = None  # a peer is ahead: refresh membership now
+        # Owner-side answers changed: these queues' readers (a complete shard), or every answer voided (the shard
+        # became incomplete or a new epoch began). Leases on answers (`notify.leases`) follow them.
+        self.on_answers_changed: Callable[[set[str]], None] | None = None
+        self.on_answers_void: Callable[[], None] | None = None
         self._clients: dict[str, str] = {}  # our truth: client id -> this node
         self._queues: dict[str, int] = {}  # our truth: queue -> local readers
         self._pending: list[Op] = []
@@ -219,6 +230,8 @@ class ShardedLookup:
             return
         table = self.table = SlotTable(epoch, members)
         self._shard = _Shard(table, self.node_id)
+        if self.on_answers_void is not None:
+            self.on_answers_void()
         self._pending.clear()
         self._out = {}
         self._resync(table.members)
@@ -338,6 +351,14 @@ class ShardedLookup:
             return
         if epoch < shard.table.epoch or sender not in shard.table.members:
             return  # the sender re-sends everything once it learns the new epoch
+        was_complete = shard.complete
+        try:
+            self._apply_stream(shard, sender, gen, seq, flags, ops)
+        finally:
+            if was_complete and not shard.complete and self.on_answers_void is not None:
+                self.on_answers_void()
+
+    def _apply_stream(self, shard: _Shard, sender: str, gen: int, seq: int, flags: int, ops: list[Any]) -> None:
         stream = shard.streams.get(sender)
         if flags & START:
             if stream is not None and gen <= stream.gen:
@@ -353,10 +374,12 @@ class ShardedLookup:
                 shard.undone(sender)
                 self._ask_resync(sender, stream)
             return
-        shard.apply(sender, ops)
+        changed = shard.apply(sender, ops)
         stream.next_seq = seq + 1
         if flags & DONE:
             shard.mark_done(sender)
+        if changed and shard.complete and self.on_answers_changed is not None:
+            self.on_answers_changed(changed)
 
     def _ask_resync(self, sender: str, stream: _InStream) -> None:
         if stream.asked != stream.gen:  # once per generation: the sender's next START answers it

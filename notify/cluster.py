@@ -1,10 +1,11 @@
-"""Notify across nodes: merged queue names go to their slot owners, which forward them to the interested nodes.
+"""Notify across nodes: merged queue names go to the interested nodes, through their slot owners or directly.
 
-A publishing node merges the names notified within `merge_delay` (≤ 1 ms, or one tick), groups them by the
-owner of each name's slot and casts one message per owner; the owner looks up the nodes with readers of each
-queue (a `p2p#<client>` queue: where the client is connected) and casts one merged message per interested
-node. The local node's handler is called directly, never over TCP. Whenever an answer is missing (no table
-yet, the slot unknown or resyncing, an epoch mismatch, the owner unreachable or a cast lost) that batch is
+A publishing node merges the names notified within `merge_delay` (≤ 1 ms, or one tick). A name whose slot
+owner's answer it holds on lease (`notify.leases`) goes straight to the nodes with readers, one hop; the rest
+are grouped by the owner of each name's slot, one message per owner, and the owner casts one merged message per
+interested node (a `p2p#<client>` queue: where the client is connected) and leases its answers back to the
+publisher. The local node's handler is called directly, never over TCP. Whenever an answer is missing (no
+table yet, the slot unknown or resyncing, an epoch mismatch, the owner unreachable or a cast lost) that batch is
 broadcast to every member instead. Names routed to an owner within the last `RESEND_WINDOW` are broadcast
 again when the connection to it breaks (a killed owner drops what it had not read yet). Any other lost event
 only delays a message: sessions re-read their queue heads.
@@ -23,6 +24,7 @@ from tidewire.lookup.rpc import RpcNode
 from tidewire.lookup.sharded import ShardedLookup
 from tidewire.lookup.slots import route_key
 from tidewire.notify.base import NotifyCounts, NotifyHandler
+from tidewire.notify.leases import DEFAULT_LEASE, Clock, GrantedLeases, HeldLeases
 
 DEFAULT_MERGE_DELAY = 0.001  # seconds names are merged before routing; 0 = until the end of this tick
 RESEND_WINDOW = 1.0  # seconds: names routed to an owner this recently are broadcast if its connection breaks
@@ -33,11 +35,17 @@ class ClusterNotifier:
     """The `Notifier` of a cluster node."""
 
     def __init__(self, node_id: str, rpc: RpcNode, lookup: ShardedLookup, *,
-                 merge_delay: float = DEFAULT_MERGE_DELAY) -> None:
+                 merge_delay: float = DEFAULT_MERGE_DELAY, lease: float = DEFAULT_LEASE,
+                 clock: Clock = time.monotonic) -> None:
         self.node_id = node_id
         self.rpc = rpc
         self.lookup = lookup
         self.merge_delay = merge_delay
+        self.lease = lease  # seconds; 0: every name goes through its owner (two hops)
+        self.clock = clock
+        self._held = HeldLeases(clock)
+        self._granted = GrantedLeases(clock, lease)
+        self._sweep_handle: asyncio.TimerHandle | None = None
         self.always_broadcast = False  # benchmarks: what targeting saves
         self._handler: NotifyHandler | None = None
         self._pending: set[str] = set()
@@ -46,11 +54,17 @@ class ClusterNotifier:
         self._deliver_scheduled = False
         self.counters = {"notify_names": 0, "notify_merged": 0, "notify_route_msgs": 0, "notify_event_msgs": 0,
                          "notify_broadcasts": 0, "notify_broadcast_msgs": 0, "notify_local_events": 0,
-                         "notify_unknown": 0}
+                         "notify_unknown": 0, "notify_direct_msgs": 0, "notify_lease_msgs": 0,
+                         "notify_update_msgs": 0, "notify_void_msgs": 0, "notify_catchup_msgs": 0}
         self._recent: dict[str, deque[tuple[float, list[str]]]] = {}
         rpc.handle("nt.route", self._on_route)
         rpc.handle("nt.ev", self._on_event)
+        rpc.handle("nt.lease", self._on_lease)
+        rpc.handle("nt.upd", self._on_update)
+        rpc.handle("nt.void", self._on_void)
         rpc.on_peer_down(self._on_peer_down)
+        lookup.on_answers_changed = self._answers_changed
+        lookup.on_answers_void = self._answers_void
 
     def register(self, node_id: str, handler: NotifyHandler) -> None:
         """Only this node's handler can be registered here; other nodes register in their own process."""
@@ -79,9 +93,12 @@ class ClusterNotifier:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+            self._sweep_handle = None
 
     def stats(self) -> dict[str, int]:
-        return dict(self.counters)
+        return {**self.counters, "notify_leases_held": len(self._held), "notify_leases_granted": len(self._granted)}
 
     @property
     def counts(self) -> NotifyCounts:
@@ -89,7 +106,8 @@ class ClusterNotifier:
         names the lookup could not place."""
         c = self.counters
         return NotifyCounts(c["notify_route_msgs"] + c["notify_event_msgs"] + c["notify_broadcast_msgs"]
-                            + c["notify_local_events"], c["notify_merged"], c["notify_broadcasts"], c["notify_unknown"])
+                            + c["notify_direct_msgs"] + c["notify_catchup_msgs"] + c["notify_local_events"],
+                            c["notify_merged"], c["notify_broadcasts"], c["notify_unknown"])
 
     # --- publisher side ------------------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -101,25 +119,34 @@ class ClusterNotifier:
                 self.counters["notify_unknown"] += len(pending)
             self._broadcast(pending)
             return
+        leased = self.lease > 0
         per_owner: dict[str, set[str]] = {}
+        direct: dict[str, set[str]] = {}
         for queue in pending:
+            nodes = self._held.nodes(queue, table.epoch) if leased else None
+            if nodes is not None:
+                for node in nodes:
+                    direct.setdefault(node, set()).add(queue)
+                continue
             owner = table.owner_of(route_key(queue))
             if owner is None:
                 self.counters["notify_unknown"] += 1
                 self._broadcast({queue})
             else:
                 per_owner.setdefault(owner, set()).add(queue)
+        if direct:
+            self._tell(direct, "notify_direct_msgs")
         for owner, queues in per_owner.items():
             if owner == self.node_id:
-                self._route(queues, table.epoch)
+                self._route(queues, table.epoch, None)
                 continue
             self.counters["notify_route_msgs"] += 1
             names = sorted(queues)
-            if not self.rpc.cast(owner, "nt.route", [table.epoch, names],
+            if not self.rpc.cast(owner, "nt.route", [table.epoch, names, int(leased)],
                                  on_lost=functools.partial(self._broadcast, queues)):
                 self._broadcast(queues)
                 continue
-            now = time.monotonic()
+            now = self.clock()
             recent = self._recent.get(owner)
             if recent is None:
                 recent = self._recent[owner] = deque(maxlen=RESEND_MAX)
@@ -127,30 +154,84 @@ class ClusterNotifier:
                 recent.popleft()
             recent.append((now, names))
 
+    def _tell(self, per_node: dict[str, set[str]], counter: str) -> None:
+        """Events straight to the nodes named by a leased answer; one this node cannot reach now is broadcast."""
+        for node, names in per_node.items():
+            if node == self.node_id:
+                self._local(names)
+                continue
+            self.counters[counter] += 1
+            if not self.rpc.cast(node, "nt.ev", sorted(names)):  # lost later: its periodic re-read covers it
+                self._broadcast(names)
+
+    def _on_lease(self, sender: str, payload: Any) -> None:
+        table = self.lookup.table
+        try:
+            epoch, duration = int(payload[0]), min(float(payload[1]), self.lease)
+            answers = [(str(q), frozenset(str(n) for n in nodes)) for q, nodes in payload[2]]
+        except (TypeError, ValueError, IndexError, KeyError):
+            return
+        if table is None or epoch != table.epoch or duration <= 0:
+            return
+        # Only the owner of a queue's slot may answer for it (peers are authenticated, yet never trusted blindly).
+        self._held.take(epoch, duration, ((q, nodes) for q, nodes in answers if table.owner_of(route_key(q)) == sender))
+
+    def _on_update(self, sender: str, payload: Any) -> None:
+        table = self.lookup.table
+        try:
+            epoch = int(payload[0])
+            updates = [(str(q), frozenset(str(n) for n in nodes)) for q, nodes in payload[1]]
+        except (TypeError, ValueError, IndexError, KeyError):
+            return
+        if table is None or epoch != table.epoch:
+            return
+        catch_up: dict[str, set[str]] = {}
+        for queue, nodes in updates:
+            if table.owner_of(route_key(queue)) != sender:
+                continue
+            for node in self._held.update(epoch, queue, nodes):
+                catch_up.setdefault(node, set()).add(queue)
+        if catch_up:  # we may have told the old answer's nodes of news a new reader (a new node) has not seen
+            self._tell(catch_up, "notify_catchup_msgs")
+
+    def _on_void(self, sender: str, payload: Any) -> None:
+        self._held.clear()
+
     def _on_peer_down(self, node_id: str) -> None:
+        self._held.clear()  # an update from it may be lost
+        self._granted.drop_holder(node_id)
         recent = self._recent.pop(node_id, None)
         if recent:
-            horizon = time.monotonic() - RESEND_WINDOW
+            horizon = self.clock() - RESEND_WINDOW
             self._broadcast({name for t, names in recent if t >= horizon for name in names})
 
     # --- owner side ----------------------------------------------------------------------------------------
     def _on_route(self, sender: str, payload: Any) -> None:
         try:
             epoch, names = int(payload[0]), {str(q) for q in payload[1]}
+            wants_lease = len(payload) > 2 and bool(payload[2])
         except (TypeError, ValueError, IndexError, KeyError):
             return
-        self._route(names, epoch)
+        self._route(names, epoch, sender if wants_lease and self.lease > 0 else None)
 
-    def _route(self, queues: set[str], epoch: int) -> None:
+    def _route(self, queues: set[str], epoch: int, holder: str | None) -> None:
+        """Forward to the nodes with readers; lease the answers to `holder` (the publisher) if it asked."""
         per_node: dict[str, set[str]] = {}
         unknown: set[str] = set()
+        answers: list[list[Any]] = []
         for queue in queues:
             nodes = self.lookup.local_nodes_for_queue(queue, epoch)
             if nodes is None:
                 unknown.add(queue)
                 continue
+            if holder is not None and self._granted.grant(queue, holder):
+                answers.append([queue, sorted(nodes)])
             for node in nodes:
                 per_node.setdefault(node, set()).add(queue)
+        if answers and holder is not None:
+            self.counters["notify_lease_msgs"] += 1
+            self.rpc.cast(holder, "nt.lease", [epoch, self.lease, answers])
+            self._schedule_sweep()
         for node, names in per_node.items():
             if node == self.node_id:
                 self._local(names)
@@ -160,6 +241,40 @@ class ClusterNotifier:
         if unknown:
             self.counters["notify_unknown"] += len(unknown)
             self._broadcast(unknown)
+
+    def _answers_changed(self, queues: set[str]) -> None:
+        """Readers of some queues changed: send the new answers to the holders of leases on them."""
+        if not len(self._granted):
+            return
+        epoch = self.lookup.epoch
+        per_holder: dict[str, list[list[Any]]] = {}
+        for queue in queues:
+            holders = self._granted.holders(queue)
+            nodes = self.lookup.local_nodes_for_queue(queue, epoch) if holders else None
+            if nodes is None:
+                continue
+            for holder in holders:
+                per_holder.setdefault(holder, []).append([queue, sorted(nodes)])
+        for holder, updates in per_holder.items():
+            self.counters["notify_update_msgs"] += 1
+            self.rpc.cast(holder, "nt.upd", [epoch, updates])  # lost: the lease ends, the re-read covers the rest
+
+    def _answers_void(self) -> None:
+        """Our shard stopped answering (resync, new epoch): every lease on it ends now."""
+        for holder in self._granted.all_holders():
+            self.counters["notify_void_msgs"] += 1
+            self.rpc.cast(holder, "nt.void", [])
+        self._granted.clear()
+
+    def _schedule_sweep(self) -> None:
+        if self._sweep_handle is None:
+            self._sweep_handle = asyncio.get_running_loop().call_later(self.lease, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweep_handle = None
+        self._granted.sweep()
+        if len(self._granted):
+            self._schedule_sweep()
 
     def _broadcast(self, queues: set[str]) -> None:
         if not queues:

@@ -45,6 +45,14 @@ class Cluster:
         assert owner is not None
         await until(lambda: self.f[owner].lookup.local_nodes_for_queue(queue, self.table.epoch) == set(nodes))
 
+    async def unsubscribed(self, queue: str, *nodes: str) -> None:
+        for node in nodes:
+            self.f[node].lookup.remove_queue_subscriber(queue, node)
+        owner = self.table.owner_of(queue)
+        assert owner is not None
+        await until(lambda: not set(nodes) & (self.f[owner].lookup.local_nodes_for_queue(queue, self.table.epoch)
+                                              or set()))
+
     async def quiet(self, window: float = 0.05) -> None:
         """Until no node has received a frame for `window` seconds: stray lookup traffic (resyncs,
         heartbeat-driven work) is over before frames are counted, and a frame that should not be sent has had time
@@ -62,11 +70,11 @@ class Cluster:
 
 
 @contextlib.asynccontextmanager
-async def cluster(redis: Any, *ids: str) -> AsyncIterator[Cluster]:
+async def cluster(redis: Any, *ids: str, **options: Any) -> AsyncIterator[Cluster]:
     made: dict[str, ClusterFabric] = {}
     try:
         for i in ids:
-            made[i] = ClusterFabric(i, redis, secret=SECRET, heartbeat_interval=INTERVAL, member_ttl=TTL)
+            made[i] = ClusterFabric(i, redis, secret=SECRET, heartbeat_interval=INTERVAL, member_ttl=TTL, **options)
             await made[i].start()
         await until(lambda: len({f.epoch for f in made.values()}) == 1
                     and all(len(f.members) == len(ids) and f.stats()["lookup_complete"] for f in made.values()))
@@ -183,3 +191,118 @@ async def test_without_a_table_everything_is_broadcast_locally(redis: Any) -> No
     fabric.notifier.notify(["q"])
     await until(lambda: got == [{"q"}])
     assert fabric.stats()["notify_broadcasts"] == 1
+
+
+async def test_a_leased_answer_makes_the_next_notify_one_hop(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c", "d") as c:
+        q = c.queue_owned_by("d")
+        await c.subscribed(q, "b")
+        await c.quiet()
+        c.f["a"].notifier.notify([q])  # a -> d -> b, and d leases its answer ({b}) to a
+        await until(lambda: c.events["b"] == [{q}] and c.f["a"].stats()["notify_leases_held"] == 1)
+        await c.quiet()
+
+        before = c.frames_in()
+        c.f["a"].notifier.notify([q])
+        await until(lambda: c.events["b"] == [{q}, {q}])
+        await c.quiet()
+        after = c.frames_in()
+        assert after["b"] - before["b"] == 1
+        assert after["d"] == before["d"] and after["c"] == before["c"]  # the owner is not asked again
+        stats = c.f["a"].stats()
+        assert stats["notify_route_msgs"] == 1 and stats["notify_direct_msgs"] == 1
+
+        # a queue nobody reads costs no frame at all once its (empty) answer is leased
+        empty = c.queue_owned_by("c", "none/")
+        c.f["a"].notifier.notify([empty])
+        await until(lambda: c.f["a"].stats()["notify_leases_held"] == 2)
+        await c.quiet()
+        sent = c.f["a"].rpc.frames_sent
+        c.f["a"].notifier.notify([empty])
+        await c.quiet()
+        assert c.f["a"].rpc.frames_sent == sent
+
+
+async def test_a_reader_that_joins_or_leaves_during_a_lease_is_followed(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c", "d") as c:
+        q = c.queue_owned_by("d")
+        await c.subscribed(q, "b")
+        c.f["a"].notifier.notify([q])
+        await until(lambda: c.f["a"].stats()["notify_leases_held"] == 1 and c.received("b") == {q})
+        c.f["a"].notifier.notify([q])  # on the lease
+        await until(lambda: len(c.events["b"]) == 2)
+
+        # c joins after a used its lease: the owner's update makes a tell c at once (it may have missed news)
+        c.f["c"].lookup.add_queue_subscriber(q, "c")
+        await until(lambda: c.received("c") == {q}, what=lambda: f"c got {c.events['c']}")
+        assert c.f["a"].stats()["notify_catchup_msgs"] == 1 and c.f["d"].stats()["notify_update_msgs"] >= 1
+        await c.quiet()
+
+        before = c.frames_in()
+        c.f["a"].notifier.notify([q])  # direct to both readers' nodes
+        await until(lambda: len(c.events["b"]) == 3 and len(c.events["c"]) == 2)
+        await c.quiet()
+        assert c.frames_in()["d"] == before["d"]
+
+        await c.unsubscribed(q, "b")
+        await until(lambda: c.f["a"].notifier._held.nodes(q, c.table.epoch) == {"c"})
+        await c.quiet()
+        before = c.frames_in()
+        c.f["a"].notifier.notify([q])
+        await until(lambda: len(c.events["c"]) == 3)
+        await c.quiet()
+        assert c.frames_in()["b"] == before["b"] and len(c.events["b"]) == 3
+
+
+async def test_leases_end_with_the_epoch_and_nothing_is_missed(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c") as c:
+        queues = [c.queue_owned_by(n, f"{n}/") for n in "bc"]
+        for q in queues:
+            await c.subscribed(q, "b")
+        c.f["a"].notifier.notify(queues)
+        await until(lambda: c.f["a"].stats()["notify_leases_held"] == 2)
+
+        joiner = ClusterFabric("e", redis, secret=SECRET, heartbeat_interval=INTERVAL, member_ttl=TTL)
+        await joiner.start()
+        try:
+            await until(lambda: all(f.epoch == joiner.epoch and f.stats()["lookup_complete"]
+                                    for f in [*c.f.values(), joiner]))
+            assert c.f["a"].stats()["notify_leases_held"] == 0
+            assert c.f["b"].stats()["notify_leases_granted"] == c.f["c"].stats()["notify_leases_granted"] == 0
+            seen = len(c.events["b"])
+            c.f["a"].notifier.notify(queues)
+            await until(lambda: len(c.events["b"]) > seen and set(queues) <= set().union(*c.events["b"][seen:]))
+        finally:
+            await joiner.stop()
+
+
+async def test_lease_zero_always_routes_through_the_owner(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "d", notify_lease=0.0) as c:
+        q = c.queue_owned_by("d")
+        await c.subscribed(q, "b")
+        for n in range(1, 4):
+            c.f["a"].notifier.notify([q])
+            await until(lambda n=n: len(c.events["b"]) == n)  # type: ignore[misc]
+        stats = c.f["a"].stats()
+        assert stats["notify_route_msgs"] == 3 and stats["notify_direct_msgs"] == 0
+        assert stats["notify_leases_held"] == 0 and c.f["d"].stats()["notify_lease_msgs"] == 0
+
+
+async def test_a_leased_p2p_answer_follows_the_client_to_another_node(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c") as c:
+        client = c.queue_owned_by("b", "client-")
+        queue = "p2p#" + client
+        c.f["c"].lookup.set_client_location(client, "c")
+        await until(lambda: c.f["b"].lookup.local_nodes_for_queue(queue, c.table.epoch) == {"c"})
+        c.f["a"].notifier.notify([queue])
+        await until(lambda: c.events["c"] == [{queue}] and c.f["a"].stats()["notify_leases_held"] == 1)
+
+        c.f["c"].lookup.remove_client_location(client, "c")  # the client moves to a itself
+        c.f["a"].lookup.set_client_location(client, "a")
+        await until(lambda: c.f["a"].notifier._held.nodes(queue, c.table.epoch) == {"a"})
+        await c.quiet()
+        sent = c.f["a"].rpc.frames_sent
+        c.f["a"].notifier.notify([queue])
+        await until(lambda: c.events["a"] == [{queue}])
+        assert c.f["a"].rpc.frames_sent == sent  # its own handler, called directly
+        assert c.events["c"] == [{queue}]
