@@ -3,8 +3,9 @@ reader of the nodes' `$SYS/brokers/<node>/stats/...` counters.
 
 Node k (1-based) is `python -m tidewire serve --host H --port P --data-dir D --store redis://...` with
 `TIDEWIRE_NODE_ID=n<k>`, `TIDEWIRE_CLUSTER_PORT=<free>`, `TIDEWIRE_CLUSTER_SECRET` and a short
-`TIDEWIRE_SYS_INTERVAL`, so the counters can be read over MQTT while a benchmark runs. `store="embedded"` (one
-node only) gives the same harness without Redis, for restart measurements and tests.
+`TIDEWIRE_SYS_INTERVAL`, so the counters can be read over MQTT while a benchmark runs. `store="redis-cluster"`
+puts the nodes on a 3-master Redis Cluster instead; `store="embedded"` (one node only) gives the same harness
+without Redis, for restart measurements and tests.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import cast
 
 from loadtest.client import DISCONNECT, Endpoint, connect_packet, subscribe_packet
-from loadtest.redis_proc import RedisProc, terminate
+from loadtest.redis_proc import RedisClusterProc, RedisProc, terminate
 from loadtest.servers import _pin_prefix, free_port, tidewire_command, wait_ready
 
 NODE_START_TIMEOUT = 30.0  # s for a node to answer CONNECT
@@ -92,14 +93,15 @@ class Cluster:
     def __init__(self, n: int, *, host: str = "127.0.0.1", store: str = "redis", node_core: int | None = 0,
                  redis_core: int | None = 1, sys_interval: float = 1.0, secret: str = "bench-cluster-secret",
                  extra_env: dict[str, str] | None = None) -> None:
-        if store not in ("redis", "embedded") or (store == "embedded" and n != 1):
-            raise ValueError("store is redis (any n) or embedded (n = 1)")
+        if store not in ("redis", "redis-cluster", "embedded") or (store == "embedded" and n != 1):
+            raise ValueError("store is redis or redis-cluster (any n) or embedded (n = 1)")
         self.n = n
         self.host = host
         self.store = store
         self.node_core = node_core
-        self.redis: RedisProc | None = RedisProc(prefix=_pin_prefix(redis_core), host=host) if store == "redis" \
-            else None
+        self.redis: RedisProc | RedisClusterProc | None = (
+            RedisProc(prefix=_pin_prefix(redis_core), host=host) if store == "redis"
+            else RedisClusterProc(prefix=_pin_prefix(redis_core), host=host) if store == "redis-cluster" else None)
         self.sys_interval = sys_interval
         self.secret = secret
         self.extra_env = dict(extra_env or {})

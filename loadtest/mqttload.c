@@ -10,6 +10,7 @@
  *   fanin    N publishers (-n, default 10) to one subscriber of `<topic>/+`, closed loop: each publisher keeps
  *            --window W (default 100) QoS 1 publishes unacknowledged for S s (QoS 0: W per read turn); msgs/s
  *            the subscriber received while publishing, end-to-end latency, lost and duplicate counts.
+ *            --sub-port: the subscriber (latency and fanin) connects to this port instead (another node).
  * Build: cc -O2 -std=c99 -o mqttload mqttload.c (Linux only: epoll, timerfd). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -49,12 +50,12 @@ typedef struct {
 
 typedef struct {
   const char *mode, *host, *prefix, *topic;
-  int port, n, conc, v5, keepalive, qos, payload, wait_close, window;
+  int port, sub_port, n, conc, v5, keepalive, qos, payload, wait_close, window;   /* sub_port 0: --port */
   double rate, seconds, timeout, conn_timeout, drain, hold;
 } Opts;
 
 typedef struct {
-  Opts o; int ep; struct sockaddr_in addr; uint64_t start, deadline;
+  Opts o; int ep; struct sockaddr_in addr, sub_addr; uint64_t start, deadline;
   Conn *slots; int started, done, ok;
   uint64_t *lat; size_t nlat, cap_lat;
   long err[E_KINDS]; char first_err[96];
@@ -189,7 +190,8 @@ static int tcp_open(Run *r, Conn *c, uint64_t tag) {
   c->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (c->fd < 0) { fail(r, E_CONNECT, strerror(errno)); return -1; }
   int one = 1; setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (connect(c->fd, (struct sockaddr *)&r->addr, sizeof r->addr) < 0 && errno != EINPROGRESS) {
+  struct sockaddr_in *to = c == &r->sub ? &r->sub_addr : &r->addr;   /* fanin: the subscriber may be on another node */
+  if (connect(c->fd, (struct sockaddr *)to, sizeof *to) < 0 && errno != EINPROGRESS) {
     fail(r, E_CONNECT, strerror(errno)); close(c->fd); c->fd = -1; return -1;
   }
   c->state = ST_CONNECTING; c->want_out = 0;
@@ -604,8 +606,8 @@ static int run_fanin(Run *r) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: mqttload connect|idle|latency|fanin [--host H] [--port P] [-n N] [-c C] [--mqtt5]\n"
-          "  [--keepalive S] [--prefix ID] [--timeout S] [--conn-timeout S] [--no-wait-close] [--hold S]\n"
+  fprintf(stderr, "usage: mqttload connect|idle|latency|fanin [--host H] [--port P] [--sub-port P] [-n N] [-c C]\n"
+          "  [--mqtt5] [--keepalive S] [--prefix ID] [--timeout S] [--conn-timeout S] [--no-wait-close] [--hold S]\n"
           "  [--rate R] [--seconds S] [--qos 0|1] [--payload BYTES] [--topic T] [--drain S] [--window W]\n");
   exit(2);
 }
@@ -626,6 +628,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(name) (!strcmp(a, name) && v && ++i)
     if (ARG("--host")) o->host = v; else if (ARG("--port")) o->port = atoi(v);
+    else if (ARG("--sub-port")) o->sub_port = atoi(v);
     else if (ARG("-n")) o->n = atoi(v); else if (ARG("-c")) o->conc = atoi(v);
     else if (ARG("--keepalive")) o->keepalive = atoi(v); else if (ARG("--prefix")) o->prefix = v;
     else if (ARG("--timeout")) o->timeout = atof(v); else if (ARG("--conn-timeout")) o->conn_timeout = atof(v);
@@ -644,6 +647,7 @@ int main(int argc, char **argv) {
   if (strlen(o->topic) > 250) usage();
   r->addr.sin_family = AF_INET; r->addr.sin_port = htons((uint16_t)o->port);
   if (inet_pton(AF_INET, o->host, &r->addr.sin_addr) != 1) { fprintf(stderr, "mqttload: bad IPv4 host\n"); return 2; }
+  r->sub_addr = r->addr; r->sub_addr.sin_port = htons((uint16_t)(o->sub_port ? o->sub_port : o->port));
   struct sigaction sa; memset(&sa, 0, sizeof sa); sa.sa_handler = on_signal;   /* no SA_RESTART: wake epoll */
   sigaction(SIGINT, &sa, NULL); sigaction(SIGTERM, &sa, NULL); signal(SIGPIPE, SIG_IGN);
   r->ep = epoll_create1(EPOLL_CLOEXEC);

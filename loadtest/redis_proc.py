@@ -1,4 +1,5 @@
-"""A private `redis-server` for the benchmarks (AOF `appendfsync always`, optionally pinned) and its INFO counters.
+"""A private `redis-server` (or a 3-master Redis Cluster) for the benchmarks, AOF `appendfsync always`, optionally
+pinned, and its INFO counters.
 
 Small on purpose, like `tests/store/redis_server.py` (loadtest does not import from tests/): start on a free
 port in a temp dir, wait for PING, stop and remove the dir. `info()` speaks just enough RESP over a plain
@@ -15,9 +16,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadtest.ports import free_port
+from loadtest.ports import free_port, free_port_pair
 
 REDIS_SERVER_FALLBACK = "/usr/bin/redis-server"
+CLUSTER_BUS_OFFSET = 10_000  # Redis Cluster's bus port is the client port + this
+CLUSTER_TIMEOUT = 20.0  # s until a new cluster must report cluster_state:ok
 START_TIMEOUT = 10.0  # s until PING must answer
 IO_TIMEOUT = 5.0  # s for one INFO round trip
 MAX_INFO_BYTES = 1 << 20  # an INFO answer larger than this is not Redis
@@ -120,11 +123,12 @@ class RedisProc:
     (e.g. `taskset -c 1`). A context manager: leaving it stops the server and removes its dir."""
 
     def __init__(self, *, prefix: list[str] | None = None, host: str = "127.0.0.1",
-                 appendfsync: str = "always") -> None:
+                 appendfsync: str = "always", port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.host = host
         self.prefix = list(prefix or [])
         self.appendfsync = appendfsync
-        self.port = _free_port(host)
+        self.extra_args = extra_args
+        self.port = port or _free_port(host)
         self.dir = Path(tempfile.mkdtemp(prefix="loadtest-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -142,7 +146,7 @@ class RedisProc:
             raise RuntimeError("redis-server not found on PATH")
         return [*self.prefix, exe, "--port", str(self.port), "--bind", self.host, "--dir", str(self.dir),
                 "--save", "", "--appendonly", "yes", "--appendfsync", self.appendfsync,
-                "--daemonize", "no", "--loglevel", "warning"]
+                "--daemonize", "no", "--loglevel", "warning", *self.extra_args]
 
     def start(self) -> RedisProc:
         cmd = self.command()
@@ -189,3 +193,59 @@ def delta(before: RedisCounters, after: RedisCounters) -> RedisCounters:
     own = after.calls.get("info", 0) - before.calls.get("info", 0)
     return RedisCounters({k: v for k, v in calls.items() if v}, after.commands - before.commands - own,
                          after.reads - before.reads - 2 * own)
+
+
+class RedisClusterProc:
+    """`masters` cluster-enabled redis-servers (no replicas) joined by `redis-cli --cluster create`; the same
+    start/stop/counters as `RedisProc`, counters summed over the masters."""
+
+    def __init__(self, *, masters: int = 3, prefix: list[str] | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.servers = [RedisProc(prefix=prefix, host=host, port=free_port_pair(CLUSTER_BUS_OFFSET, host),
+                                  extra_args=("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                              "--cluster-node-timeout", "5000")) for _ in range(masters)]
+
+    @property
+    def url(self) -> str:
+        return "redis-cluster://" + ",".join(f"{s.host}:{s.port}" for s in self.servers)
+
+    def start(self) -> RedisClusterProc:
+        try:
+            for server in self.servers:
+                server.start()
+            cli = shutil.which("redis-cli")
+            if cli is None:
+                raise RuntimeError("redis-cli not found on PATH")
+            out = subprocess.run([cli, "--cluster", "create", *(f"{s.host}:{s.port}" for s in self.servers),
+                                  "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
+                                 timeout=CLUSTER_TIMEOUT)
+            if out.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout[-2000:]}{out.stderr[-500:]}")
+            deadline = time.monotonic() + CLUSTER_TIMEOUT
+            while not all(parse_info(query(s.host, s.port, "CLUSTER", "INFO").decode()).get("cluster_state") == "ok"
+                          for s in self.servers):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+                time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def counters(self) -> RedisCounters:
+        parts = [s.counters() for s in self.servers]
+        calls: dict[str, int] = {}
+        for part in parts:
+            for k, v in part.calls.items():
+                calls[k] = calls.get(k, 0) + v
+        return RedisCounters(calls, sum(p.commands for p in parts), sum(p.reads for p in parts))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for server in self.servers:
+            server.stop(timeout)
+
+    def __enter__(self) -> RedisClusterProc:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
