@@ -4,8 +4,9 @@ A cached queue is complete for seqs in (head, tail]: everything the store holds 
 in seq order, and `tail` is the `upto` of the store's last answer (not the last message seen), so a reader
 merging several queues knows how far each one is known. `refresh` pulls (tail, store end] once per notify
 no matter how many subscribers wait on the queue; `add_appended` takes a batch this node just appended
-without reading it back when nothing else can lie in its range. A reader behind `head` gets None and reads
-the store itself, so a slow session never pins memory here.
+without reading it back when nothing else can lie in its range, and a batch appended while a read of the queue
+is under way when that read ends (a networked store's reads overlap the next appends). A reader behind `head`
+gets None and reads the store itself, so a slow session never pins memory here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tidewire.store.base import Message, Store
 
 
 class _CachedQueue:
-    __slots__ = ("head", "joined", "messages", "pulling", "refs", "seal", "seqs", "stale", "tail")
+    __slots__ = ("head", "joined", "messages", "parked", "pulling", "refs", "seal", "seqs", "stale", "tail")
 
     def __init__(self, start_seq: int) -> None:
         self.head = start_seq
@@ -31,6 +32,8 @@ class _CachedQueue:
         self.joined: asyncio.Future[None] | None = None
         self.stale = False
         self.seal = 0
+        # Shares of batches appended during a read, (after, batch's last seq, share): taken when the read ends.
+        self.parked: list[tuple[int, int, list[Message]]] | None = None
 
 
 class QueueCache:
@@ -93,6 +96,8 @@ class QueueCache:
                     self._append(cached, messages)
                 if upto > cached.tail:
                     cached.tail = upto
+                if cached.parked is not None:
+                    self._unpark(cached)
                 if len(messages) < self._pull_batch and not cached.stale:
                     break
                 if reads == max_reads:
@@ -115,24 +120,38 @@ class QueueCache:
     def _finished(cached: _CachedQueue) -> asyncio.Future[None] | None:
         joined, cached.joined = cached.joined, None
         cached.pulling = False
+        cached.parked = None  # what the read did not connect to is read next time
         return joined
 
-    def add_appended(self, messages: Sequence[Message]) -> set[str]:
+    def _unpark(self, cached: _CachedQueue) -> None:
+        """After a read: take the parked shares that continue what is now known (the read may hold part)."""
+        parked, cached.parked = cached.parked or [], None
+        for after, last, share in parked:
+            if last <= cached.tail:
+                continue  # the read got all of it
+            if after > cached.tail:
+                break  # something between is unknown: left to a read, and so is every later share
+            rest = share if share[0].seq > cached.tail else [m for m in share if m.seq > cached.tail]
+            self._append(cached, rest)
+            cached.tail = last
+
+    def add_appended(self, messages: Sequence[Message], after: int | None) -> set[str]:
         """Messages the caller just appended, numbered by the store; returns the cached queues they completed.
 
-        Seqs are unique, so a batch numbered without a gap is all the store holds in its range: a cached queue
-        complete up to just below the batch, and not being read, takes its share from the batch with no store
-        read and is complete up to the batch's last seq. Any other queue is left to `refresh`."""
+        `after` is what the store's `append` returned: it holds nothing but this batch in (after, last seq].
+        A cached queue complete up to at least `after` (and below the batch) takes its share from the batch with
+        no store read and is complete up to the batch's last seq; one being read takes it when the read ends, if
+        the read reached `after`. Any other queue is left to `refresh`."""
         queues = self._queues
-        if not messages or not queues:
+        if not messages or not queues or after is None:
             return set()
         first = messages[0].seq
-        last = first - 1
+        last = after
         shares: dict[str, list[Message]] = {}
         for message in messages:
-            last += 1
-            if message.seq != last:
-                return set()  # a gap (or another order): messages appended by others may lie in between
+            if message.seq <= last:
+                return set()  # not ascending: not a batch as `append` numbers one
+            last = message.seq
             for queue in message.queues:
                 if queue in queues:
                     share = shares.get(queue)
@@ -142,7 +161,11 @@ class QueueCache:
         completed: set[str] = set()
         for queue, share in shares.items():
             cached = queues[queue]
-            if cached.tail == first - 1 and not cached.pulling:
+            if cached.pulling:
+                if cached.parked is None:
+                    cached.parked = []
+                cached.parked.append((after, last, share))
+            elif after <= cached.tail < first:
                 self._append(cached, share)
                 cached.tail = last
                 completed.add(queue)

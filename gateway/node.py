@@ -101,7 +101,8 @@ class Node:
         self._appending_acks: list[tuple[DurableSink, Any]] = []
         self._unretained: deque[Message] = deque()  # appended; retained entry not yet set
         self._to_notify: set[str] = set()  # queues of appended messages, notified once retained entries are set
-        self._uncached: list[list[Message]] = []  # appended batches, handed to the cache with the notify
+        # Appended batches and what `append` said lies around them, handed to the cache with the notify.
+        self._uncached: list[tuple[list[Message], int | None]] = []
         self._appended_acks: list[tuple[DurableSink, Any]] = []  # appended; wait for `_unretained`
         self._durable_acks: list[tuple[DurableSink, Any]] = []  # wait for one successful sync
         self._ack_wanted = asyncio.Event()
@@ -351,7 +352,7 @@ class Node:
                     message.queues = queues_for(message.topic)
                 try:
                     started = clock.monotonic()
-                    await self.store.append(batch, subscriptions.wildcard_version)
+                    after = await self.store.append(batch, subscriptions.wildcard_version)
                     if counters.enabled:
                         counters.append_seconds.observe(clock.monotonic() - started)
                         counters.topics.add(batch)
@@ -362,7 +363,7 @@ class Node:
             self._appending, self._appending_acks = [], []
             if self._held and len(self._batch) <= self.max_pending // 2:
                 self._release_publishers()
-            self._uncached.append(batch)
+            self._uncached.append((batch, after))
             for message in batch:
                 self._to_notify.update(message.queues)
                 if message.retain:
@@ -374,17 +375,17 @@ class Node:
             await self.store.set_retained(message.topic, message if message.payload else None)
             unretained.popleft()
         # Only now: a subscriber that got a retained message live and subscribes anew finds it retained.
-        fresh: set[str] = set()
-        appended = 0
-        for uncached in self._uncached:  # taken as appended where nothing else can be in between: no read back
-            fresh |= self.cache.add_appended(uncached)
+        appended = upto = 0
+        for uncached, after in self._uncached:  # taken as appended where nothing else lies between: no read back
+            self.cache.add_appended(uncached, after)
             appended += len(uncached)
+            upto = uncached[-1].seq
         self._uncached = []
         if self._to_notify:
             queues, self._to_notify = self._to_notify, set()
             mine = self.notifier.notify_from(self.node_id, queues)
-            if mine:
-                self.dispatcher.appended(mine, fresh & mine)
+            if mine:  # names come with their batches: `upto` is the last one's last seq
+                self.dispatcher.appended(mine, upto)
                 await self.dispatcher.run_inline(appended)  # never raises a store error: the task retries
         if self._appended_acks:
             self._durable_acks.extend(self._appended_acks)

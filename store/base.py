@@ -202,12 +202,14 @@ class Store(Protocol):
         """Flush and sync everything, release files."""
 
     # --- messages -------------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
-        """Append a batch in order, assign each `seq`, index into each `message.queues`.
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> int | None:
+        """Append a batch in order, assign each `seq` (ascending), index into each `message.queues`.
 
         Returns when the batch is readable by `read` (written, not necessarily synced). `wildcard_version` is
         the version of the wildcard set the queues were computed with (-1: unchecked); if the store's is
-        newer, raise `StaleWildcards` and store nothing."""
+        newer, raise `StaleWildcards` and store nothing. Returns `after`: every message the store holds with
+        a seq in (after, the batch's last seq] is one of the batch's (None: the store cannot tell), which lets
+        a cache complete up to `after` take the batch without reading it back."""
 
     async def sync(self) -> None:
         """Return once everything appended (and every offset/session write) before the call is durable

@@ -56,7 +56,10 @@ class Dispatcher:
         self._p2p_reader = p2p_reader
         self._cache = cache
         self._pending: set[str] = set()  # notified, not yet dispatched
-        self._fresh: set[str] = set()  # of those, queues the cache took from this node's append: no read needed
+        # Of those, queues with news only from this node's appends: the highest seq appended to each. A round
+        # reads such a queue only if the cache does not know it that far (`QueueCache.add_appended` took the
+        # batches, at once or when a read under way ended).
+        self._fresh: dict[str, int] = {}
         self._busy = False  # a round runs, or the task backs off after a failure: it takes `_pending` after
         self._reads_inline = True  # the last round that read the store did not suspend: the flush loop may read too
         self._failure: Exception | None = None  # an inline round's, for the task's backoff
@@ -71,17 +74,25 @@ class Dispatcher:
 
     def notified(self, queues: set[str]) -> None:
         """Names from the notifier or a resync: the dispatch task takes them."""
-        if self._fresh:
-            self._fresh -= queues  # news from elsewhere: read them
+        fresh = self._fresh
+        if fresh:
+            for queue in queues:
+                fresh.pop(queue, None)  # news from elsewhere: read them
         self._pending |= queues
         self._wanted.set()
 
-    def appended(self, queues: set[str], fresh: set[str]) -> None:
-        """Names of a batch this node just appended, `fresh` those the cache already took from the batch
-        (`QueueCache.add_appended`): `run_inline` takes them, unless rounds are the task's."""
-        if fresh:
-            self._fresh |= fresh - self._pending  # a name already waiting may have news from elsewhere
-        self._pending |= queues
+    def appended(self, queues: set[str], upto: int) -> None:
+        """Names of batches this node just appended, the last of which ended at seq `upto`: `run_inline` takes
+        them, unless rounds are the task's."""
+        pending, fresh = self._pending, self._fresh
+        for queue in queues:
+            if queue not in pending or queue in fresh:
+                fresh[queue] = upto  # else: waiting with news from elsewhere, and read for them
+        pending |= queues
+
+    def _known(self, queue: str, fresh: dict[str, int]) -> bool:
+        seq = fresh.get(queue)
+        return seq is not None and self._cache.known_upto(queue) >= seq
 
     async def run_inline(self, messages: int) -> None:
         """One round in the calling task (the flush loop, which appended `messages`), if names wait and no other
@@ -92,8 +103,8 @@ class Dispatcher:
             self._wanted.set()
             return
         if not self._reads_inline:
-            readers = self._readers
-            if any(q in readers for q in self._pending - self._fresh):
+            readers, fresh = self._readers, self._fresh
+            if any(q in readers and not self._known(q, fresh) for q in self._pending):
                 self._wanted.set()  # this round reads and reads suspend: the task's, not to hold up appends
                 return
         self._busy = True
@@ -129,7 +140,7 @@ class Dispatcher:
 
     async def _round(self) -> Exception | None:
         queues, self._pending = self._pending, set()
-        fresh, self._fresh = self._fresh, set()
+        fresh, self._fresh = self._fresh, {}
         try:
             read, suspended = await awaited(self._dispatch(queues, fresh))
         except Exception as exc:
@@ -142,7 +153,7 @@ class Dispatcher:
         self._retry.succeeded()
         return None
 
-    async def _dispatch(self, queues: set[str], fresh: set[str]) -> bool:
+    async def _dispatch(self, queues: set[str], fresh: dict[str, int]) -> bool:
         """One round; whether it read the store (refreshed a queue)."""
         # P2P first, before any pull moves a cursor past a P2P message not yet seen
         p2p: list[P2PReader] = []
@@ -159,7 +170,7 @@ class Dispatcher:
         cache = self._cache
         read = False
         for queue in live:
-            if queue in fresh:
+            if self._known(queue, fresh):
                 continue
             read = True
             if await cache.refresh(queue, max_reads=REFRESH_READS):

@@ -149,11 +149,11 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
             self._open = False
 
     # --- messages -----------------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> int | None:
         if not self._open:
             raise StoreClosed("store is not open")
         if not messages:
-            return
+            return None
         if wildcard_version not in (-1, self._registry.wildcard_version):
             raise StaleWildcards(wildcard_version)
         now_ms = 0
@@ -178,8 +178,10 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
                 arr.append(delta)
             seq += 1
             delta += 1
+        after = self._next_seq - 1  # one writer, consecutive seqs: nothing else lies in the batch's range
         self._next_seq = seq
         self._write_gen += 1
+        return after
 
     async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
         # One sequence and no await before the answer: everything appended so far is visible, so the answer

@@ -237,10 +237,10 @@ class RedisStore(RedisGroups, RedisLog):
         return self._parts[zlib.crc32(name.encode()) % self.partitions]
 
     # --- messages -----------------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> int | None:
         if not messages:
             self._conn.check()
-            return
+            return None
         batch = list(messages)  # keep nothing of the caller's list
         now_ms = int(time.time() * 1000)
         P = self.partitions
@@ -288,13 +288,17 @@ class RedisStore(RedisGroups, RedisLog):
             for j, r in zip(refused, again, strict=True):
                 results[j] = r
         high = 0
-        for idxs, seqs in zip(groups.values(), results, strict=True):
+        before = -1
+        for idxs, reply in zip(groups.values(), results, strict=True):
+            seqs, before = reply[:-1], int(reply[-1])
             for i, s in zip(idxs, seqs, strict=True):
                 batch[i].seq = int(s)
             high = max(high, int(seqs[-1]))
         self._saw(high)
         if P == 1:
             self._sealed = max(self._sealed, high)  # one counter: whatever it reached is sealed
+            return before  # the script numbered the batch atomically right after the counter's value
+        return None  # queues read across partitions may hold other partitions' seqs in the batch's range
 
     async def _mark_spread(self, spread: dict[int, set[str]]) -> None:
         P = self.partitions

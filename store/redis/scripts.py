@@ -72,7 +72,8 @@ end
 # batch, k, k indexes into KEYS.
 # Seq of message i: max(previous seq of this partition + P, base + i*P + p), base = max(the node's clock held
 # to at most MAX_AHEAD_MS past Redis TIME, floor): unique, ascending per partition, and, while no partition
-# runs ahead, ascending in batch order across partitions too. Returns the seqs in order, or -1 (nothing
+# runs ahead, ascending in batch order across partitions too. Returns the seqs in order followed by the counter
+# before the batch (the partition holds nothing else between it and the batch's last seq), or -1 (nothing
 # written) when the wildcard version differs.
 APPEND = _PART + f"""
 local n, want, P, p = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -82,6 +83,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local base = math.max(math.min(tonumber(ARGV[5]), (now - {EPOCH_MS} + {MAX_AHEAD_MS}) * {TICKS}), tonumber(ARGV[6]))
 base = base + ((P - base % P) % P)
 local seq = counter(KEYS[1], P, p)
+local before = seq
 local seqs = {{}}
 local i = 7
 for j = 1, n do
@@ -121,6 +123,7 @@ end
 redis.call('SET', KEYS[1], fmt(seq))
 redis.call('INCRBY', KEYS[4], bytes)
 redis.call('ZADD', KEYS[3], seqs[1], string.format('%.0f:%.0f:%.0f', seqs[1], seq, now))
+seqs[n + 1] = before
 return seqs
 """
 

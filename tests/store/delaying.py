@@ -58,11 +58,11 @@ class DelayingStore:
         await self._call(self.inner.close)
 
     # --- messages -----------------------------------------------------------------------------------------
-    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> int | None:
         # Snapshot the list now: the caller may reuse it while this call waits to be delegated. The messages
         # themselves stay the caller's objects, since today's callers read the seq the store assigns to them.
         batch = list(messages)
-        await self._call(lambda: self.inner.append(batch, wildcard_version))
+        return await self._call(lambda: self.inner.append(batch, wildcard_version))
 
     async def sync(self) -> None:
         await self._call(self.inner.sync)

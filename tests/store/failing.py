@@ -54,9 +54,9 @@ class FailingStore:
     async def close(self) -> None:
         await self.inner.close()
 
-    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> None:
+    async def append(self, messages: Sequence[Message], wildcard_version: int = -1) -> int | None:
         self._check("append")
-        await self.inner.append(messages, wildcard_version)
+        return await self.inner.append(messages, wildcard_version)
 
     async def sync(self) -> None:
         self._check("sync")

@@ -99,6 +99,25 @@ async def test_append_is_readable_once_it_returns_even_under_concurrency(engine:
     assert await seqs_of(s, "shared") == sorted(seqs)  # a queue reads ascending whatever the completion order
 
 
+async def test_append_says_truly_what_lies_between_the_batch_and_the_seq_it_returns(engine: Engine) -> None:
+    s = engine.store
+
+    async def append(i: int) -> tuple[int | None, list[Message]]:
+        batch = [msg(f"v/{i}/{j}", "shared", "v/+") for j in range(3)]
+        return await s.append(batch), batch
+
+    batches = await asyncio.gather(*(append(i) for i in range(12)))  # concurrent writers interleave
+    stored = {q: await read_all(s, q) for q in ("shared", "v/+")}
+    for after, batch in batches:
+        if after is None:
+            assert engine.name == "redis_cluster", "a single-partition engine knows what precedes a batch"
+            continue
+        assert after < batch[0].seq
+        for messages in stored.values():
+            between = [m.seq for m in messages if after < m.seq <= batch[-1].seq]
+            assert between == [m.seq for m in batch]  # nothing of the other writers' in between
+
+
 async def test_read_order_bounds_and_limit(engine: Engine) -> None:
     s = engine.store
     # Interleave two queues so "q" has seq gaps; after_seq between two of its seqs must still work.
