@@ -4,7 +4,9 @@ A publishing node merges the names notified within `merge_delay` (≤ 1 ms, or o
 owner's answer it holds on lease (`notify.leases`) goes straight to the nodes with readers, one hop; the rest
 are grouped by the owner of each name's slot, one message per owner, and the owner casts one merged message per
 interested node (a `p2p#<client>` queue: where the client is connected) and leases its answers back to the
-publisher. The local node's handler is called directly, never over TCP. Whenever an answer is missing (no
+publisher. A node's own appends come back to it at once from `notify_from` (it dispatches them in the tick of
+the append) and only the other interested nodes are told; names from `notify` reach the local handler
+directly, never over TCP. Whenever an answer is missing (no
 table yet, the slot unknown or resyncing, an epoch mismatch, the owner unreachable or a cast lost) that batch is
 broadcast to every member instead. Names routed to an owner within the last `RESEND_WINDOW` are broadcast
 again when the connection to it breaks (a killed owner drops what it had not read yet). Any other lost event
@@ -49,6 +51,7 @@ class ClusterNotifier:
         self.always_broadcast = False  # benchmarks: what targeting saves
         self._handler: NotifyHandler | None = None
         self._pending: set[str] = set()
+        self._own: set[str] = set()  # of those, names only this node's appends brought: it is not told of them
         self._flush_handle: asyncio.Handle | None = None
         self._incoming: set[str] = set()
         self._deliver_scheduled = False
@@ -72,22 +75,39 @@ class ClusterNotifier:
             self._handler = handler
 
     def notify(self, queues: Iterable[str]) -> None:
-        pending = self._pending
+        own = self._own
         for queue in queues:
-            self.counters["notify_names"] += 1
-            if queue in pending:
-                self.counters["notify_merged"] += 1
-            else:
-                pending.add(queue)
-        if pending and self._flush_handle is None:
+            own.discard(queue)  # news from elsewhere too: this node is told as well
+            self._add(queue)
+        self._schedule()
+
+    def notify_from(self, node_id: str, queues: set[str]) -> set[str]:
+        """This node's own appends: it gets every name back to dispatch at once (filtering by its readers), and the
+        other interested nodes are told as by `notify`."""
+        if node_id != self.node_id:
+            self.notify(queues)
+            return set()
+        pending, own = self._pending, self._own
+        for queue in queues:
+            if queue not in pending:
+                own.add(queue)
+            self._add(queue)
+        self._schedule()
+        self.counters["notify_local_events"] += 1
+        return queues
+
+    def _add(self, queue: str) -> None:
+        self.counters["notify_names"] += 1
+        if queue in self._pending:
+            self.counters["notify_merged"] += 1
+        else:
+            self._pending.add(queue)
+
+    def _schedule(self) -> None:
+        if self._pending and self._flush_handle is None:
             loop = asyncio.get_running_loop()
             self._flush_handle = (loop.call_later(self.merge_delay, self._flush) if self.merge_delay > 0
                                   else loop.call_soon(self._flush))
-
-    def notify_from(self, node_id: str, queues: set[str]) -> set[str]:
-        """Local readers are told through the route like every other node's (ownership decides who forwards)."""
-        self.notify(queues)
-        return set()
 
     def close(self) -> None:
         if self._flush_handle is not None:
@@ -113,11 +133,19 @@ class ClusterNotifier:
     def _flush(self) -> None:
         self._flush_handle = None
         pending, self._pending = self._pending, set()
+        own, self._own = self._own, set()
+        if own:
+            pending -= own
+            self._send(own, tell_self=False)
+        if pending:
+            self._send(pending, tell_self=True)
+
+    def _send(self, pending: set[str], *, tell_self: bool) -> None:
         table = self.lookup.table
         if table is None or self.always_broadcast:
             if table is None:
                 self.counters["notify_unknown"] += len(pending)
-            self._broadcast(pending)
+            self._broadcast(pending, tell_self)
             return
         leased = self.lease > 0
         per_owner: dict[str, set[str]] = {}
@@ -126,25 +154,26 @@ class ClusterNotifier:
             nodes = self._held.nodes(queue, table.epoch) if leased else None
             if nodes is not None:
                 for node in nodes:
-                    direct.setdefault(node, set()).add(queue)
+                    if tell_self or node != self.node_id:
+                        direct.setdefault(node, set()).add(queue)
                 continue
             owner = table.owner_of(route_key(queue))
             if owner is None:
                 self.counters["notify_unknown"] += 1
-                self._broadcast({queue})
+                self._broadcast({queue}, tell_self)
             else:
                 per_owner.setdefault(owner, set()).add(queue)
         if direct:
             self._tell(direct, "notify_direct_msgs")
         for owner, queues in per_owner.items():
             if owner == self.node_id:
-                self._route(queues, table.epoch, None)
+                self._route(queues, table.epoch, None, None if tell_self else self.node_id)
                 continue
             self.counters["notify_route_msgs"] += 1
             names = sorted(queues)
-            if not self.rpc.cast(owner, "nt.route", [table.epoch, names, int(leased)],
-                                 on_lost=functools.partial(self._broadcast, queues)):
-                self._broadcast(queues)
+            if not self.rpc.cast(owner, "nt.route", [table.epoch, names, int(leased), int(not tell_self)],
+                                 on_lost=functools.partial(self._broadcast, queues, tell_self)):
+                self._broadcast(queues, tell_self)
                 continue
             now = self.clock()
             recent = self._recent.get(owner)
@@ -162,7 +191,7 @@ class ClusterNotifier:
                 continue
             self.counters[counter] += 1
             if not self.rpc.cast(node, "nt.ev", sorted(names)):  # lost later: its periodic re-read covers it
-                self._broadcast(names)
+                self._broadcast(names, False)
 
     def _on_lease(self, sender: str, payload: Any) -> None:
         table = self.lookup.table
@@ -210,12 +239,14 @@ class ClusterNotifier:
         try:
             epoch, names = int(payload[0]), {str(q) for q in payload[1]}
             wants_lease = len(payload) > 2 and bool(payload[2])
+            skip_sender = len(payload) > 3 and bool(payload[3])
         except (TypeError, ValueError, IndexError, KeyError):
             return
-        self._route(names, epoch, sender if wants_lease and self.lease > 0 else None)
+        self._route(names, epoch, sender if wants_lease and self.lease > 0 else None, sender if skip_sender else None)
 
-    def _route(self, queues: set[str], epoch: int, holder: str | None) -> None:
-        """Forward to the nodes with readers; lease the answers to `holder` (the publisher) if it asked."""
+    def _route(self, queues: set[str], epoch: int, holder: str | None, skip: str | None) -> None:
+        """Forward to the nodes with readers but `skip` (the publisher, told already); lease the answers to
+        `holder` (the publisher) if it asked."""
         per_node: dict[str, set[str]] = {}
         unknown: set[str] = set()
         answers: list[list[Any]] = []
@@ -227,7 +258,8 @@ class ClusterNotifier:
             if holder is not None and self._granted.grant(queue, holder):
                 answers.append([queue, sorted(nodes)])
             for node in nodes:
-                per_node.setdefault(node, set()).add(queue)
+                if node != skip:
+                    per_node.setdefault(node, set()).add(queue)
         if answers and holder is not None:
             self.counters["notify_lease_msgs"] += 1
             self.rpc.cast(holder, "nt.lease", [epoch, self.lease, answers])
@@ -240,7 +272,7 @@ class ClusterNotifier:
                 self.rpc.cast(node, "nt.ev", sorted(names))  # lost: that node's periodic re-read covers it
         if unknown:
             self.counters["notify_unknown"] += len(unknown)
-            self._broadcast(unknown)
+            self._broadcast(unknown, skip != self.node_id)
 
     def _answers_changed(self, queues: set[str]) -> None:
         """Readers of some queues changed: send the new answers to the holders of leases on them."""
@@ -276,7 +308,7 @@ class ClusterNotifier:
         if len(self._granted):
             self._schedule_sweep()
 
-    def _broadcast(self, queues: set[str]) -> None:
+    def _broadcast(self, queues: set[str], tell_self: bool = True) -> None:
         if not queues:
             return
         self.counters["notify_broadcasts"] += 1
@@ -286,7 +318,8 @@ class ClusterNotifier:
             if member != self.node_id:
                 self.counters["notify_broadcast_msgs"] += 1
                 self.rpc.cast(member, "nt.ev", names)
-        self._local(queues)
+        if tell_self:
+            self._local(queues)
 
     # --- receiving -----------------------------------------------------------------------------------------
     def _on_event(self, sender: str, payload: Any) -> None:

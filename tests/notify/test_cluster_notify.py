@@ -306,3 +306,21 @@ async def test_a_leased_p2p_answer_follows_the_client_to_another_node(redis: Any
         await until(lambda: c.events["a"] == [{queue}])
         assert c.f["a"].rpc.frames_sent == sent  # its own handler, called directly
         assert c.events["c"] == [{queue}]
+
+
+async def test_a_nodes_own_appends_come_back_at_once_and_go_only_to_the_others(redis: Any) -> None:
+    async with cluster(redis, "a", "b", "c") as c:
+        routed, leased, unread = c.queue_owned_by("c", "r/"), c.queue_owned_by("b", "l/"), c.queue_owned_by("a")
+        for q in (routed, leased):
+            await c.subscribed(q, "a", "b")
+        await c.subscribed(unread, "a")
+        names = {routed, leased, unread}
+        assert c.f["a"].notifier.notify_from("a", names) == names  # a dispatches them itself, in this tick
+        await until(lambda: c.received("b") == {routed, leased})
+        await until(lambda: c.f["a"].stats()["notify_leases_held"] == 2)  # a owns `unread`: no lease needed
+        assert c.f["a"].notifier.notify_from("a", names) == names  # now on leases
+        await until(lambda: len(c.events["b"]) == 2)
+        await c.quiet()
+        assert c.events["a"] == [] and c.events["c"] == []  # a is never told of its own appends
+        c.f["c"].notifier.notify_from("c", {routed})  # another node's append: a is told
+        await until(lambda: c.events["a"] == [{routed}])
