@@ -34,6 +34,12 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 
+try:
+    import hiredis  # noqa: F401 - only whether it is there
+    from redis.connection import HiredisRespSerializer
+except ImportError:  # pragma: no cover - hiredis comes with the redis extra
+    HiredisRespSerializer = None  # type: ignore[assignment,misc]
+
 from tidewire.errors import StoreClosed, StoreUnavailable
 
 log = logging.getLogger("tidewire.store")
@@ -104,6 +110,20 @@ def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str | None, str 
     return nodes, username, password, scheme == "rediss-cluster"
 
 
+def with_c_packing(connection_class: type[Any]) -> type[Any]:
+    """`connection_class` packing commands with hiredis (its parser already) instead of redis-py's asyncio Python
+    packer, which costs ~1 ms for an append of 300 messages (~2,000 arguments) against ~0.2 ms. The bytes are the
+    same (redis-py's own sync connections pack this way); without hiredis the class is returned as it is."""
+    if HiredisRespSerializer is None:
+        return connection_class
+    packer = HiredisRespSerializer()
+
+    def pack_command(self: Any, *args: Any) -> list[bytes]:
+        return packer.pack(*args)
+
+    return type(f"CPacked{connection_class.__name__}", (connection_class,), {"pack_command": pack_command})
+
+
 class RedisConn:
     def __init__(self, url: str, *, connect_timeout: float, socket_timeout: float, max_connections: int,
                  pool_timeout: float) -> None:
@@ -137,6 +157,7 @@ class RedisConn:
                 self.url, max_connections=self._max_connections, timeout=self._pool_timeout,
                 socket_connect_timeout=self._connect_timeout, socket_timeout=self._socket_timeout,
                 retry=Retry(NoBackoff(), 0))
+            pool.connection_class = with_c_packing(pool.connection_class)
             client = aioredis.Redis(connection_pool=pool)
         try:
             if self.cluster:
