@@ -1,7 +1,8 @@
 """Aggregate throughput against the number of gateway nodes: 1, 2, 3 nodes on one Redis and on a Redis Cluster.
 
-`python -m loadtest.cluster_scale --nodes 1,2,3 --stores redis,redis-cluster`: for each store and N, a fresh
-store (one redis-server, or 3 cluster masters, AOF `appendfsync always`) and N node processes; on every node
+`python -m loadtest.cluster_scale --nodes 1,2,3`: for each store and N, a fresh store (one redis-server, or 3
+cluster masters, AOF `appendfsync always`; or one node on the embedded store, fsync on, the reference for the
+ratio of a Redis node to an embedded one) and N node processes; on every node
 one closed-loop QoS 1 fan-in load of the C tool (`mqttload fanin`: `--publishers` publishers keeping `--window`
 publishes unacknowledged), whose subscriber sits on the next node (node N's on node 1), so with N > 1 every
 message crosses nodes and the cluster notify path is part of the measure. All loads run at once for
@@ -32,7 +33,7 @@ from loadtest import bench, conn_bench, servers
 from loadtest.cluster_procs import Cluster
 from loadtest.redis_proc import RedisClusterProc, RedisCounters, RedisProc, delta
 
-STORES = ("redis", "redis-cluster")
+STORES = ("embedded", "redis", "redis-cluster")  # embedded: one node, the reference the others are read against
 WARMUP_S = 1.0  # a first short load per node: membership formed, lookup complete, caches warm
 LOAD_TIMEOUT_PAD = 60.0  # s beyond --seconds a load process may take (setup and drain)
 
@@ -92,24 +93,29 @@ def _run_loads(exe: str, cfg: ScaleConfig, cluster: Cluster, tag: str, seconds: 
     return results
 
 
-def _store_pids(store: RedisProc | RedisClusterProc) -> list[int]:
+def _store_pids(store: RedisProc | RedisClusterProc | None) -> list[int]:
+    if store is None:
+        return []
     return [s.pid for s in store.servers] if isinstance(store, RedisClusterProc) else [store.pid]
+
+
+def _counters(store: RedisProc | RedisClusterProc | None) -> RedisCounters:
+    return store.counters() if store is not None else RedisCounters({}, 0, 0)
 
 
 def measure(store: str, n: int, cfg: ScaleConfig, exe: str) -> ScaleRun:
     with Cluster(n, store=store, node_core=cfg.node_core, redis_core=cfg.store_core) as cluster:
         redis = cluster.redis
-        assert redis is not None
         _run_loads(exe, cfg, cluster, "warm", WARMUP_S)
         node_pids = [node.proc.pid for node in cluster.nodes if node.proc is not None]
         store_pids = _store_pids(redis)
-        before: RedisCounters = redis.counters()
+        before = _counters(redis)
         cpu0 = [servers.cpu_seconds(p) for p in node_pids], [servers.cpu_seconds(p) for p in store_pids]
         t0 = time.monotonic()
         results = _run_loads(exe, cfg, cluster, "run", cfg.seconds)
         wall = time.monotonic() - t0
         cpu1 = [servers.cpu_seconds(p) for p in node_pids], [servers.cpu_seconds(p) for p in store_pids]
-        used = delta(before, redis.counters())
+        used = delta(before, _counters(redis))
     received = sum(int(r["received"]) for r in results)
     scripts = used.calls.get("evalsha", 0) + used.calls.get("eval", 0) + used.calls.get("fcall", 0)
     per = max(received, 1)
@@ -151,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stores = [s for s in args.stores.split(",") if s]
     bad = [s for s in stores if s not in STORES]
+    if "embedded" in stores and args.nodes != "1":
+        print("embedded: one node only; measured at N=1", file=sys.stderr)
     if bad:
         print(f"unknown store: {', '.join(bad)}", file=sys.stderr)
         return 2
@@ -163,8 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"# cores {os.cpu_count()}; nodes on core {cfg.node_core}, store and loads on core {cfg.store_core}; "
           f"per node {cfg.publishers} QoS 1 publishers, window {cfg.window}, {cfg.seconds:g} s", flush=True)
     failed = False
+    medians: dict[tuple[str, int], float] = {}
     for store in stores:
-        for n in (int(x) for x in args.nodes.split(",")):
+        for n in [1] if store == "embedded" else [int(x) for x in args.nodes.split(",")]:
             runs: list[ScaleRun] = []
             for _ in range(max(1, args.runs)):
                 try:
@@ -179,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.json.write(json.dumps(dataclasses.asdict(run)) + "\n")
             if runs:
                 print(summary(runs), flush=True)
+                medians[(store, n)] = statistics.median(r.msgs_per_s for r in runs)
+    reference = medians.get(("embedded", 1))
+    for (store, n), rate in medians.items():
+        if reference and store != "embedded":
+            print(f"ratio        {store} N={n}: {rate / reference:.2f}x the embedded node in aggregate, "
+                  f"{rate / n / reference:.2f}x per node (aim per node at N=1: >= 0.6)", flush=True)
     return 1 if failed else 0
 
 
