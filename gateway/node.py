@@ -21,11 +21,11 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from tidewire.cache.queue_cache import QueueCache
-from tidewire.errors import StaleWildcards
 from tidewire.extensions.authentication import AuthChain
 from tidewire.extensions.enhanced_auth import EnhancedAuth
 from tidewire.extensions.hooks import Authorizer, PerClient
 from tidewire.gateway.config import Settings
+from tidewire.gateway.core.appends import Appends
 from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.consumers import ConsumerGroups
 from tidewire.gateway.core.dispatch import Dispatcher
@@ -93,12 +93,8 @@ class Node:
         # Session and delivery events for the lake (pipeline.lake.event_export drains them); None: not recorded.
         self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
         self.sessions = SessionOpener(self)  # open (takeover, claim, restore) and close client sessions
-        # publish pipeline: _batch → (append) → _unretained → (set_retained) → _durable_acks → (sync) → acks
+        # publish pipeline: appends (→ store) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
-        self._batch: list[Message] = []  # published since the last append started
-        self._acks: list[tuple[DurableSink, Any]] = []  # (sink, token) of `_batch`
-        self._appending: list[Message] = []  # taken for append; retried as a whole (plus `_batch`) until it lands
-        self._appending_acks: list[tuple[DurableSink, Any]] = []
         self._unretained: deque[Message] = deque()  # appended; retained entry not yet set
         self._to_notify: set[str] = set()  # queues of appended messages, notified once retained entries are set
         # Appended batches and what `append` said lies around them, handed to the cache with the notify.
@@ -112,6 +108,7 @@ class Node:
         self._sync_retry = Backoff("sync", clock)
         self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
+        self.appends = Appends(store, self.subscriptions, clock.monotonic, self._flush_wanted.set)
         self.dispatcher = Dispatcher(self.subscriptions.readers, self._p2p_reader, self.cache, clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -179,7 +176,9 @@ class Node:
             return max(0.0, deadline - clock.monotonic())
 
         async def flush() -> None:  # one last attempt, no retries: we are going away
-            await self._flush_once()
+            await self._flush_once(wait=True)
+            while not self.appends.idle:  # appends started by that step
+                await self._flush_once(wait=True)
             await self.store.sync()
             tell_sinks(self._durable_acks)
             self._durable_acks = []
@@ -195,7 +194,7 @@ class Node:
         late = list(self.connections.values())  # a session opened meanwhile: its CONNACK went out after the drain
         await disconnect_all(late, reason, properties)
         conns += late
-        while (self._batch or self._appending or self._unretained or self._appended_acks) and left() > 0 and (
+        while (not self.appends.idle or self._unretained or self._appended_acks) and left() > 0 and (
                 not self.store_down):  # the flush loop stores wills and last publishes: not cut mid-append
             self._flush_wanted.set()
             await asyncio.sleep(0.005)
@@ -211,11 +210,10 @@ class Node:
         try:
             await asyncio.wait_for(flush(), max(left(), 0.001))
         except TimeoutError:
-            log.error("stop.flush_timeout", extra={"unappended": len(self._batch) + len(self._appending)})
+            log.error("stop.flush_timeout", extra={"unappended": self.appends.unlanded})
         except Exception:
-            log.exception("stop.flush_failed", extra={"unappended": len(self._batch) + len(self._appending)})
-        lost = self._appending_acks + self._acks
-        self._appending_acks, self._acks = [], []
+            log.exception("stop.flush_failed", extra={"unappended": self.appends.unlanded})
+        lost = self.appends.take_acks()
         if lost:
             tell_sinks(lost, "the node stopped before storing it")
         if still := await wait_closed([conn.io for conn in conns], min(self.settings.close_drain_timeout, left()),
@@ -293,7 +291,7 @@ class Node:
         if message.protocol:  # MQTT's share is the rest (Counters.by_protocol): nothing more on its path
             counters.in_messages[message.protocol] += 1
             counters.in_bytes[message.protocol] += len(message.payload)
-        if len(self._batch) + len(self._appending) >= self.max_pending:
+        if self.appends.unlanded >= self.max_pending:
             source = sink if sink is not None else self.connections.get(message.publisher)
             if source is not None and source not in self._held:
                 source.pause_publishes()
@@ -304,9 +302,7 @@ class Node:
                     self._dropping = True
                     log.warning("publish.dropping_qos0", extra={"pending": self.max_pending})
                 return
-        self._batch.append(message)
-        if sink is not None:
-            self._acks.append((sink, token))
+        self.appends.add(message, (sink, token) if sink is not None else None)
         self._flush_wanted.set()
 
     def _release_publishers(self) -> None:
@@ -333,42 +329,25 @@ class Node:
             if self._dirty:
                 offsets_due = clock.monotonic() + 0.1
 
-    async def _flush_once(self, offsets: bool = True) -> None:
-        """Append the batch, set retained entries, hand acks to the sync loop, write due offsets. Raises on a
-        store error with every step not done still queued, so calling again resumes where it failed."""
-        if self._batch:  # after a failed append, the batch retried grows: order kept, fewer round trips
-            self._appending.extend(self._batch)
-            self._appending_acks.extend(self._acks)
-            self._batch, self._acks = [], []
-        batch = self._appending
-        if batch:
-            subscriptions = self.subscriptions
-            counters = self.counters
-            clock = self.clock
-            while True:
-                # Indexed here, not when published: the queues and the version they go with are read together.
-                queues_for = subscriptions.queues_for
-                for message in batch:
-                    message.queues = queues_for(message.topic)
-                try:
-                    started = clock.monotonic()
-                    after = await self.store.append(batch, subscriptions.wildcard_version)
-                    if counters.enabled:
-                        counters.append_seconds.observe(clock.monotonic() - started)
-                        counters.topics.add(batch)
-                    break
-                except StaleWildcards:  # another node changed the set: index the batch with the current one
-                    await subscriptions.refresh_wildcards()
-            acks = self._appending_acks
-            self._appending, self._appending_acks = [], []
-            if self._held and len(self._batch) <= self.max_pending // 2:
-                self._release_publishers()
-            self._uncached.append((batch, after))
+    async def _flush_once(self, offsets: bool = True, wait: bool = False) -> None:
+        """Land appends and start the next (`gateway.core.appends`), set retained entries, hand acks to the sync
+        loop, write due offsets. Raises on a store error with every step not done still queued, so calling again
+        resumes where it failed. `wait`: wait for the appends in flight too (the node stops)."""
+        landed = await self.appends.step(wait)
+        counters = self.counters
+        for append in landed:
+            batch = append.batch
+            if counters.enabled:
+                counters.append_seconds.observe(append.seconds)
+                counters.topics.add(batch)
+            self._uncached.append((batch, append.after))
             for message in batch:
                 self._to_notify.update(message.queues)
                 if message.retain:
                     self._unretained.append(message)
-            self._appended_acks.extend(acks)
+            self._appended_acks.extend(append.acks)
+        if landed and self._held and self.appends.unlanded <= self.max_pending // 2:
+            self._release_publishers()
         unretained = self._unretained
         while unretained:
             message = unretained[0]

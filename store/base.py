@@ -191,6 +191,15 @@ class LogSource(Protocol):
     async def release(self, key: str, owner: str) -> None: ...
 
 
+def append_depth(store: object) -> int:
+    """How many appends of one caller the store keeps in call order while they are in flight: an engine whose
+    appends wait on a network may say more than 1 in an `append_depth` attribute (the Redis engine: 2, kept in
+    order by its fence); without one, appends go one at a time. Such an engine takes an append's place in the
+    order when it is called, before its first wait, and an append placed after a failed one fails too."""
+    depth = getattr(store, "append_depth", 1)
+    return depth if isinstance(depth, int) and depth > 1 else 1
+
+
 @runtime_checkable  # an engine named by an import string is checked once, at start
 class Store(Protocol):
     """Async, batched interface of a store engine. Every call may be a network round trip in another engine."""

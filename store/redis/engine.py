@@ -88,6 +88,7 @@ from tidewire.store.base import (
 )
 from tidewire.store.records import decode_message_body, encode_message_body
 from tidewire.store.redis.conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script
+from tidewire.store.redis.fence import AppendFence
 from tidewire.store.redis.groups import RedisGroups
 from tidewire.store.redis.log import PartitionKeys as _Partition
 from tidewire.store.redis.log import RedisLog
@@ -111,6 +112,8 @@ DEFAULT_CLUSTER_PARTITIONS = 16
 MAX_PARTITIONS = 64
 SEAL_INTERVAL = 0.1  # seconds between background seals of every partition
 SPREAD_CACHE = 10_000  # plain queue names remembered as spread / already marked
+APPEND_DEPTH = 2  # appends a caller may have in flight: the fence keeps them in call order
+FENCED = -2  # the append script's answer when the fence differs
 
 _APPEND = Script("append", APPEND)
 _READ = Script("read", READ)
@@ -166,6 +169,8 @@ class RedisStore(RedisGroups, RedisLog):
         self._marked: set[str] = set()  # plain queues this store marked spread
         self._sealer: asyncio.Task[None] | None = None
         self._closing = False
+        self._fence = AppendFence()
+        self.append_depth = APPEND_DEPTH
         self.durable: bool | None = None  # set by open(): Redis fsyncs each write before replying
 
     # --- lifecycle ----------------------------------------------------------------------------------------
@@ -256,16 +261,22 @@ class RedisStore(RedisGroups, RedisLog):
             for q in m.queues:
                 if q != m.topic and q not in self._marked and not _wild(q):
                     spread.setdefault(self._part_of(q).n, set()).add(q)
-        if spread:
-            await self._mark_spread(spread)
+        ticket = self._fence.issue(groups)  # before any wait: appends take their places in call order
+        try:
+            if spread:
+                await self._mark_spread(spread)
+        except BaseException as exc:
+            self._fence.failed(ticket, exc)
+            raise
         clock = (now_ms - EPOCH_MS) * TICKS
         floor = self._hint + 1
         calls: list[Call] = []
         for n, idxs in groups.items():
             part = self._parts[n]
-            keys: list[str | bytes] = [part.seq, part.msg, part.bt, part.bytes, part.wv]
+            keys: list[str | bytes] = [part.seq, part.msg, part.bt, part.bytes, part.wv, part.writer + self._fence.id]
             index: dict[str, int] = {}
-            args: list[str | bytes | int] = [len(idxs), wildcard_version, P, n, clock, floor]
+            args: list[str | bytes | int] = [len(idxs), wildcard_version, P, n, clock, floor, ticket.expect[n],
+                                             ticket.token]
             for i in idxs:
                 m = batch[i]
                 args += (encode_message_body(m, 0), i, len(m.queues))
@@ -276,17 +287,30 @@ class RedisStore(RedisGroups, RedisLog):
                         k = index[q] = len(keys)  # Lua KEYS are 1-based
                     args.append(k)
             calls.append((_APPEND, keys, args))
-        results = await self._conn.run_many(calls, idempotent=False)
-        refused = [j for j, r in enumerate(results) if isinstance(r, int)]
-        if refused:
-            if len(refused) == len(results):
-                raise StaleWildcards(wildcard_version)
-            # Some partitions took the batch with this version: it started before the change of the set
-            # returned, so its indexing is allowed to miss that change (see the module docstring).
-            again = await self._conn.run_many(
-                [(s, k, [a[0], -1, *a[2:]]) for s, k, a in (calls[j] for j in refused)], idempotent=False)
-            for j, r in zip(refused, again, strict=True):
-                results[j] = r
+        try:
+            results = await self._conn.run_many(calls, idempotent=False)
+            fenced = [j for j, r in enumerate(results) if r == FENCED]
+            if fenced:  # the append before this one has not landed here yet: wait for it, then go unchecked
+                await self._fence.after_predecessors(ticket, [list(groups)[j] for j in fenced])
+                again = await self._conn.run_many(
+                    [(s, k, [*a[:6], "", *a[7:]]) for s, k, a in (calls[j] for j in fenced)], idempotent=False)
+                for j, r in zip(fenced, again, strict=True):
+                    results[j] = r
+            refused = [j for j, r in enumerate(results) if isinstance(r, int)]
+            if refused:
+                if len(refused) == len(results):
+                    raise StaleWildcards(wildcard_version)
+                # Some partitions took the batch with this version: it started before the change of the set
+                # returned, so its indexing is allowed to miss that change (see the module docstring).
+                again = await self._conn.run_many(
+                    [(s, k, [a[0], -1, *a[2:6], "", *a[7:]]) for s, k, a in (calls[j] for j in refused)],
+                    idempotent=False)
+                for j, r in zip(refused, again, strict=True):
+                    results[j] = r
+        except BaseException as exc:
+            self._fence.failed(ticket, exc)
+            raise
+        self._fence.landed(ticket)
         high = 0
         before = -1
         for idxs, reply in zip(groups.values(), results, strict=True):

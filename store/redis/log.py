@@ -112,7 +112,7 @@ _RETENTION = Script("retention", RETENTION)
 class PartitionKeys:
     """The keys of partition `n` under `prefix` (the layout of `store.redis.engine` and of this module)."""
 
-    __slots__ = ("bt", "bytes", "holds", "msg", "n", "q", "seq", "spread", "trimmed", "wv")
+    __slots__ = ("bt", "bytes", "holds", "msg", "n", "q", "seq", "spread", "trimmed", "writer", "wv")
 
     def __init__(self, prefix: str, n: int) -> None:
         t = f"{{{prefix}:{n}}}:"
@@ -120,6 +120,7 @@ class PartitionKeys:
         self.seq, self.msg, self.bt, self.bytes = t + "seq", t + "msg", t + "bt", t + "bytes"
         self.wv, self.spread, self.q = t + "wv", t + "spread", t + "q:"
         self.trimmed, self.holds = t + "trimmed", t + "holds"
+        self.writer = t + "w:"  # + a store instance's id: the token of its last append here (the append fence)
 
 
 class RedisLog:

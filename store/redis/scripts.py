@@ -26,6 +26,9 @@ MAX_SEQ = 1 << 53
 # A node whose clock runs further ahead of Redis than this is held back (its clock must not use up the
 # 2**53 range); behind is harmless: the counters and what the node has seen carry its seqs forward.
 MAX_AHEAD_MS = 60_000
+# A writer's fence token lives this long after its last append: a later append finding it gone is refused, and
+# is sent again unchecked once the append before it has landed (nothing of the writer's is in flight then).
+FENCE_TTL_MS = 3_600_000
 
 _LIB = """
 local CHUNK = 1000
@@ -66,17 +69,22 @@ end
 """
 
 # KEYS: 1 seq counter, 2 message hash (seq -> body), 3 batch zset (score: a batch's first seq, member
-# "first:last:append ms"), 4 byte counter, 5 this partition's copy of the wildcard version, 6.. queue zsets.
+# "first:last:append ms"), 4 byte counter, 5 this partition's copy of the wildcard version, 6 the writer's fence
+# (the token of its last append here), 7.. queue zsets.
 # ARGV: 1 n, 2 wildcard version (-1: unchecked), 3 P, 4 p, 5 the node's clock (ms since EPOCH_MS * TICKS),
-# 6 floor (a multiple of P above every seq the node has seen), then per message: body, its index in the whole
-# batch, k, k indexes into KEYS.
+# 6 floor (a multiple of P above every seq the node has seen), 7 the fence token expected ('': unchecked), 8 this
+# append's token, then per message: body, its index in the whole batch, k, k indexes into KEYS.
+# Fence: a writer with several appends in flight names, in each, the token of the one before it; an append whose
+# predecessor has not run here yet (it arrived first on another connection, or failed) is refused with -2 and
+# nothing is written, so a writer's batches are stored in the order it issued them.
 # Seq of message i: max(previous seq of this partition + P, base + i*P + p), base = max(the node's clock held
 # to at most MAX_AHEAD_MS past Redis TIME, floor): unique, ascending per partition, and, while no partition
 # runs ahead, ascending in batch order across partitions too. Returns the seqs in order followed by the counter
-# before the batch (the partition holds nothing else between it and the batch's last seq), or -1 (nothing
-# written) when the wildcard version differs.
+# before the batch (the partition holds nothing else between it and the batch's last seq), -2 (nothing written)
+# when the fence differs, or -1 (nothing written) when the wildcard version differs.
 APPEND = _PART + f"""
 local n, want, P, p = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if ARGV[7] ~= '' and (redis.call('GET', KEYS[6]) or '') ~= ARGV[7] then return -2 end
 if want >= 0 and tonumber(redis.call('GET', KEYS[5]) or '0') ~= want then return -1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -85,7 +93,7 @@ base = base + ((P - base % P) % P)
 local seq = counter(KEYS[1], P, p)
 local before = seq
 local seqs = {{}}
-local i = 7
+local i = 9
 for j = 1, n do
   seq = math.max(seq + P, base + tonumber(ARGV[i + 1]) * P + p)
   seqs[j] = seq
@@ -95,7 +103,7 @@ if seq >= {MAX_SEQ} then return redis.error_reply('tidewire: seq past 2^53') end
 local adds = {{}}
 local fields = {{}}
 local bytes = 0
-i = 7
+i = 9
 for j = 1, n do
   local s = seqs[j]
   local body = ARGV[i]
@@ -123,6 +131,7 @@ end
 redis.call('SET', KEYS[1], fmt(seq))
 redis.call('INCRBY', KEYS[4], bytes)
 redis.call('ZADD', KEYS[3], seqs[1], string.format('%.0f:%.0f:%.0f', seqs[1], seq, now))
+redis.call('SET', KEYS[6], ARGV[8], 'PX', {FENCE_TTL_MS})
 seqs[n + 1] = before
 return seqs
 """
