@@ -319,11 +319,13 @@ class SubscriptionRegistry:
                 if not holders:
                     del self._holders[topic_filter]
 
-    def attach(self, session: Subscriber, client: ClientInfo) -> None:
-        """An online session starts reading its queues (and joins its groups)."""
+    def attach(self, session: Subscriber, client: ClientInfo, *, own_queue: bool = True) -> None:
+        """An online session starts reading its queues (and joins its groups). `own_queue` False: a session just
+        started clean, which makes its P2P subscription itself when first needed (most clients are never sent a
+        P2P message, and an idle connection should not hold a record, a queue name and a dict entry for it)."""
         record = session.record
         own_p2p = p2p_queue(session.client_id)
-        if own_p2p not in record.subscriptions:
+        if own_queue and own_p2p not in record.subscriptions:
             record.subscriptions[own_p2p] = SubscriptionRecord(own_p2p, 2, since_seq=self.store.last_seq())
         for topic_filter, sub in record.subscriptions.items():
             if topic_filter.startswith(SHARED_PREFIX):

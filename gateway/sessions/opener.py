@@ -43,6 +43,8 @@ class SessionOpener:
             if old is not None:
                 log.info("client.takeover", extra={"client_id": client_id})
                 session = old.take_over()
+                if session is not None:  # its P2P queue is read on from where it started, not from now
+                    session.own_p2p()
             node.wills.cancel(client_id)
             node.writes.drop_will(client_id)
             await node.writes.will_settled(client_id)
@@ -103,7 +105,7 @@ class SessionOpener:
                           retry_interval=node.settings.retry_interval, stored=False)
         node.connections[client_id] = conn
         node.lookup.set_client_location(client_id, node.node_id)
-        node.subscriptions.attach(session, conn.info)
+        node.subscriptions.attach(session, conn.info, own_queue=False)
         return session
 
     def close(self, conn: ChannelBase, session: Session, *, transfer: bool = False) -> None:

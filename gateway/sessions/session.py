@@ -79,6 +79,24 @@ class Session:
         self.plain = not self.filtered and not any(
             s.no_local or s.retain_as_published or s.subscription_id for s in self.stream_subs)
 
+    def own_p2p(self) -> SubscriptionRecord:
+        """The subscription to its P2P queue. A session started clean has none until it is needed (a message sent
+        to it, a save, a takeover): made then from where the session started, as if made at its start."""
+        sub = self.p2p_sub
+        if sub is None:
+            queue = p2p_queue(self.client_id)
+            sub = self.record.subscriptions.get(queue)
+            if sub is None:
+                # `record.offset` is still the start: `snapshot`, the one place that moves it, makes this first.
+                sub = self.record.subscriptions[queue] = SubscriptionRecord(queue, 2, since_seq=self.record.offset)
+            self.p2p_sub = sub
+        return sub
+
+    def p2p_notified(self) -> None:
+        """Something was sent to its P2P queue (`gateway.core.dispatch`): read it at the next pull."""
+        self.own_p2p()
+        self.p2p_pending = True
+
     # --- connection lifecycle ---------------------------------------------------------------------------
     def attach(self, conn: Writer, *, fresh: bool = False) -> None:
         """Bind to a (new) connection and resend what is in flight: PUBREL, or PUBLISH with DUP. `fresh`: the
@@ -120,6 +138,7 @@ class Session:
     def snapshot(self) -> SessionRecord:
         """The record to save (every save takes one, so the session counts as stored from here on)."""
         self.stored = True
+        self.own_p2p()  # restored, it reads its P2P queue from where it started, not from its restore
         record = self.record
         record.offset = self.committed_offset()
         record.sent_upto = max(record.sent_upto, self.cursor)
