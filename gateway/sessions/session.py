@@ -22,6 +22,17 @@ from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, Message, SessionRecor
 _NO_HORIZON = 1 << 62
 
 
+class _NothingInFlight(dict[int, Inflight]):
+    """The in-flight table of every session that never had anything in flight (most idle clients): one shared
+    empty table, read only. A session adds to a table of its own (`Session._tracked`)."""
+
+    def __setitem__(self, pid: int, entry: Inflight) -> None:
+        raise TypeError("the shared empty in-flight table is read only")
+
+
+_NOTHING_IN_FLIGHT = _NothingInFlight()
+
+
 class Session:
     __slots__ = (
         "_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "client_id", "conn", "cursor",
@@ -40,7 +51,7 @@ class Session:
         self.pull_batch = pull_batch
         self.retry_interval = retry_interval
         self.cursor = record.offset
-        self.inflight: dict[int, Inflight] = {}
+        self.inflight: dict[int, Inflight] = _NOTHING_IN_FLIGHT
         self.extra: deque[tuple[Message, int, tuple[int, ...]]] | None = None  # retained, waiting for credit
         self.conn: Writer | None = None
         self.aliases: dict[str, int] | None = None  # outgoing topic aliases of the current connection
@@ -61,7 +72,7 @@ class Session:
         self._pull_handle: asyncio.Handle | None = None
         self._retry_handle: asyncio.TimerHandle | None = None
         for pid in record.outbound_pubrel:
-            entry = self.inflight[pid] = Inflight(None, 2, False, 0.0)
+            entry = self._tracked()[pid] = Inflight(None, 2, False, 0.0)
             entry.released = True
         self.subscriptions_changed()
 
@@ -340,7 +351,7 @@ class Session:
     def _push(self, conn: Writer, messages: list[Message], deliveries: dict[int, Delivery] | None, cap: int,
               more: bool) -> None:
         chunks: list[bytes] = []
-        inflight = self.inflight
+        inflight = self._tracked()
         window = self.window
         level = self.level
         sent_upto = self.record.sent_upto
@@ -445,7 +456,7 @@ class Session:
             chunks.append(head)
             return True
         pid = self._next_pid()
-        self.inflight[pid] = Inflight(message, qos, stream, self.owner.clock.monotonic(), retain, ids, group)
+        self._tracked()[pid] = Inflight(message, qos, stream, self.owner.clock.monotonic(), retain, ids, group)
         chunks += (with_dup(head) if dup else head, pid.to_bytes(2, "big"), tail)
         return True
 
@@ -479,6 +490,13 @@ class Session:
     def _scheduled_pull(self) -> None:
         self._pull_handle = None
         self.pull()
+
+    def _tracked(self) -> dict[int, Inflight]:
+        """The in-flight table to add to: the session's own, made on its first delivery."""
+        inflight = self.inflight
+        if inflight is _NOTHING_IN_FLIGHT:
+            inflight = self.inflight = {}
+        return inflight
 
     def _next_pid(self) -> int:
         pid = self._pid

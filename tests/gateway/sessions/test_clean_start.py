@@ -17,7 +17,9 @@ from tidewire.gateway.protocols.mqtt.codec import (
     Connect,
     Disconnect,
     PropertyId,
+    Puback,
     Publish,
+    Pubrec,
     Suback,
     Subscribe,
     SubscriptionRequest,
@@ -105,3 +107,24 @@ async def test_a_clean_session_taken_over_keeps_its_p2p_queue_from_its_start(clo
     third, third_io = connected(clocked_node, clock, "dev", clean_start=False, properties=props)
     [got] = await publishes(third_io, 1)
     assert got.payload == b"while away" and third.session is not None
+
+
+async def test_what_one_clean_client_has_in_flight_is_its_own(clocked_node: Node, clock: FakeClock) -> None:
+    """Idle sessions share one empty in-flight table and empty packet id lists: a delivery to one of them must not
+    show in another."""
+    busy, busy_io = connected(clocked_node, clock, "busy")
+    idle, _ = connected(clocked_node, clock, "idle")
+    busy.receive(encode(Subscribe(1, [SubscriptionRequest("s/#", 2)]), 5))
+    await until(lambda: any(isinstance(p, Suback) for p in busy_io.packets()), "the SUBACK")
+    pub, _ = connected(clocked_node, clock, "pub")
+    pub.receive(encode(Publish("s/1", b"one", qos=1, packet_id=1), 5) + encode(Publish("s/2", b"two", qos=2,
+                                                                                       packet_id=2), 5))
+    got = await publishes(busy_io, 2)
+    assert sorted(p.qos for p in got) == [1, 2]
+    assert sorted(session_of(busy).inflight) == sorted(p.packet_id for p in got)
+    quiet = session_of(idle)
+    assert quiet.inflight == {} and quiet.record.inbound_qos2 == [] and quiet.record.outbound_pubrel == []
+    busy.receive(b"".join(encode(Puback(p.packet_id) if p.qos == 1 else Pubrec(p.packet_id), 5) for p in got))
+    await until(lambda: len(session_of(busy).inflight) == 1, "the QoS 1 ack")
+    assert session_of(busy).snapshot().outbound_pubrel == [p.packet_id for p in got if p.qos == 2]
+    assert quiet.record.outbound_pubrel == []
