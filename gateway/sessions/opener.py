@@ -17,10 +17,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidewire.node")
 
-# The packet id lists of every record `open_clean` makes: empty, and nothing writes into them (a save replaces
-# `outbound_pubrel`; inbound QoS 2 is kept on the connection), so one list serves them all instead of two each.
-_NO_PACKET_IDS: list[int] = []
-
 
 class SessionOpener:
     """`node.sessions`: one open or close of a client id at a time on this node (a lock per client id while one
@@ -103,11 +99,9 @@ class SessionOpener:
         if (node.topology.shared or client_id in node.connections or client_id in self._locks
                 or not node.writes.idle(client_id) or not node.store.session_absent(client_id)):
             return None
-        last = node.store.last_seq()
-        record = SessionRecord(client_id, level, 0, offset=last, sent_upto=last, inbound_qos2=_NO_PACKET_IDS,
-                               outbound_pubrel=_NO_PACKET_IDS, owner=node.node_id)
-        session = Session(node, record, persistent=False, window=window, pull_batch=node.settings.pull_batch,
-                          retry_interval=node.settings.retry_interval, stored=False)
+        session = Session(node, None, persistent=False, window=window, pull_batch=node.settings.pull_batch,
+                          retry_interval=node.settings.retry_interval, stored=False, client_id=client_id,
+                          level=level, start=node.store.last_seq())
         node.connections[client_id] = conn
         node.lookup.set_client_location(client_id, node.node_id)
         node.subscriptions.attach(session, conn.info, own_queue=False)
@@ -130,7 +124,8 @@ class SessionOpener:
             node.subscriptions.park(record)
             node.writes.save_session(record)
         else:
-            node.subscriptions.forget(session.record)
+            if session.subscriptions:  # else there is nothing to forget (and a record-less session stays so)
+                node.subscriptions.forget(session.record)
             if session.stored:  # else there is nothing to delete
                 node.writes.drop_session(session.client_id)
 

@@ -1,4 +1,6 @@
-"""A client's delivery state: subscriptions, one cursor over the merge of its queues, the in-flight window.
+"""A client's deliveries: one cursor over the merge of its queues, the in-flight window. What the session holds
+between them (record, subscriptions, in-flight table), and how an idle one holds less, is `SessionState`
+(gateway/sessions/state.py).
 
 Offsets are global seqs, so a session walks all its queues with a single cursor: a message indexed into two
 of its queues (overlapping filters) has one seq and is delivered once, at the highest granted QoS, carrying
@@ -10,103 +12,40 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 
 from tidewire.gateway.core.retry import STORE_RETRY_S
 from tidewire.gateway.protocols.mqtt.codec import pubrel
 from tidewire.gateway.protocols.mqtt.outbound import encoded_publish, encoded_publish_with, with_dup
 from tidewire.gateway.sessions.parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
+from tidewire.gateway.sessions.state import SessionState
 from tidewire.pipeline.lake.event_names import ACKED, DELIVERED, DROPPED
-from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
+from tidewire.store.base import Message, SessionRecord, SubscriptionRecord
 
 _NO_HORIZON = 1 << 62
 
 
-class _NothingInFlight(dict[int, Inflight]):
-    """The in-flight table of every session that never had anything in flight (most idle clients): one shared
-    empty table, read only. A session adds to a table of its own (`Session._tracked`)."""
+class Session(SessionState):
+    __slots__ = ("_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "conn", "extra", "pending",
+                 "persistent", "pull_batch", "retry_interval", "window")
 
-    def __setitem__(self, pid: int, entry: Inflight) -> None:
-        raise TypeError("the shared empty in-flight table is read only")
-
-
-_NOTHING_IN_FLIGHT = _NothingInFlight()
-
-
-class Session:
-    __slots__ = (
-        "_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "client_id", "conn", "cursor",
-        "extra", "filtered", "inflight", "level", "owner", "p2p_pending", "p2p_sub", "pending", "persistent", "plain",
-        "pull_batch", "read_check", "record", "retry_interval", "stored", "stream_subs", "window",
-    )
-
-    def __init__(self, owner: SessionOwner, record: SessionRecord, *, persistent: bool, window: int,
-                 pull_batch: int, retry_interval: float, stored: bool = True) -> None:
-        self.owner = owner
-        self.record = record
-        self.client_id = record.client_id
-        self.level = record.protocol_level
+    def __init__(self, owner: SessionOwner, record: SessionRecord | None, *, persistent: bool, window: int,
+                 pull_batch: int, retry_interval: float, stored: bool = True, client_id: str = "", level: int = 4,
+                 start: int = 0) -> None:
+        """`record` None: a session started clean, `client_id` at `level` from seq `start`, which makes its record
+        when it first needs one (a subscription, a P2P message, a save, a takeover): most idle clients never do."""
         self.persistent = persistent
         self.window = window
         self.pull_batch = pull_batch
         self.retry_interval = retry_interval
-        self.cursor = record.offset
-        self.inflight: dict[int, Inflight] = _NOTHING_IN_FLIGHT
         self.extra: deque[tuple[Message, int, tuple[int, ...]]] | None = None  # retained, waiting for credit
         self.conn: Writer | None = None
         self.aliases: dict[str, int] | None = None  # outgoing topic aliases of the current connection
-        # Filters the ACL grants only in part: each delivery through them is checked with `read_check`.
-        self.filtered: set[str] | None = None
-        self.read_check: Callable[[str], bool] | None = None
-        self.stream_subs: tuple[SubscriptionRecord, ...] = ()  # a tuple: most sessions have none, and () is free
-        # May the store hold a record of this session? False only for one started clean and never saved, which
-        # has nothing to delete when it ends.
-        self.stored = stored
-        # The P2P queue has one reader and is not cached: it is read from the store when notify says so.
-        self.p2p_sub: SubscriptionRecord | None = None
-        self.p2p_pending = False
-        self.plain = True  # no subscription needs per-message options: the fast path applies
         self.pending = False
         self._pid = 0
         self._reading_store = False
         self._pull_handle: asyncio.Handle | None = None
         self._retry_handle: asyncio.TimerHandle | None = None
-        for pid in record.outbound_pubrel:
-            entry = self._tracked()[pid] = Inflight(None, 2, False, 0.0)
-            entry.released = True
-        self.subscriptions_changed()
-
-    @property
-    def subscriptions(self) -> dict[str, SubscriptionRecord]:
-        return self.record.subscriptions
-
-    def subscriptions_changed(self) -> None:
-        if not self.record.subscriptions:  # a new session, before it has even its P2P queue
-            self.stream_subs, self.p2p_sub, self.plain = (), None, not self.filtered
-            return
-        self.stream_subs = tuple(s for s in self.record.subscriptions.values()
-                                 if not s.filter.startswith((SHARED_PREFIX, P2P_PREFIX)))
-        self.p2p_sub = self.record.subscriptions.get(p2p_queue(self.client_id))
-        self.plain = not self.filtered and not any(
-            s.no_local or s.retain_as_published or s.subscription_id for s in self.stream_subs)
-
-    def own_p2p(self) -> SubscriptionRecord:
-        """The subscription to its P2P queue. A session started clean has none until it is needed (a message sent
-        to it, a save, a takeover): made then from where the session started, as if made at its start."""
-        sub = self.p2p_sub
-        if sub is None:
-            queue = p2p_queue(self.client_id)
-            sub = self.record.subscriptions.get(queue)
-            if sub is None:
-                # `record.offset` is still the start: `snapshot`, the one place that moves it, makes this first.
-                sub = self.record.subscriptions[queue] = SubscriptionRecord(queue, 2, since_seq=self.record.offset)
-            self.p2p_sub = sub
-        return sub
-
-    def p2p_notified(self) -> None:
-        """Something was sent to its P2P queue (`gateway.core.dispatch`): read it at the next pull."""
-        self.own_p2p()
-        self.p2p_pending = True
+        super().__init__(owner, record, stored, client_id, level, start)
 
     # --- connection lifecycle ---------------------------------------------------------------------------
     def attach(self, conn: Writer, *, fresh: bool = False) -> None:
@@ -137,24 +76,6 @@ class Session:
         if self._retry_handle is not None:
             self._retry_handle.cancel()
             self._retry_handle = None
-
-    def committed_offset(self) -> int:
-        """Every seq at or below this is handled; the oldest unacknowledged stream message holds it back."""
-        low = self.cursor
-        for entry in self.inflight.values():
-            if entry.stream and not entry.released and entry.message is not None and entry.message.seq <= low:
-                low = entry.message.seq - 1
-        return low
-
-    def snapshot(self) -> SessionRecord:
-        """The record to save (every save takes one, so the session counts as stored from here on)."""
-        self.stored = True
-        self.own_p2p()  # restored, it reads its P2P queue from where it started, not from its restore
-        record = self.record
-        record.offset = self.committed_offset()
-        record.sent_upto = max(record.sent_upto, self.cursor)
-        record.outbound_pubrel = [pid for pid, e in self.inflight.items() if e.released]
-        return record
 
     def credit(self) -> int:
         """Free in-flight slots for QoS 1/2 (0 while the socket is backed up)."""
@@ -490,13 +411,6 @@ class Session:
     def _scheduled_pull(self) -> None:
         self._pull_handle = None
         self.pull()
-
-    def _tracked(self) -> dict[int, Inflight]:
-        """The in-flight table to add to: the session's own, made on its first delivery."""
-        inflight = self.inflight
-        if inflight is _NOTHING_IN_FLIGHT:
-            inflight = self.inflight = {}
-        return inflight
 
     def _next_pid(self) -> int:
         pid = self._pid

@@ -1,6 +1,7 @@
-"""A session started clean holds only what an idle client needs: its P2P subscription is made when it is first
-needed (a message sent to it, a save, a takeover), from where the session started, and everything a client does
-later still works. A real node (embedded store, a clock moved by hand) under channels with recorded connections."""
+"""A session started clean holds only what an idle client needs: its record, P2P subscription and in-flight table
+are made when first needed (a subscription, a message sent to it, a save, a takeover, a delivery), as they would
+have been at its start, and everything a client does later still works. A real node (embedded store, a clock
+moved by hand) under channels with recorded connections."""
 
 from __future__ import annotations
 
@@ -20,13 +21,16 @@ from tidewire.gateway.protocols.mqtt.codec import (
     Puback,
     Publish,
     Pubrec,
+    ReasonCode,
     Suback,
     Subscribe,
     SubscriptionRequest,
+    Unsuback,
+    Unsubscribe,
     encode,
 )
 from tidewire.gateway.sessions.session import Session
-from tidewire.store.base import p2p_queue
+from tidewire.store.base import SessionRecord, SubscriptionRecord, p2p_queue
 
 
 def connected(node: Node, clock: FakeClock, client_id: str, **connect: Any) -> tuple[MqttChannel, FakeIo]:
@@ -57,7 +61,8 @@ async def test_an_idle_clean_client_has_no_p2p_subscription_until_one_is_sent(cl
     dev, dev_io = connected(clocked_node, clock, "dev")
     assert isinstance(dev_io.packets()[0], Connack)
     session = session_of(dev)
-    assert session.p2p_sub is None and session.subscriptions == {}
+    assert session.p2p_sub is None and session.subscriptions == {} and session.inflight == {}
+    assert session._record is None  # made when first needed: here, by the P2P message
     pub, _ = connected(clocked_node, clock, "pub")
     pub.receive(encode(Publish("app/p2p/dev", b"for you", qos=1, packet_id=1), 5))
     [got] = await publishes(dev_io, 1)
@@ -69,9 +74,17 @@ async def test_an_idle_clean_client_has_no_p2p_subscription_until_one_is_sent(cl
 async def test_a_clean_client_that_subscribes_gets_its_topics_and_its_p2p_messages(clocked_node: Node,
                                                                                  clock: FakeClock) -> None:
     dev, dev_io = connected(clocked_node, clock, "dev")
-    dev.receive(encode(Subscribe(1, [SubscriptionRequest("s/#", 1)]), 5))
+    dev_io.packets()
+    start = clocked_node.store.last_seq()
+    dev.receive(encode(Unsubscribe(1, ["s/#"]), 5))
+    assert dev_io.packets() == [Unsuback(1, [ReasonCode.NO_SUBSCRIPTION_EXISTED])]
+    dev.receive(encode(Subscribe(2, [SubscriptionRequest("s/#", 1)]), 5))
     await until(lambda: any(isinstance(p, Suback) for p in dev_io.packets()), "the SUBACK")
-    assert session_of(dev).p2p_sub is None
+    session = session_of(dev)
+    assert session.p2p_sub is None
+    # the record made at SUBSCRIBE is the one a clean start used to make at CONNECT
+    assert session.record == SessionRecord("dev", 5, 0, {"s/#": SubscriptionRecord("s/#", 1, since_seq=start)},
+                                           offset=start, sent_upto=start, owner=clocked_node.node_id)
     pub, _ = connected(clocked_node, clock, "pub")
     pub.receive(encode(Publish("s/1", b"topic", qos=1, packet_id=1), 5))
     [first] = await publishes(dev_io, 1)
@@ -110,8 +123,7 @@ async def test_a_clean_session_taken_over_keeps_its_p2p_queue_from_its_start(clo
 
 
 async def test_what_one_clean_client_has_in_flight_is_its_own(clocked_node: Node, clock: FakeClock) -> None:
-    """Idle sessions share one empty in-flight table and empty packet id lists: a delivery to one of them must not
-    show in another."""
+    """Idle sessions share one empty in-flight table: a delivery to one of them must not show in another."""
     busy, busy_io = connected(clocked_node, clock, "busy")
     idle, _ = connected(clocked_node, clock, "idle")
     busy.receive(encode(Subscribe(1, [SubscriptionRequest("s/#", 2)]), 5))
@@ -123,8 +135,8 @@ async def test_what_one_clean_client_has_in_flight_is_its_own(clocked_node: Node
     assert sorted(p.qos for p in got) == [1, 2]
     assert sorted(session_of(busy).inflight) == sorted(p.packet_id for p in got)
     quiet = session_of(idle)
-    assert quiet.inflight == {} and quiet.record.inbound_qos2 == [] and quiet.record.outbound_pubrel == []
+    assert quiet.inflight == {}
     busy.receive(b"".join(encode(Puback(p.packet_id) if p.qos == 1 else Pubrec(p.packet_id), 5) for p in got))
     await until(lambda: len(session_of(busy).inflight) == 1, "the QoS 1 ack")
     assert session_of(busy).snapshot().outbound_pubrel == [p.packet_id for p in got if p.qos == 2]
-    assert quiet.record.outbound_pubrel == []
+    assert quiet.inflight == {} and quiet.snapshot().outbound_pubrel == []
