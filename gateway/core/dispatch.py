@@ -37,7 +37,8 @@ INLINE_MAX_MESSAGES = 64
 class P2PReader(Protocol):
     """The one reader of a client's P2P queue (its session): told that the queue has news, then pulled."""
 
-    p2p_pending: bool
+    def p2p_notified(self) -> None:
+        """Its P2P queue has news: read it at the next pull."""
 
     def pull(self) -> None: ...
 
@@ -161,7 +162,7 @@ class Dispatcher:
             if queue.startswith(P2P_PREFIX):
                 owner = self._p2p_reader(queue[len(P2P_PREFIX):])
                 if owner is not None:
-                    owner.p2p_pending = True
+                    owner.p2p_notified()
                     p2p.append(owner)
         readers = self._readers
         live = [q for q in queues if q in readers]

@@ -58,13 +58,16 @@ class Puller(Protocol):
 class Subscriber(GroupMember, Puller, Protocol):
     """What the registry needs of a session: it reads its queues (`pull`) and is a member of its groups."""
 
-    record: SessionRecord  # its subscriptions are `record.subscriptions`
+    @property
+    def record(self) -> SessionRecord:
+        """Its subscriptions are `record.subscriptions` (where they are added)."""
     # Filters the ACL grants only in part, and the check each delivery through them takes (set here).
     filtered: set[str] | None
     read_check: Callable[[str], bool] | None
 
     @property
-    def subscriptions(self) -> dict[str, SubscriptionRecord]: ...
+    def subscriptions(self) -> dict[str, SubscriptionRecord]:
+        """`record.subscriptions` to read: an idle session has no record and shares an empty table."""
 
     def subscriptions_changed(self) -> None:
         """Its subscriptions were added to or removed."""
@@ -319,13 +322,16 @@ class SubscriptionRegistry:
                 if not holders:
                     del self._holders[topic_filter]
 
-    def attach(self, session: Subscriber, client: ClientInfo) -> None:
-        """An online session starts reading its queues (and joins its groups)."""
-        record = session.record
-        own_p2p = p2p_queue(session.client_id)
-        if own_p2p not in record.subscriptions:
-            record.subscriptions[own_p2p] = SubscriptionRecord(own_p2p, 2, since_seq=self.store.last_seq())
-        for topic_filter, sub in record.subscriptions.items():
+    def attach(self, session: Subscriber, client: ClientInfo, *, own_queue: bool = True) -> None:
+        """An online session starts reading its queues (and joins its groups). `own_queue` False: a session just
+        started clean, which makes its P2P subscription itself when first needed (most clients are never sent a
+        P2P message, and an idle connection should not hold a record, a queue name and a dict entry for it)."""
+        if own_queue:
+            record = session.record
+            own_p2p = p2p_queue(session.client_id)
+            if own_p2p not in record.subscriptions:
+                record.subscriptions[own_p2p] = SubscriptionRecord(own_p2p, 2, since_seq=self.store.last_seq())
+        for topic_filter, sub in session.subscriptions.items():
             if topic_filter.startswith(SHARED_PREFIX):
                 self.group(topic_filter).join(session, sub)
                 self.topology.member_joined()
@@ -393,7 +399,7 @@ class SubscriptionRegistry:
             qos = min(request.qos, 2)
             existing = session.subscriptions.get(key)
             since = existing.since_seq if existing is not None else self.store.last_seq()
-            sub = session.subscriptions[key] = SubscriptionRecord(
+            sub = session.record.subscriptions[key] = SubscriptionRecord(
                 key, qos, request.no_local, request.retain_as_published, request.retain_handling, sub_id, since)
             if shared is not None:
                 if key not in self.groups and self._is_wildcard_queue(topic_filter):

@@ -43,6 +43,8 @@ class SessionOpener:
             if old is not None:
                 log.info("client.takeover", extra={"client_id": client_id})
                 session = old.take_over()
+                if session is not None:  # its P2P queue is read on from where it started, not from now
+                    session.own_p2p()
             node.wills.cancel(client_id)
             node.writes.drop_will(client_id)
             await node.writes.will_settled(client_id)
@@ -97,13 +99,12 @@ class SessionOpener:
         if (node.topology.shared or client_id in node.connections or client_id in self._locks
                 or not node.writes.idle(client_id) or not node.store.session_absent(client_id)):
             return None
-        last = node.store.last_seq()
-        record = SessionRecord(client_id, level, 0, offset=last, sent_upto=last, owner=node.node_id)
-        session = Session(node, record, persistent=False, window=window, pull_batch=node.settings.pull_batch,
-                          retry_interval=node.settings.retry_interval, stored=False)
+        session = Session(node, None, persistent=False, window=window, pull_batch=node.settings.pull_batch,
+                          retry_interval=node.settings.retry_interval, stored=False, client_id=client_id,
+                          level=level, start=node.store.last_seq())
         node.connections[client_id] = conn
         node.lookup.set_client_location(client_id, node.node_id)
-        node.subscriptions.attach(session, conn.info)
+        node.subscriptions.attach(session, conn.info, own_queue=False)
         return session
 
     def close(self, conn: ChannelBase, session: Session, *, transfer: bool = False) -> None:
@@ -123,7 +124,8 @@ class SessionOpener:
             node.subscriptions.park(record)
             node.writes.save_session(record)
         else:
-            node.subscriptions.forget(session.record)
+            if session.subscriptions:  # else there is nothing to forget (and a record-less session stays so)
+                node.subscriptions.forget(session.record)
             if session.stored:  # else there is nothing to delete
                 node.writes.drop_session(session.client_id)
 

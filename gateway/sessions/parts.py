@@ -43,6 +43,7 @@ class GroupHandle(Protocol):
 class SessionOwner(Protocol):
     """What a session needs from its node."""
 
+    node_id: str  # the owner of the record a session started clean makes when it needs one
     cache: QueueCache
     store: Store
     events: EventBuffer | None  # session and delivery events for an exporter (None: not recorded)

@@ -1,4 +1,6 @@
-"""A client's delivery state: subscriptions, one cursor over the merge of its queues, the in-flight window.
+"""A client's deliveries: one cursor over the merge of its queues, the in-flight window. What the session holds
+between them (record, subscriptions, in-flight table), and how an idle one holds less, is `SessionState`
+(gateway/sessions/state.py).
 
 Offsets are global seqs, so a session walks all its queues with a single cursor: a message indexed into two
 of its queues (overlapping filters) has one seq and is delivered once, at the highest granted QoS, carrying
@@ -10,74 +12,40 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 
 from tidewire.gateway.core.retry import STORE_RETRY_S
 from tidewire.gateway.protocols.mqtt.codec import pubrel
 from tidewire.gateway.protocols.mqtt.outbound import encoded_publish, encoded_publish_with, with_dup
 from tidewire.gateway.sessions.parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
+from tidewire.gateway.sessions.state import SessionState
 from tidewire.pipeline.lake.event_names import ACKED, DELIVERED, DROPPED
-from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, Message, SessionRecord, SubscriptionRecord, p2p_queue
+from tidewire.store.base import Message, SessionRecord, SubscriptionRecord
 
 _NO_HORIZON = 1 << 62
 
 
-class Session:
-    __slots__ = (
-        "_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "client_id", "conn", "cursor",
-        "extra", "filtered", "inflight", "level", "owner", "p2p_pending", "p2p_sub", "pending", "persistent", "plain",
-        "pull_batch", "read_check", "record", "retry_interval", "stored", "stream_subs", "window",
-    )
+class Session(SessionState):
+    __slots__ = ("_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "conn", "extra", "pending",
+                 "persistent", "pull_batch", "retry_interval", "window")
 
-    def __init__(self, owner: SessionOwner, record: SessionRecord, *, persistent: bool, window: int,
-                 pull_batch: int, retry_interval: float, stored: bool = True) -> None:
-        self.owner = owner
-        self.record = record
-        self.client_id = record.client_id
-        self.level = record.protocol_level
+    def __init__(self, owner: SessionOwner, record: SessionRecord | None, *, persistent: bool, window: int,
+                 pull_batch: int, retry_interval: float, stored: bool = True, client_id: str = "", level: int = 4,
+                 start: int = 0) -> None:
+        """`record` None: a session started clean, `client_id` at `level` from seq `start`, which makes its record
+        when it first needs one (a subscription, a P2P message, a save, a takeover): most idle clients never do."""
         self.persistent = persistent
         self.window = window
         self.pull_batch = pull_batch
         self.retry_interval = retry_interval
-        self.cursor = record.offset
-        self.inflight: dict[int, Inflight] = {}
         self.extra: deque[tuple[Message, int, tuple[int, ...]]] | None = None  # retained, waiting for credit
         self.conn: Writer | None = None
         self.aliases: dict[str, int] | None = None  # outgoing topic aliases of the current connection
-        # Filters the ACL grants only in part: each delivery through them is checked with `read_check`.
-        self.filtered: set[str] | None = None
-        self.read_check: Callable[[str], bool] | None = None
-        self.stream_subs: tuple[SubscriptionRecord, ...] = ()  # a tuple: most sessions have none, and () is free
-        # May the store hold a record of this session? False only for one started clean and never saved, which
-        # has nothing to delete when it ends.
-        self.stored = stored
-        # The P2P queue has one reader and is not cached: it is read from the store when notify says so.
-        self.p2p_sub: SubscriptionRecord | None = None
-        self.p2p_pending = False
-        self.plain = True  # no subscription needs per-message options: the fast path applies
         self.pending = False
         self._pid = 0
         self._reading_store = False
         self._pull_handle: asyncio.Handle | None = None
         self._retry_handle: asyncio.TimerHandle | None = None
-        for pid in record.outbound_pubrel:
-            entry = self.inflight[pid] = Inflight(None, 2, False, 0.0)
-            entry.released = True
-        self.subscriptions_changed()
-
-    @property
-    def subscriptions(self) -> dict[str, SubscriptionRecord]:
-        return self.record.subscriptions
-
-    def subscriptions_changed(self) -> None:
-        if not self.record.subscriptions:  # a new session, before it has even its P2P queue
-            self.stream_subs, self.p2p_sub, self.plain = (), None, not self.filtered
-            return
-        self.stream_subs = tuple(s for s in self.record.subscriptions.values()
-                                 if not s.filter.startswith((SHARED_PREFIX, P2P_PREFIX)))
-        self.p2p_sub = self.record.subscriptions.get(p2p_queue(self.client_id))
-        self.plain = not self.filtered and not any(
-            s.no_local or s.retain_as_published or s.subscription_id for s in self.stream_subs)
+        super().__init__(owner, record, stored, client_id, level, start)
 
     # --- connection lifecycle ---------------------------------------------------------------------------
     def attach(self, conn: Writer, *, fresh: bool = False) -> None:
@@ -108,23 +76,6 @@ class Session:
         if self._retry_handle is not None:
             self._retry_handle.cancel()
             self._retry_handle = None
-
-    def committed_offset(self) -> int:
-        """Every seq at or below this is handled; the oldest unacknowledged stream message holds it back."""
-        low = self.cursor
-        for entry in self.inflight.values():
-            if entry.stream and not entry.released and entry.message is not None and entry.message.seq <= low:
-                low = entry.message.seq - 1
-        return low
-
-    def snapshot(self) -> SessionRecord:
-        """The record to save (every save takes one, so the session counts as stored from here on)."""
-        self.stored = True
-        record = self.record
-        record.offset = self.committed_offset()
-        record.sent_upto = max(record.sent_upto, self.cursor)
-        record.outbound_pubrel = [pid for pid, e in self.inflight.items() if e.released]
-        return record
 
     def credit(self) -> int:
         """Free in-flight slots for QoS 1/2 (0 while the socket is backed up)."""
@@ -321,7 +272,7 @@ class Session:
     def _push(self, conn: Writer, messages: list[Message], deliveries: dict[int, Delivery] | None, cap: int,
               more: bool) -> None:
         chunks: list[bytes] = []
-        inflight = self.inflight
+        inflight = self._tracked()
         window = self.window
         level = self.level
         sent_upto = self.record.sent_upto
@@ -426,7 +377,7 @@ class Session:
             chunks.append(head)
             return True
         pid = self._next_pid()
-        self.inflight[pid] = Inflight(message, qos, stream, self.owner.clock.monotonic(), retain, ids, group)
+        self._tracked()[pid] = Inflight(message, qos, stream, self.owner.clock.monotonic(), retain, ids, group)
         chunks += (with_dup(head) if dup else head, pid.to_bytes(2, "big"), tail)
         return True
 
