@@ -283,7 +283,7 @@ ROWS = (
     Row("CONNACK p99 ms", "connect", "p99_ms", 2),
     Row("CONNACK p999 ms", "connect", "p999_ms", 2),
     Row("connect errors", "connect", "errors", 0),
-    Row("KB per idle conn", "idle", "bytes_per_conn", 2, "≤ 2 KB", lambda t, m: t <= 2.0, 1024.0),
+    Row("KB per idle conn", "idle", "bytes_per_conn", 2, "≤ 1.5 KB", lambda t, m: t <= 1.5, 1024.0),
     Row("idle opens/s", "idle", "opens_per_s", 0),
     Row("latency p50 µs", "latency", "p50_us", 0, "≤ 150 µs", lambda t, m: t <= 150),
     Row("latency p99 µs", "latency", "p99_us", 0),
