@@ -358,7 +358,8 @@ class Node:
         for uncached, after in self._uncached:  # taken as appended where nothing else lies between: no read back
             self.cache.add_appended(uncached, after)
             appended += len(uncached)
-            upto = uncached[-1].seq
+            # Ascending when the store vouched for the batch; with several partitions it may not be.
+            upto = max(upto, uncached[-1].seq if after is not None else max(m.seq for m in uncached))
         self._uncached = []
         if self._to_notify:
             queues, self._to_notify = self._to_notify, set()

@@ -170,7 +170,9 @@ class RedisStore(RedisGroups, RedisLog):
         self._sealer: asyncio.Task[None] | None = None
         self._closing = False
         self._fence = AppendFence()
-        self.append_depth = APPEND_DEPTH
+        # Several partitions (a Redis Cluster): one at a time. Two in flight let publishers outrun what other
+        # nodes read back across the partitions (QoS 1 fan-in over 2 nodes: subscribers seconds behind).
+        self.append_depth = APPEND_DEPTH if partitions == 1 else 1
         self.durable: bool | None = None  # set by open(): Redis fsyncs each write before replying
 
     # --- lifecycle ----------------------------------------------------------------------------------------

@@ -89,3 +89,8 @@ async def test_many_appends_in_flight_land_in_call_order(server: RedisServer, op
     store = await opened(server.url)
     await asyncio.gather(*(store.append([msg(f"t{i}", "q"), msg(f"u{i}", "q")]) for i in range(60)))
     assert await topics(store, "q") == [t for i in range(60) for t in (f"t{i}", f"u{i}")]
+
+
+async def test_with_several_partitions_a_caller_appends_one_at_a_time(server: RedisServer, opened: OPEN) -> None:
+    # Measured: two in flight let publishers outrun what other nodes read back across the partitions.
+    assert append_depth(await opened(server.url, partitions=16)) == 1
