@@ -29,6 +29,13 @@ until publishers stopped):
     flush, against two hops, publisher → slot owner → interested nodes, for targeted notify).
     kill -9 n2, 20 persistent subscribers: receiving again on n1/n3 after p50 134 / 112 ms (max 180 / 168 ms);
     lost 0; ~340 duplicates per subscriber (offsets are written every 100 ms).
+Issue 20 (one-hop notify on leased answers, no read-back of a node's own batches, two appends in flight):
+  `python -m loadtest.cluster_bench --runs 3 cluster --nodes 3,5 --measure frames
+   --variant-env TIDEWIRE_CLUSTER_NOTIFY_LEASE=0`, frames per publish at 500 msgs/s, k = 1, 2, N, leased (lease
+   0 = through the slot owner): N=3 0.22, 0.42, 0.44 (0.60, 0.65, 0.72); N=5 0.25, 0.46, 0.87 (1.28, 1.48, 2.52).
+  `--runs 1 store --measures fanin-cmds,fanout-cmds`: fan-in at 3k msgs/s 3.49 commands, 0.21 EVALSHA, 0.22
+  round trips per message; fan-out 1→200 at 100 msgs/s 22.45 commands (0.112 per delivery), 3.12 EVALSHA, 5.16
+  round trips. Fan-in per node against node count: `python -m loadtest.cluster_scale`.
 """
 
 from __future__ import annotations

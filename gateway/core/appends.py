@@ -128,7 +128,9 @@ class Appends:
             landed.append(Landed(head.batch, head.acks, head.after, self._monotonic() - head.started))
         if not any(a.failed for a in inflight):
             if self.depth == 1:
-                if self.waiting and not inflight:
+                if self.waiting and landed:
+                    self._wake()  # after what landed is handed over: this append may raise
+                elif self.waiting and not inflight:
                     batch, acks = self._take()
                     started = self._monotonic()
                     append = _Append(batch, acks, started)

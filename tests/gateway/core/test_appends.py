@@ -184,3 +184,35 @@ async def test_at_stop_the_acks_not_landed_are_taken_and_what_is_in_flight_still
     landed += await p.appends.step(wait=True)  # c0, started by the step before
     assert [m.topic for x in landed for m in x.batch] == ["a0", "b0", "b1", "c0"]
     assert all(not x.acks for x in landed) and p.appends.idle
+
+
+class FailingOddAppends(EmbeddedStore):
+    """Appends 1, 3, 5, ... raise before touching the log (as a failed write does); the others go through."""
+
+    calls = 0
+
+    async def append(self, messages: Any, wildcard_version: int = -1) -> int | None:
+        self.calls += 1
+        if self.calls % 2:
+            raise OSError("disk full")
+        return await super().append(messages, wildcard_version)
+
+
+async def test_what_landed_is_handed_over_before_the_next_append_may_fail(tmp_path: Path) -> None:
+    store = FailingOddAppends(tmp_path, fsync="never")
+    await store.open()
+    try:
+        p = Pipeline(store)
+        p.publish("a0")
+        with pytest.raises(OSError):
+            await p.step()  # a0 fails; it stays first
+        p.publish("b0")
+        await p.step()  # a0 lands; b0 is not tried in this step (it would fail, and a0's landing with it)
+        with pytest.raises(OSError):
+            await p.step()
+        await p.step()
+        assert [m.topic for landed in p.landed for m in landed.batch] == ["a0", "b0"]
+        assert p.acks() == ["ack-a0", "ack-b0"] and p.appends.idle
+        assert await stored(store) == ["a0", "b0"]
+    finally:
+        await store.close()
