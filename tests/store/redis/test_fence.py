@@ -21,7 +21,7 @@ from tidewire.store.redis.fence import PredecessorFailed
 class HeldFirstAppend:
     """The store's next append waits (after its fence ticket is issued, before it is sent) until `release()`,
     then is sent, or fails as a lost connection would before sending; `answered` counts the other appends'
-    round trips that came back."""
+    round trips that came back (only appends: the store's sealer makes round trips of its own meanwhile)."""
 
     def __init__(self, store: RedisStore, *, then_fail: bool = False) -> None:
         self.released = asyncio.Event()
@@ -32,14 +32,15 @@ class HeldFirstAppend:
 
         async def run_many_holding_the_first(calls: Any, **kw: Any) -> Any:
             nonlocal held
-            if not held and calls and calls[0][0].name == "append":
+            append = bool(calls) and calls[0][0].name == "append"
+            if append and not held:
                 held = True
                 await self.released.wait()
                 if then_fail:
                     raise ConnectionResetError("connection lost before the append was sent")
                 return await run_many(calls, **kw)
             got = await run_many(calls, **kw)
-            self.answered += 1
+            self.answered += append
             return got
 
         conn.run_many = run_many_holding_the_first
