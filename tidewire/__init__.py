@@ -10,6 +10,7 @@ the installed wheel does (one tree for the interpreter, mypy, pytest and Spark):
     tidewire.notify      after an append, tell the nodes with readers which queues have news
     tidewire.extensions  authentication and ACL sources an operator chooses by setting
     tidewire.admin       a node's HTTP port: REST API, Prometheus metrics, dashboard, health
+    tidewire.bridges     links to other systems (MQTT brokers) that read from and publish into the log
     tidewire.pipeline    the lake bridge (the log as Parquet) and the PySpark jobs over the lake
     tidewire.errors      the one root exception, `TidewireError`, and its small hierarchy (a file of its own here)
 

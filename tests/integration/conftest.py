@@ -93,6 +93,8 @@ class Gateway:
     Optional listeners get their own free ports: `tls_port` (when `tls` is given), `ws_port` (`ws=True`),
     `wss_port` (`wss=True`, needs `tls`), `amqp_port` (`amqp=True`), `rocketmq_port` (`rocketmq=True`) and
     `admin_port` (`admin=True`; the API's bearer token is `api_token`, passed as TIDEWIRE_API_TOKEN).
+    `target` picks the broker for this one (default: the suite's `TIDEWIRE_TEST_TARGET`): a bridge test runs a
+    Tidewire and a real Mosquitto side by side; `conf_lines` go into a Mosquitto's configuration file as they are.
     Authentication: `password_file`, `allow_anonymous` (None: the target's default, which is off once a password
     file is set).
     """
@@ -113,8 +115,11 @@ class Gateway:
         rocketmq: bool = False,
         admin: bool = False,
         extra_args: Sequence[str] = (),
+        target: str | None = None,
+        conf_lines: Sequence[str] = (),
     ) -> None:
-        self.target = TARGET
+        self.target = target or TARGET
+        self.conf_lines = list(conf_lines)
         self.port = free_port()
         self.workdir = workdir
         self.data_dir = workdir / "data"
@@ -203,7 +208,7 @@ class Gateway:
         if self.wss_port is not None:
             lines += [f"listener {self.wss_port} 127.0.0.1", "protocol websockets", *self._mosquitto_tls_lines()]
         conf = self.workdir / "mosquitto.conf"
-        conf.write_text("\n".join(lines) + "\n")
+        conf.write_text("\n".join([*lines, *self.conf_lines]) + "\n")
         return conf
 
     def _mosquitto_tls_lines(self) -> list[str]:
