@@ -57,8 +57,8 @@ def mqtt_client(node: Node, conn: ChannelBase) -> Client:
     session = conn.session
     subscriptions = sum(1 for t in session.subscriptions if not t.startswith(P2P_PREFIX)) if session else 0
     return Client(client_id=conn.client_id, username=conn.info.username, peer=conn.peer, listener=conn.listener.name,
-                  protocol="mqtt", proto_ver=conn.level, clean_start=conn.clean_start, keepalive=conn.keepalive,
-                  connected_at=conn.connected_at or None, subscriptions=subscriptions,
+                  protocol="mqtt", proto_ver=conn.level, bridge=conn.bridge, clean_start=conn.clean_start,
+                  keepalive=conn.keepalive, connected_at=conn.connected_at or None, subscriptions=subscriptions,
                   inflight=len(session.inflight) if session is not None else 0, node=node.node_id)
 
 

@@ -28,6 +28,7 @@ PREFIX = "tidewire"
 MAX_TOP_TOPICS = 100  # top_topics answers at most this many
 _MQTT_LISTENERS = ("mqtt", "mqtts", "ws", "wss")
 _AMQP_LISTENERS = ("amqp", "amqps")
+_RECEIVE_ONLY = ("api", "bridge")  # `Counters.by_protocol` names shown without "sent" families (see `_traffic`)
 
 
 def version() -> str:
@@ -113,8 +114,9 @@ class NodeCollector(Collector):
             ("messages_sent", "Messages written to receivers (retries included), by protocol."),
             ("bytes_sent", "Bytes written to receivers: MQTT packet bytes, payload bytes for other protocols."))]
         for protocol, values in sorted(counters.by_protocol().items()):
-            for family, value in zip(families, values if protocol != "api" else values[:2], strict=False):
-                family.add_metric([protocol], value)  # the admin API only publishes: nothing "sent" by it
+            # Received only: the admin API only publishes, and what a bridge connection is sent counts as MQTT.
+            for family, value in zip(families, values if protocol not in _RECEIVE_ONLY else values[:2], strict=False):
+                family.add_metric([protocol], value)
         yield from families
         yield CounterMetricFamily(f"{PREFIX}_deliveries", "Messages handed to a receiver for the first time "
                                   "(every protocol).", value=counters.messages_out - counters.retries)

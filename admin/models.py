@@ -93,6 +93,7 @@ class Client(BaseModel):
     listener: str
     protocol: str = Field(description="mqtt, amqp")
     proto_ver: int | None = Field(description="MQTT protocol level: 3, 4 (3.1.1) or 5; null for AMQP")
+    bridge: bool = Field(False, description="another broker's bridge (its messages are stored as protocol bridge)")
     clean_start: bool | None
     keepalive: int | None
     connected_at: float | None = Field(description="epoch seconds")

@@ -85,7 +85,7 @@ class ListenerSettings(BaseModel):
 
 class MqttSettings(BaseModel):
     """`[mqtt]`: The MQTT protocol's limits and flow: packet and topic sizes, keepalive, in-flight windows, inbound
-    rates, session expiry, topic aliases and shared subscriptions.
+    rates, session expiry, topic aliases, shared subscriptions and incoming bridges.
     """
 
     max_keepalive: int = Field(65535, ge=0, le=65535, description="cap on keepalive; 0 means no cap")
@@ -113,6 +113,9 @@ class MqttSettings(BaseModel):
                                                    "each message (per group: `shared_strategies`)")
     shared_strategies: dict[str, str] = Field(default_factory=dict,
                                               description="group name glob → strategy, e.g. {'jobs*': 'round_robin'}")
+    accept_bridges: bool = Field(True, description="let other brokers' bridges in as bridges (Mosquitto's try_private: "
+                                 "level 0x83/0x84; MQTT 5: user property tidewire-bridge=1); false: CONNACK code 1 to "
+                                 "a 3.x bridge, MQTT 5's property ignored")
 
 
 class SecuritySettings(BaseModel):

@@ -17,7 +17,8 @@ NEVER_EXPIRES = 0xFFFFFFFF
 PROTOCOL_MQTT = 0
 PROTOCOL_AMQP = 1
 PROTOCOL_ROCKETMQ = 2
-PROTOCOL_NAMES = ("mqtt", "amqp", "rocketmq")
+PROTOCOL_BRIDGE = 3  # MQTT from another broker's bridge connection (Mosquitto's try_private, or a Tidewire's)
+PROTOCOL_NAMES = ("mqtt", "amqp", "rocketmq", "bridge")
 # A client's P2P queue. '#' can't appear in a topic name or inside a filter level: no clash with other queues.
 P2P_PREFIX = "p2p#"
 

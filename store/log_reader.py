@@ -35,7 +35,7 @@ class LogRecord:
     topic: str
     first_level: str
     client_id: str  # the publisher ("" for messages the gateway made itself)
-    protocol: str  # "mqtt", "amqp", "rocketmq"
+    protocol: str  # "mqtt", "amqp", "rocketmq", "bridge" (store.base.PROTOCOL_NAMES)
     qos: int
     retain: bool
     payload: bytes

@@ -22,7 +22,7 @@ Message record, format version 1 (what `encode_message_body` writes), little-end
     24      8     i64 expires_at_ms (0: never)
     32      1     u8  qos (0..2)
     33      1     u8  flags: bit 0 retain; bits 1..7 reserved (written 0, ignored on read)
-    34      1     u8  protocol it came in by: 0 MQTT, 1 AMQP, 2 RocketMQ (store.base.PROTOCOL_*)
+    34      1     u8  protocol it came in by: 0 MQTT, 1 AMQP, 2 RocketMQ, 3 bridge (store.base.PROTOCOL_*)
     35      2     u16 len(publisher)
     37      2     u16 len(topic)
     39      4     u32 len(properties)

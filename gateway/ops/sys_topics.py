@@ -26,7 +26,7 @@ from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.gateway.ops.logs import Sampled
 from tidewire.pipeline.lake.event_names import SUBSCRIBED, UNSUBSCRIBED
-from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_ROCKETMQ, Claim, Message
+from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_NAMES, PROTOCOL_ROCKETMQ, Claim, Message
 
 EVENTS = ("connected", "disconnected", "subscribed", "unsubscribed", "takeover")
 # Connect and disconnect lines: this many per second at info; past that, counted in a `clients.activity` line
@@ -37,10 +37,10 @@ ACTIVITY_SUMMARY_S = 10.0
 log = logging.getLogger("tidewire.conn")
 
 
-# Counters.by_protocol: index = the message's `store.base.PROTOCOL_*` (the ingress it came by); "api" is the admin
-# API's publishes (stored as MQTT messages, counted apart by `Counters.api_published`).
-PROTOCOLS = ("mqtt", "amqp", "rocketmq", "api")
-PROTOCOL_API = 3
+# Counters.by_protocol: index = the message's `store.base.PROTOCOL_*` (the ingress it came by); "api", past the
+# stored protocols, is the admin API's publishes (stored as MQTT messages, counted apart by `Counters.api_published`).
+PROTOCOLS = (*PROTOCOL_NAMES, "api")
+PROTOCOL_API = len(PROTOCOL_NAMES)
 DROP_REASONS = ("store_unavailable", "expired", "too_large", "not_authorized")  # shown from start (0) by the metrics
 # Upper bounds (s) of the store latency histograms; a last bucket takes everything above.
 LATENCY_BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,

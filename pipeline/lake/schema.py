@@ -31,7 +31,7 @@ MESSAGES_SCHEMA = pa.schema([
     ("topic", pa.string()),
     ("first_level", pa.string()),  # the topic's first level ("" for "/a")
     ("client_id", pa.string()),  # the publisher: MQTT client id, AMQP/RocketMQ connection identity; "" internal
-    ("protocol", pa.string()),  # "mqtt", "amqp" or "rocketmq"
+    ("protocol", pa.string()),  # "mqtt", "amqp", "rocketmq" or "bridge"
     ("qos", pa.int8()),
     ("retain", pa.bool_()),
     ("payload_size", pa.int32()),

@@ -36,6 +36,7 @@ from tidewire.gateway.protocols.mqtt.codec import (
     ReasonCode,
     Suback,
     Subscribe,
+    SubscriptionRequest,
     Unsuback,
     Unsubscribe,
     encode,
@@ -57,7 +58,7 @@ from tidewire.gateway.protocols.mqtt.lifecycle import (
 )
 from tidewire.gateway.sessions.session import Session
 from tidewire.pipeline.lake.event_names import DROPPED
-from tidewire.store.base import Message
+from tidewire.store.base import PROTOCOL_BRIDGE, Message
 
 if TYPE_CHECKING:
     from tidewire.gateway.core.clock import Clock
@@ -79,6 +80,14 @@ def suback_codes(granted: list[int | Refusal], level: int) -> list[int]:
     if level >= 5:
         return [SUBACK_REFUSALS[g] if isinstance(g, Refusal) else g for g in granted]
     return [0x80 if isinstance(g, Refusal) else g for g in granted]
+
+
+def bridge_requests(requests: list[SubscriptionRequest]) -> list[SubscriptionRequest]:
+    """A 3.1/3.1.1 bridge's subscriptions as Mosquitto takes them: no-local (what the bridge publishes never comes
+    back to it: no loop) and retain-as-published (retained messages stay retained on the other broker). No-local
+    stays off a shared subscription, where MQTT 5 forbids it."""
+    return [SubscriptionRequest(r.topic_filter, r.qos, not r.topic_filter.startswith("$share/"), True)
+            for r in requests]
 
 
 def unsuback_codes(removed: list[bool]) -> list[int]:
@@ -258,6 +267,8 @@ class MqttChannel(Handshake):
         now_ms = int(self.clock.time() * 1000)
         message = Message(topic, packet.payload, qos, packet.retain, stored_properties(props) if v5 else b"",
                           now_ms, expires_at(props, now_ms) if v5 else 0, self.client_id)
+        if self.bridge:
+            message.protocol = PROTOCOL_BRIDGE
         if qos == 0:
             node.publish(message)
             return None
@@ -293,7 +304,10 @@ class MqttChannel(Handshake):
         if any(s.no_local and s.topic_filter.startswith("$share/") for s in packet.subscriptions):
             return self.abort(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
         ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER) if packet.properties else None
-        granted, retained, registering = node.subscribe(session, self, packet.subscriptions, ids[0] if ids else 0)
+        requests = packet.subscriptions
+        if self.bridge and self.level < 5:  # an MQTT 5 bridge sets these options itself
+            requests = bridge_requests(requests)
+        granted, retained, registering = node.subscribe(session, self, requests, ids[0] if ids else 0)
         log.info("client.subscribed", extra={"client_id": self.client_id,
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
         if session.persistent:

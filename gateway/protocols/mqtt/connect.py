@@ -1,5 +1,6 @@
 """CONNECT negotiation, sans-IO: from a CONNECT packet and the settings to the terms of the connection
-(client id, keepalive, session expiry, windows, will) and the CONNACK properties, or a refusal."""
+(client id, keepalive, session expiry, windows, will, whether it is another broker's bridge) and the CONNACK
+properties, or a refusal."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tidewire.gateway.core.topics import valid_topic_name
 from tidewire.gateway.protocols.mqtt.codec import ConnackCode311, Connect, PropertyId, ReasonCode, encode_properties
 from tidewire.store.base import NEVER_EXPIRES, Message
 
+# The CONNECT user property by which an MQTT 5 bridge says it is one (MQTT 5 has no level bit for it).
+BRIDGE_PROPERTY = ("tidewire-bridge", "1")
 # Properties that depend on the receiver or the clock: never stored with the message.
 PER_HOP = (PropertyId.TOPIC_ALIAS, PropertyId.MESSAGE_EXPIRY_INTERVAL, PropertyId.SUBSCRIPTION_IDENTIFIER)
 
@@ -53,6 +56,7 @@ class Terms:
     will: Message | None = None
     will_delay: int = 0
     ack_properties: dict[int, Any] = field(default_factory=dict)
+    bridge: bool = False  # another broker's bridge: its publishes are tagged, 3.x subscriptions get no-local
 
 
 # How MQTT answers an admission refusal (gateway.transport.admission.AdmissionRefusal): 3.1.1 code, 5.0 code.
@@ -69,6 +73,12 @@ def negotiate(packet: Connect, settings: Settings, peer: str, now_ms: int) -> Te
     client claims."""
     v5 = packet.protocol_level >= 5
     props = packet.properties
+    bridge = packet.bridge
+    if bridge and not settings.accept_bridges:  # Mosquitto's bridge then tries again as a plain client
+        raise Refusal(ConnackCode311.UNACCEPTABLE_PROTOCOL_VERSION, ReasonCode.UNSUPPORTED_PROTOCOL_VERSION,
+                      "bridges are not accepted (accept_bridges)")
+    if v5 and props and settings.accept_bridges:
+        bridge = bridge or BRIDGE_PROPERTY in props.get(PropertyId.USER_PROPERTY, ())
     ack: dict[int, Any] = {}
     client_id = packet.client_id
     if not client_id:
@@ -91,7 +101,7 @@ def negotiate(packet: Connect, settings: Settings, peer: str, now_ms: int) -> Te
         lifetime = settings.persistent_client_expiration or NEVER_EXPIRES
         expiry = 0 if packet.clean_start else min(lifetime, settings.max_session_expiry)
     terms = Terms(client_id, info, keepalive, expiry,
-                  min(settings.max_inflight, props.get(PropertyId.RECEIVE_MAXIMUM, 65535)))
+                  min(settings.max_inflight, props.get(PropertyId.RECEIVE_MAXIMUM, 65535)), bridge=bridge)
     if v5:
         terms.alias_max = props.get(PropertyId.TOPIC_ALIAS_MAXIMUM, 0)
         terms.max_packet = props.get(PropertyId.MAXIMUM_PACKET_SIZE, 0)

@@ -189,6 +189,7 @@ class Handshake(ChannelBase):
         self.max_packet = terms.max_packet
         self.will = terms.will
         self.will_delay = terms.will_delay
+        self.bridge = terms.bridge
 
     def _open_session(self, packet: Connect, terms: Terms) -> None:
         """Authenticated: a clean session the node can start at once is answered now; any other (a session to

@@ -79,7 +79,7 @@ class ChannelIo(Protocol):
 
 class ChannelBase:
     __slots__ = (
-        "_backlog", "_expiry_handle", "_holds", "_socket_full", "_state", "alias_max", "aliases_in", "auth",
+        "_backlog", "_expiry_handle", "_holds", "_socket_full", "_state", "alias_max", "aliases_in", "auth", "bridge",
         "clean_start", "client_id", "clock", "connected_at", "expiry", "inbound_qos2", "info", "io", "keepalive",
         "last_rx", "level", "limiter", "listener", "max_packet", "node", "parser", "paused", "peer",
         "pending_qos1", "session", "unacked_in", "will", "will_delay",
@@ -100,6 +100,7 @@ class ChannelBase:
         self.last_rx = now = clock.monotonic()
         self.connected_at = clock.time()  # for operators (admin API, dashboard)
         self.clean_start = True  # as the CONNECT said (for operators: a 5.0 session's expiry is separate)
+        self.bridge = False  # another broker's bridge (`Terms.bridge`), not a client
         self.paused = False
         self._holds = 0
         self._socket_full = False  # the transport asked us to stop writing

@@ -96,6 +96,8 @@ def _publish(p: Publish, level: int) -> bytes:
 
 def _connect(p: Connect, level: int) -> bytes:
     lvl_byte = 3 if p.protocol_name == "MQIsdp" and p.protocol_level == 4 else p.protocol_level
+    if p.bridge:
+        lvl_byte |= 0x80
     flags = 0x02 if p.clean_start else 0
     will = p.will
     if will is not None:

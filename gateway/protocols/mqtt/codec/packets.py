@@ -30,6 +30,8 @@ class Connect:
     properties: Properties = field(default_factory=dict)
     # "MQIsdp" (MQTT 3.1) is decoded with protocol_level 4; the encoder writes level byte 3 for it.
     protocol_name: str = "MQTT"
+    # The level byte's top bit (0x83, 0x84; 0x85 too): another broker's bridge (Mosquitto's `try_private`).
+    bridge: bool = False
 
 
 @dataclass(slots=True)

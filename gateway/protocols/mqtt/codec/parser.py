@@ -199,14 +199,15 @@ class Parser:
             raise protocol_error("second CONNECT")
         _check_flags(b0 & 15, 0, "CONNECT")
         name, pos = read_str(data, pos, end)
-        version, pos = read_u8(data, pos, end)
+        raw, pos = read_u8(data, pos, end)
+        version = raw & 0x7F  # the top bit: another broker's bridge (try_private); `negotiate` decides if it is let in
         if name == "MQTT" and version in (4, 5):
             level = version
         elif name == "MQIsdp" and version == 3:
             level = 4
         else:
             raise ProtocolError(
-                ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, f"unsupported protocol {name!r} level {version}"
+                ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, f"unsupported protocol {name!r} level {raw}"
             )
         flags, pos = read_u8(data, pos, end)
         if flags & 0x01:
@@ -244,7 +245,8 @@ class Parser:
             password, pos = read_bin(data, pos, end)
         _check_end(pos, end)
         self.protocol_level = level
-        return Connect(client_id, level, bool(flags & 0x02), keepalive, will, username, password, props, name)
+        return Connect(client_id, level, bool(flags & 0x02), keepalive, will, username, password, props, name,
+                       raw > 0x7F)
 
     def _connack(self, b0: int, data: bytes, pos: int, end: int, level: int) -> Packet:
         _check_flags(b0 & 15, 0, "CONNACK")

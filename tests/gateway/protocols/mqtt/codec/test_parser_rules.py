@@ -117,9 +117,22 @@ def test_client_side_parser_by_assigning_protocol_level() -> None:
 # -- CONNECT ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "level"), [("MQTT", 3), ("MQTT", 6), ("MQIsdp", 4), ("HTTP", 4)])
+@pytest.mark.parametrize(("name", "level"), [("MQTT", 3), ("MQTT", 6), ("MQIsdp", 4), ("HTTP", 4),
+                                            ("MQTT", 0x83), ("MQTT", 0x86), ("MQTT", 0x80), ("MQIsdp", 0x84)])
 def test_unsupported_protocol(name: str, level: int) -> None:
     reject(frame(0x10, connect_body(name, level)), RC.UNSUPPORTED_PROTOCOL_VERSION)
+
+
+@pytest.mark.parametrize(("name", "byte", "level"), [("MQTT", 0x84, 4), ("MQIsdp", 0x83, 4), ("MQTT", 0x85, 5)])
+def test_the_level_bytes_top_bit_marks_a_bridge(name: str, byte: int, level: int) -> None:
+    """Mosquitto's try_private: the level's top bit says the client is another broker's bridge."""
+    props = b"\x00" if level == 5 else b""
+    data = frame(0x10, s(name) + bytes((byte, 0x02)) + b"\x00\x3c" + props + s("cid"))
+    parser = Parser()
+    (pkt,) = parser.feed(data)
+    assert parser.protocol_level == level
+    assert pkt == Connect("cid", level, protocol_name=name, bridge=True)
+    assert encode(pkt, level) == data
 
 
 def test_mqisdp_level_3_is_treated_as_4() -> None:
