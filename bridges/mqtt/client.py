@@ -258,7 +258,7 @@ class ClientCore:
         will = o.will
         if will is not None and o.level != 5 and will.properties:
             will = Will(will.topic, will.payload, will.qos, will.retain)
-        # The codec writes the level byte as given (but for its own "MQIsdp" at level 4, the parser's form).
+        # The level byte goes as given: 3 ("MQIsdp"), 4 or 5, with 0x80 for Mosquitto's bridge bit.
         level = o.level | 0x80 if o.try_private and o.level != 5 else o.level
         packet = Connect(o.client_id, level, o.clean_start, o.keepalive, will, o.username, o.password, properties,
                          "MQIsdp" if o.level == 3 else "MQTT")
@@ -308,47 +308,38 @@ class ClientCore:
         return b"".join(out)
 
     def _handle(self, packet: Packet, events: list[Event]) -> None:
-        kind = type(packet)
-        if kind is Publish:
-            assert isinstance(packet, Publish)
+        if isinstance(packet, Publish):
             self._on_publish(packet, events)
-        elif kind is Puback:
-            assert isinstance(packet, Puback)
+        elif isinstance(packet, Puback):
             entry = self._outgoing.get(packet.packet_id)
             if entry is not None and entry.qos == 1 and entry.sent:
                 self._finish(packet.packet_id, packet.reason_code, events)
-        elif kind is Pubrec:
-            assert isinstance(packet, Pubrec)
+        elif isinstance(packet, Pubrec):
             self._on_pubrec(packet, events)
-        elif kind is Pubcomp:
-            assert isinstance(packet, Pubcomp)
+        elif isinstance(packet, Pubcomp):
             entry = self._outgoing.get(packet.packet_id)
             if entry is not None and entry.released:
                 self._finish(packet.packet_id, packet.reason_code, events)
-        elif kind is Pubrel:
-            assert isinstance(packet, Pubrel)
+        elif isinstance(packet, Pubrel):
             pid = packet.packet_id
             if pid in self._released:
                 self._released.discard(pid)
                 self._out.append(pubcomp(pid))
             else:  # already completed (our PUBCOMP was lost) or never seen: complete it anyway
                 self._out.append(encode(Pubcomp(pid, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND), self.options.level))
-        elif kind is Pingresp:
+        elif isinstance(packet, Pingresp):
             self._ping_due = None
-        elif kind is Suback:
-            assert isinstance(packet, Suback)
+        elif isinstance(packet, Suback):
             if self._requests.pop(packet.packet_id, None) == "subscribe":
                 events.append(Subscribed(packet.packet_id, packet.reason_codes))
-        elif kind is Unsuback:
-            assert isinstance(packet, Unsuback)
+        elif isinstance(packet, Unsuback):
             if self._requests.pop(packet.packet_id, None) == "unsubscribe":
                 events.append(Unsubscribed(packet.packet_id, packet.reason_codes))
-        elif kind is Disconnect and self.options.level == 5:
-            assert isinstance(packet, Disconnect)
+        elif isinstance(packet, Disconnect) and self.options.level == 5:
             self.state = State.CLOSED
             events.append(ServerDisconnect(packet.reason_code, packet.properties.get(P.REASON_STRING)))
         else:  # CONNECT, a second CONNACK, SUBSCRIBE, PINGREQ, AUTH (we never offer enhanced authentication)
-            raise ClientProtocolError(ReasonCode.PROTOCOL_ERROR, f"a server does not send {kind.__name__}")
+            raise ClientProtocolError(ReasonCode.PROTOCOL_ERROR, f"a server does not send {type(packet).__name__}")
 
     def _on_connack(self, packet: Connack, events: list[Event]) -> None:
         o = self.options

@@ -108,7 +108,8 @@ class LinkHandler(Protocol):
 
 
 class Link(asyncio.Protocol):
-    """One MQTT connection for a `ClientCore`. Open with `await Link.open(...)`."""
+    """One MQTT connection for a `ClientCore`: `link = Link(core, handler)`, then `await link.connect(host, port)`.
+    Made in the event loop it runs in."""
 
     def __init__(self, core: ClientCore, handler: LinkHandler, clock: Clock = SYSTEM_CLOCK) -> None:
         self.core = core
@@ -123,35 +124,35 @@ class Link(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._writable = True
         self._closing = False  # close() was called: the end is ours
+        self._used = False  # connect() was called
         self._exc: BaseException | None = None  # why we ended the connection ourselves
 
-    @classmethod
-    async def open(cls, core: ClientCore, handler: LinkHandler, host: str, port: int, *,
-                   tls: ssl.SSLContext | None = None, server_hostname: str | None = None,
-                   bind_address: str | None = None, connect_timeout: float = 10.0,
-                   clock: Clock = SYSTEM_CLOCK) -> Link:
+    async def connect(self, host: str, port: int, *, tls: ssl.SSLContext | None = None,
+                      server_hostname: str | None = None, bind_address: str | None = None,
+                      connect_timeout: float = 10.0) -> Connected:
         """Connect (TCP, TLS when `tls` is given, from `bind_address` if set), send CONNECT and wait for the
-        CONNACK, all within `connect_timeout` s. Raises ConnectRefused, ConnectTimeout or LinkError (TLS
-        failures included). Events that arrive with the CONNACK (re-sent publishes of a kept session) reach
-        `handler` before this returns."""
-        link = cls(core, handler, clock)
+        CONNACK, all within `connect_timeout` s; once per Link. Raises ConnectRefused, ConnectTimeout or LinkError
+        (TLS failures included). Events that come with the CONNACK (the re-sends of a kept session) reach the
+        handler before this returns: it may hold this Link already."""
+        if self._used:
+            raise LinkError("a Link connects once: make a new one (on the same core) to connect again")
+        self._used = True
         try:
             async with asyncio.timeout(connect_timeout):
-                await link._loop.create_connection(
-                    lambda: link, host, port, ssl=tls,
+                await self._loop.create_connection(
+                    lambda: self, host, port, ssl=tls,
                     server_hostname=(server_hostname or host) if tls is not None else None,
                     local_addr=(bind_address, 0) if bind_address else None)
-                await link._connack
+                return await self._connack
         except TimeoutError:
-            link.abort()
+            self.abort()
             raise ConnectTimeout(f"no CONNACK from {host}:{port} within {connect_timeout:g} s") from None
         except LinkError:
-            link.abort()
+            self.abort()
             raise
         except OSError as exc:  # ssl.SSLError included
-            link.abort()
+            self.abort()
             raise LinkError(f"cannot connect to {host}:{port}: {exc}") from exc
-        return link
 
     # --- asyncio.Protocol --------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
