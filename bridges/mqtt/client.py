@@ -50,7 +50,8 @@ from tidewire.gateway.protocols.mqtt.codec import (
 from tidewire.gateway.protocols.mqtt.codec import PropertyId as P
 from tidewire.gateway.protocols.mqtt.codec import ProtocolError as CodecError
 
-BRIDGE_PROPERTY = ("tidewire-bridge", "1")  # MQTT 5's stand-in for the 0x80 bridge bit of a 3.x CONNECT
+# MQTT 5's stand-in for the 0x80 bridge bit of a 3.x CONNECT: the server side's `connect.BRIDGE_PROPERTY`.
+BRIDGE_PROPERTY = ("tidewire-bridge", "1")
 # Properties that depend on the hop (as `gateway.protocols.mqtt.connect.PER_HOP`, not imported: that module pulls
 # in the node's settings): not part of a stored block.
 PER_HOP = (P.TOPIC_ALIAS, P.MESSAGE_EXPIRY_INTERVAL, P.SUBSCRIPTION_IDENTIFIER)
@@ -258,10 +259,9 @@ class ClientCore:
         will = o.will
         if will is not None and o.level != 5 and will.properties:
             will = Will(will.topic, will.payload, will.qos, will.retain)
-        # The level byte goes as given: 3 ("MQIsdp"), 4 or 5, with 0x80 for Mosquitto's bridge bit.
-        level = o.level | 0x80 if o.try_private and o.level != 5 else o.level
-        packet = Connect(o.client_id, level, o.clean_start, o.keepalive, will, o.username, o.password, properties,
-                         "MQIsdp" if o.level == 3 else "MQTT")
+        # The level byte goes as given (3 with "MQIsdp"); `bridge` sets its top bit.
+        packet = Connect(o.client_id, o.level, o.clean_start, o.keepalive, will, o.username, o.password, properties,
+                         "MQIsdp" if o.level == 3 else "MQTT", bridge=o.try_private and o.level != 5)
         return encode(packet, o.level)
 
     def connection_lost(self) -> None:

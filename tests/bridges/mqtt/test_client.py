@@ -23,6 +23,7 @@ from tidewire.bridges.mqtt.client import (
     Subscribed,
     Unsubscribed,
 )
+from tidewire.gateway.protocols.mqtt import connect
 from tidewire.gateway.protocols.mqtt.codec import (
     PINGRESP,
     Connack,
@@ -98,12 +99,15 @@ def test_connect_per_level_parses_back(level: int, name: bytes, byte: int) -> No
 def test_try_private_sets_the_bridge_bit_at_3x(level: int, prefix: bytes) -> None:
     data = ClientCore(ClientOptions("b1", level=level, try_private=True)).connect(T0)
     assert data[2:2 + len(prefix)] == prefix
+    [packet] = Parser().feed(data)  # Tidewire's server side reads it as a bridge
+    assert isinstance(packet, Connect) and packet.bridge and packet.protocol_level == 4
 
 
 def test_try_private_is_a_user_property_at_5() -> None:
     [packet] = Parser().feed(ClientCore(ClientOptions("b1", level=5, try_private=True)).connect(T0))
-    assert isinstance(packet, Connect) and packet.protocol_level == 5
+    assert isinstance(packet, Connect) and packet.protocol_level == 5 and not packet.bridge
     assert packet.properties[P.USER_PROPERTY] == [BRIDGE_PROPERTY]
+    assert BRIDGE_PROPERTY == connect.BRIDGE_PROPERTY  # the one Tidewire's server side looks for
 
 
 def test_options_are_checked() -> None:

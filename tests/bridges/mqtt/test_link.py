@@ -1,7 +1,8 @@
 """The bridge's MQTT client over asyncio (`Link` on a `ClientCore`) against a real Mosquitto 2.0.11, with paho
 clients on the other side: MQTT 3.1, 3.1.1 and 5.0, passwords, TLS and mutual TLS, QoS 0/1/2 both ways, the
 acknowledgement of what we receive only once stored (seen in a persistent session), Mosquitto's bridge mode
-(`try_private`), the in-flight cap, flow control, keepalive, the will, and a broker killed under the link."""
+(`try_private`), the in-flight cap, flow control, keepalive, the will, and a broker killed under the link; and
+once into Tidewire's own server, which takes the bridge the same way."""
 
 from __future__ import annotations
 
@@ -484,3 +485,22 @@ async def test_connect_timeout_and_refused_connection() -> None:
         await link.connect("127.0.0.1", port)
     with pytest.raises(LinkError, match="once"):
         await link.connect("127.0.0.1", port)
+
+
+# --- Tidewire's own server side ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("level", [4, 5])
+async def test_into_tidewire_as_a_bridge(tmp_path: Path, paho: Callable[..., PahoClient], level: int) -> None:
+    """The other end of issue 21: Tidewire takes `try_private` (the bit at 3.1.1, the user property at 5) and
+    gives a 3.x bridge's subscriptions No Local, as Mosquitto does."""
+    with Gateway(tmp_path / "tidewire", target="tidewire") as gw:
+        handler = Recorder(store=True)
+        link = await open_link(gw, handler, level=level, try_private=True, client_id=f"bridge-into-{level}")
+        await link.subscribe([("tw/#", 2, level == 5, level == 5)])
+        link.publish("tw/own", b"ours", 2, False, "ours")
+        await until(lambda: handler.acked == ["ours"])
+        pub = paho(gw.port)
+        await asyncio.to_thread(pub.connect)
+        await asyncio.to_thread(pub.publish, "tw/theirs", b"theirs", 1)
+        await until(lambda: len(handler.incoming) == 1)
+        assert handler.incoming[0].payload == b"theirs"  # not ours, which went first
+        link.close()
