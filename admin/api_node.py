@@ -48,8 +48,12 @@ def version() -> str:
 
 
 def redacted_config(settings: Settings) -> dict[str, Any]:
-    """The effective settings as JSON values; secrets, header values and passwords in URLs masked."""
-    values: dict[str, Any] = settings.model_dump(mode="json")
+    """The effective settings as JSON values; secrets, header values and passwords in URLs masked, also inside
+    nested settings (a bridge's `remote_password`)."""
+    return _redacted(settings.model_dump(mode="json"))
+
+
+def _redacted(values: dict[str, Any]) -> dict[str, Any]:
     for name, value in values.items():
         if any(word in name for word in _SECRET_WORDS) and not name.endswith(_NOT_SECRET_SUFFIXES):
             if value not in (None, "", [], {}):
@@ -58,6 +62,10 @@ def redacted_config(settings: Settings) -> dict[str, Any]:
             values[name] = {header: MASK for header in value}
         elif isinstance(value, str):
             values[name] = _URL_PASSWORD.sub(rf"\g<1>{MASK}@", value)
+        elif isinstance(value, dict):
+            values[name] = _redacted(value)
+        elif isinstance(value, list):
+            values[name] = [_redacted(item) if isinstance(item, dict) else item for item in value]
     return values
 
 

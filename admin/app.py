@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from tidewire.gateway.node import Node
 
 if TYPE_CHECKING:
+    from tidewire.bridges.runner import BridgeRunner
     from tidewire.gateway.protocols.amqp.server import AmqpServer
 
 log = logging.getLogger("tidewire.admin")
@@ -51,11 +52,12 @@ class ListenerSpec:
 
 @dataclass(slots=True)
 class Endpoints:
-    """What `gateway.server.serve` opened besides the node itself: the listeners with their bound ports, and
-    the AMQP backend (its connections are listed with the MQTT clients)."""
+    """What `gateway.server.serve` opened besides the node itself: the listeners with their bound ports, the
+    AMQP backend (its connections are listed with the MQTT clients) and the bridges."""
 
     listeners: list[ListenerSpec] = field(default_factory=list)
     amqp: AmqpServer | None = None
+    bridges: BridgeRunner | None = None
 
 
 def endpoints(request: Request) -> Endpoints:
@@ -190,6 +192,7 @@ def build_app(node: Node, token: str, endpoints: Endpoints | None = None) -> Fas
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     for router in (api_node.router(node), api_clients.router(node), api_messages.router(node),
                    _optional_router("tidewire.admin.api_banned", "router", node),
+                   _optional_router("tidewire.admin.api_bridges", "router", node),
                    _optional_router("tidewire.admin.metrics", "metrics_router", node)):
         if router is not None:
             app.include_router(router)

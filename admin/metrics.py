@@ -67,6 +67,38 @@ class NodeCollector(Collector):
         yield from self._levels(node)
         yield from self._traffic(node)
         yield from self._internals(node)
+        yield from self._bridges()
+
+    def _bridges(self) -> Iterator[Metric]:
+        """Each bridge as this node sees it; the lag as last measured (every `sys_interval`, or by the API)."""
+        runner = self.endpoints.bridges if self.endpoints is not None else None
+        if runner is None or not runner.bridges:
+            return
+        state = GaugeMetricFamily(f"{PREFIX}_bridge_state", "Each bridge's state on this node (value 1).",
+                                  labels=["bridge", "state"])
+        lag = GaugeMetricFamily(f"{PREFIX}_bridge_lag_messages", "Messages waiting to go out over the bridge.",
+                                labels=["bridge"])
+        age = GaugeMetricFamily(f"{PREFIX}_bridge_lag_seconds", "Age of the oldest message waiting to go out.",
+                                labels=["bridge"])
+        messages = CounterMetricFamily(f"{PREFIX}_bridge_messages", "Messages over the bridge, by direction and "
+                                       "outcome.", labels=["bridge", "direction", "result"])
+        links = CounterMetricFamily(f"{PREFIX}_bridge_links", "Links made and failed.", labels=["bridge", "result"])
+        for bridge in runner.bridges:
+            name = bridge.settings.name
+            c = bridge.counters
+            state.add_metric([name, str(bridge.state)], 1)
+            if bridge.lag_messages is not None:
+                lag.add_metric([name], bridge.lag_messages)
+            if bridge.lag_seconds is not None:
+                age.add_metric([name], bridge.lag_seconds)
+            for direction, result, value in (("out", "sent", c.sent), ("out", "acked", c.acked),
+                                             ("out", "redelivered", c.redelivered),
+                                             ("out", "refused", c.refused_by_remote), ("in", "received", c.received),
+                                             ("in", "stored", c.stored), ("in", "denied", c.denied)):
+                messages.add_metric([name, direction, result], value)
+            links.add_metric([name, "connected"], c.connects)
+            links.add_metric([name, "failed"], c.failures)
+        yield from (state, lag, age, messages, links)
 
     def _levels(self, node: Node) -> Iterator[Metric]:
         info = GaugeMetricFamily(f"{PREFIX}_info", "The node's id and version (value 1).",

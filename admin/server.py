@@ -17,6 +17,7 @@ import uvicorn
 
 from tidewire.admin.app import Endpoints, ListenerSpec, build_app
 from tidewire.admin.token import resolve_token
+from tidewire.bridges.runner import BridgeRunner
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.clock import Clock
 from tidewire.gateway.node import Node
@@ -77,6 +78,9 @@ def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequen
 
         found.listeners += [ListenerSpec("rocketmq", host, b.port, b.listener.max_connections if b.listener else None)
                             for b in backends if isinstance(b, RocketMQServer)]
+    for backend in backends:
+        if isinstance(backend, BridgeRunner):
+            found.bridges = backend
     return found
 
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.errors import ConfigError
 
 ListenerName = Literal["mqtt", "mqtts", "ws", "wss", "amqp", "amqps", "rocketmq"]
@@ -250,6 +251,20 @@ class LakeSettings(BaseModel):
                                     "counted as dropped, never waited for")
 
 
+class BridgeSection(BaseModel):
+    """`[bridges]`: Links to other MQTT brokers, each configured with Mosquitto's `connection` options by their
+    names (`[[bridges]]` tables here, or a file of Mosquitto bridge configuration read as Mosquitto reads it)."""
+
+    bridges: list[BridgeSettings] = Field(default_factory=list, description="MQTT bridges: one table each, with "
+                                          "Mosquitto's bridge options (name, addresses, topics, ...)")
+    mosquitto_bridge_file: Path | None = Field(None, description="a file of Mosquitto bridge configuration "
+                                               "(`connection` blocks; a whole mosquitto.conf may be given, its "
+                                               "other options are logged and ignored)")
+    bridge_lease_ttl: float = Field(15.0, ge=0.3, description="s a bridge's lease lasts (renewed every third of "
+                                    "it): one node of a cluster runs each bridge, and another takes it over "
+                                    "within this after that node dies")
+
+
 class AdminSettings(BaseModel):
     """`[admin]`: Operations: the admin HTTP port (metrics, API, dashboard, health), draining, bans, $SYS and
     logging."""
@@ -277,14 +292,15 @@ class AdminSettings(BaseModel):
 # Section name (its table in the config file) -> its model, in the order the reference lists them.
 SECTIONS: dict[str, type[BaseModel]] = {
     "listeners": ListenerSettings, "mqtt": MqttSettings, "security": SecuritySettings, "store": StoreSettings,
-    "cluster": ClusterSettings, "backends": BackendSettings, "lake": LakeSettings, "admin": AdminSettings,
+    "cluster": ClusterSettings, "backends": BackendSettings, "lake": LakeSettings, "bridges": BridgeSection,
+    "admin": AdminSettings,
 }
 # Settings a flag would show in the process list: file or environment only.
 SECRETS = frozenset({"cluster_secret", "api_token", "jwt_secret", "http_auth_headers"})
 
 
-class Settings(BaseSettings, AdminSettings, LakeSettings, BackendSettings, ClusterSettings, StoreSettings,
-               SecuritySettings, MqttSettings, ListenerSettings):
+class Settings(BaseSettings, AdminSettings, BridgeSection, LakeSettings, BackendSettings, ClusterSettings,
+               StoreSettings, SecuritySettings, MqttSettings, ListenerSettings):
     """Every knob of a node. Env var: `TIDEWIRE_<FIELD>` (upper case), e.g. `TIDEWIRE_PORT=1884`."""
 
     model_config = SettingsConfigDict(env_prefix="TIDEWIRE_", extra="forbid")

@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 import urllib.parse
@@ -15,7 +16,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tidewire.errors import MissingExtra, StartupError
+from tidewire.bridges.mqtt.settings import BridgeSettings
+from tidewire.bridges.runner import BridgeRunner, configured_bridges
+from tidewire.errors import ConfigError, MissingExtra, StartupError
 from tidewire.gateway import extras
 from tidewire.gateway.cluster import ClusterRole
 from tidewire.gateway.config import Settings
@@ -61,11 +64,13 @@ class Backend(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OptionalParts:
-    """The optional listeners this node runs: on in the settings and their extra installed."""
+    """The optional parts this node runs: the listeners on in the settings with their extra installed, and the
+    bridges the settings and the Mosquitto bridge file configure."""
 
     amqp: bool
     rocketmq: bool
     admin: bool
+    bridges: tuple[BridgeSettings, ...] = ()
 
 
 def _listener_on(settings: Settings, extra: str, fields: tuple[str, ...], what: str) -> bool:
@@ -92,9 +97,14 @@ def optional_parts(settings: Settings) -> OptionalParts:
         extras.require("http-auth", "HTTP authentication (http_auth_url)")
     if settings.lake_dir is not None:
         extras.require("lake", "the lake (lake_dir)")
+    try:
+        bridges = configured_bridges(settings.bridges, settings.mosquitto_bridge_file, socket.gethostname())
+    except (ConfigError, OSError) as exc:
+        raise StartupError(f"bridges: {exc}") from exc
     return OptionalParts(amqp=_listener_on(settings, "amqp", ("amqp_port", "amqps_port"), "AMQP"),
                          rocketmq=_listener_on(settings, "rocketmq", ("rocketmq_port",), "RocketMQ"),
-                         admin=_listener_on(settings, "admin", ("admin_port",), "admin HTTP"))
+                         admin=_listener_on(settings, "admin", ("admin_port",), "admin HTTP"),
+                         bridges=tuple(bridges))
 
 
 def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts) -> list[Backend]:
@@ -117,6 +127,8 @@ def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts)
         events = Lake(None, settings.lake_dir, settings.node_id, events=node.events, node=settings.node_id,
                       bridge=False, flush_rows=settings.lake_flush_rows, flush_seconds=settings.lake_flush_seconds)
         backends.append(LakeRunner(events, bridge_command(settings) if settings.lake_bridge else None, node.clock))
+    if parts.bridges:
+        backends.append(BridgeRunner(node, list(parts.bridges)))
     return backends
 
 

@@ -4,6 +4,7 @@ current by a test), `show` prints the settings a node would run with, by section
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,6 +48,7 @@ def _default(name: str, value: Any) -> str:
 
 def _type(annotation: Any) -> str:
     text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
+    text = re.sub(r"tidewire\.[\w.]+\.(\w+)", r"\1", text)  # a model of ours by its own name
     return text.replace("<class '", "").replace("'>", "").replace("|", "\\|")
 
 

@@ -427,3 +427,19 @@ def bans_command(ctx: typer.Context, limit: LimitOpt = 100, page: PageOpt = 1, j
                      [[b.get("as"), b.get("who"), b.get("reason") or "-", when(b.get("at")),
                        when(b.get("until")) if b.get("until") is not None else "for ever"] for b in rows]))
     typer.echo(_meta_line(answer, len(rows), "ban"))
+
+
+@ctl_app.command("bridges")
+def bridges_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+    """The node's MQTT bridges: state, address, messages out and in, and the lag of what waits to go out."""
+    opts = _options(ctx, json_out)
+    answer = call(opts, "GET", "/api/v1/bridges")
+    if _printed_json(opts, answer):
+        return
+    rows = _rows(answer)
+    typer.echo(table(["NAME", "STATE", "ADDRESS", "SENT", "ACKED", "REDELIVERED", "RECEIVED", "STORED", "DENIED",
+                      "LAG", "LAG_AGE", "LAST_ERROR"],
+                     [[b.get("name"), b.get("state"), b.get("address"), b.get("sent"), b.get("acked"),
+                       b.get("redelivered"), b.get("received"), b.get("stored"), b.get("denied"),
+                       b.get("lag_messages"), duration(b.get("lag_seconds")) if b.get("lag_seconds") else "-",
+                       b.get("last_error") or "-"] for b in rows]))

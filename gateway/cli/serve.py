@@ -21,7 +21,7 @@ from tidewire.gateway.config import SECRETS, Settings, section_of
 from tidewire.gateway.ops.logs import setup_logging
 
 # Flags kept from before the flags were generated, besides the generated `--<name>`.
-ALIASES: dict[str, tuple[str, ...]] = {"lake_dir": ("--lake",)}
+ALIASES: dict[str, tuple[str, ...]] = {"lake_dir": ("--lake",), "mosquitto_bridge_file": ("--mosquitto-bridge",)}
 
 
 def flag_of(name: str) -> str:

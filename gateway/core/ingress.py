@@ -84,15 +84,24 @@ NOT_AUTHORIZED = "not authorized"
 
 def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInfo, topic: str) -> str | None:
     """Why `client` may not publish to `topic`: `INVALID_TOPIC` (empty, wildcards, over the configured levels
-    or length), `NOT_AUTHORIZED` (`$SYS` or the ACL); None: it may."""
+    or length), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, or the ACL); None: it may."""
     if not topic or "+" in topic or "#" in topic or "\x00" in topic or topic.count("/") >= settings.max_topic_levels:
         return INVALID_TOPIC
     limit = settings.max_topic_length
     if len(topic) > limit or (len(topic) * 4 > limit and len(topic.encode()) > limit):
         return INVALID_TOPIC
-    if topic.startswith("$SYS") or not authorizer.allow_publish(client, topic):
+    if topic.startswith("$SYS") and not speaks_for_itself(client, topic):
+        return NOT_AUTHORIZED
+    if not authorizer.allow_publish(client, topic):
         return NOT_AUTHORIZED
     return None
+
+
+def speaks_for_itself(client: ClientInfo, topic: str) -> bool:
+    """The one `$SYS` topic a client may write (the ACL still applies): its own bridge state,
+    `$SYS/broker/connection/<its client id>/state`, which a Mosquitto bridge (or Tidewire's) publishes and
+    leaves as its will by default (its `notifications`). Any other `$SYS` topic is the broker's own."""
+    return topic == f"$SYS/broker/connection/{client.client_id}/state"
 
 
 def tell_sinks(acks: list[tuple[DurableSink, Any]], reason: str = "") -> None:

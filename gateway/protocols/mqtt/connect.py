@@ -11,9 +11,10 @@ from typing import Any
 from tidewire.extensions.authentication import Failure
 from tidewire.extensions.hooks import Authorizer, ClientInfo
 from tidewire.gateway.config import Settings
+from tidewire.gateway.core.ingress import speaks_for_itself
 from tidewire.gateway.core.topics import valid_topic_name
 from tidewire.gateway.protocols.mqtt.codec import ConnackCode311, Connect, PropertyId, ReasonCode, encode_properties
-from tidewire.store.base import NEVER_EXPIRES, Message
+from tidewire.store.base import NEVER_EXPIRES, PROTOCOL_BRIDGE, PROTOCOL_MQTT, Message
 
 # The CONNECT user property by which an MQTT 5 bridge says it is one (MQTT 5 has no level bit for it).
 BRIDGE_PROPERTY = ("tidewire-bridge", "1")
@@ -113,7 +114,8 @@ def negotiate(packet: Connect, settings: Settings, peer: str, now_ms: int) -> Te
             raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.TOPIC_NAME_INVALID, "will topic too long")
         will_props = {k: v for k, v in will.properties.items() if k != PropertyId.WILL_DELAY_INTERVAL}
         terms.will = Message(will.topic, will.payload, will.qos, will.retain, stored_properties(will_props), 0,
-                             expires_at(will.properties, now_ms), client_id)
+                             expires_at(will.properties, now_ms), client_id,
+                             protocol=PROTOCOL_BRIDGE if bridge else PROTOCOL_MQTT)
         terms.will_delay = will.properties.get(PropertyId.WILL_DELAY_INTERVAL, 0) if v5 else 0
     if v5:
         if settings.max_inbound_qos2 < 65535:
@@ -130,7 +132,8 @@ def negotiate(packet: Connect, settings: Settings, peer: str, now_ms: int) -> Te
 def check_will(terms: Terms, authorizer: Authorizer) -> None:
     """Once the client is authenticated: may it leave this will? `Refusal` if not."""
     will = terms.will
-    if will is not None and (will.topic.startswith("$SYS") or not authorizer.allow_publish(terms.info, will.topic)):
+    if will is not None and ((will.topic.startswith("$SYS") and not speaks_for_itself(terms.info, will.topic))
+                             or not authorizer.allow_publish(terms.info, will.topic)):
         raise Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, "will denied")
 
 

@@ -37,3 +37,13 @@ def test_refuse_publish_names_the_reason() -> None:
         assert refuse_publish(settings, AllowAll(), who, bad) == INVALID_TOPIC, bad
     assert refuse_publish(settings, AllowAll(), who, "$SYS/x") == NOT_AUTHORIZED
     assert refuse_publish(settings, _DenyAll(), who, "a/b") == NOT_AUTHORIZED
+
+
+def test_a_client_may_write_only_its_own_bridge_state_under_sys() -> None:
+    settings = Settings()
+    who = ClientInfo("bridge-1", "u")
+    assert refuse_publish(settings, AllowAll(), who, "$SYS/broker/connection/bridge-1/state") is None
+    for other in ("$SYS/broker/connection/bridge-2/state", "$SYS/broker/connection/bridge-1/state/x",
+                  "$SYS/broker/connection/bridge-1", "$SYS/brokers/n1/stats/uptime"):
+        assert refuse_publish(settings, AllowAll(), who, other) == NOT_AUTHORIZED, other
+    assert refuse_publish(settings, _DenyAll(), who, "$SYS/broker/connection/bridge-1/state") == NOT_AUTHORIZED
