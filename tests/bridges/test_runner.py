@@ -43,13 +43,13 @@ def test_two_bridges_with_one_name_are_refused_before_the_node_starts(tmp_path: 
     settings = Settings(**read_config_file(config), mosquitto_bridge_file=mosquitto)
     with pytest.raises(ConfigError, match="cloud"):
         configured_bridges(settings.bridges, settings.mosquitto_bridge_file, "gw1")
-    with pytest.raises(StartupError, match="bridges: .*cloud"):
+    with pytest.raises(StartupError, match=r"bridges: .*cloud"):
         optional_parts(settings)
 
 
 def test_a_bad_mosquitto_file_names_its_line(tmp_path: Path) -> None:
     mosquitto = tmp_path / "bridge.conf"
     mosquitto.write_text("connection edge\naddress 10.0.0.2\ntopic cmd/# sideways 1\n")
-    with pytest.raises(StartupError, match="bridge.conf:3"):
+    with pytest.raises(StartupError, match=r"bridge\.conf:3"):
         optional_parts(Settings(mosquitto_bridge_file=mosquitto, amqp_port=None, rocketmq_port=None,
                                 admin_port=None))
