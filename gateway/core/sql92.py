@@ -1,76 +1,156 @@
-"""A SQL92 subset as predicates over named values (moved from the RocketMQ filters, which use it over user
-properties): `=`, `<>`, `<`, `>`, `<=`, `>=`, `AND`, `OR`, `NOT`, `IS [NOT] NULL`, `[NOT] BETWEEN x AND y`,
-`[NOT] IN ('a', 'b')`, parentheses, string literals ('it''s'), numbers, TRUE/FALSE. Anything else is refused with
-a reason (`FilterError`), never an exception.
+"""A SQL92 subset as three-valued predicates over named values: the condition language of RocketMQ's SQL filters
+(over a message's user properties) and of the rules' WHERE (over a message's topic, client and JSON payload).
+
+`=`, `<>` (`!=`), `<`, `>`, `<=`, `>=`, `AND`, `OR`, `NOT`, `IS [NOT] NULL`, `[NOT] BETWEEN x AND y`,
+`[NOT] IN ('a', 1)`, parentheses, string literals ('it''s'), numbers, TRUE/FALSE; keywords in any case.
+
+A value (`Value`) is a string, a number, a boolean or None (absent, or JSON's null). Comparisons:
+
+- number against number: numerically (integers exactly);
+- string against number: the string read as a number (RocketMQ's properties are all strings, so `level > 5`
+  reads "9" as 9); a string that is not a number makes the comparison unknown;
+- string against string: equality only; an ordering between two strings is unknown (as in RocketMQ);
+- TRUE/FALSE: equality only, against a boolean or the strings "true"/"false" in any case.
+
+SQL's three-valued logic: an absent value makes a comparison unknown, NOT unknown is unknown, and a predicate
+holds only when the whole expression is true (callers test `is True`). Anything else is refused with a reason and
+the character offset it points at (`SqlError`), never an exception; an expression is bounded in length
+(`MAX_EXPRESSION`), nesting (`MAX_DEPTH`) and IN lists (`MAX_IN_LIST`).
+
+A language built on the subset (`Dialect`) chooses how a name is written (plain: `a.b$c`; the rules: paths such
+as `payload."a-b"[1]`), adds keywords and punctuation of its own, tokenizes its whole statement (`tokenize`) and
+hands the condition's tokens to `parse_condition`, with a hook that checks or rewrites each name.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
+MAX_EXPRESSION = 4096  # characters
 MAX_DEPTH = 32  # nesting of parentheses / NOT
 MAX_IN_LIST = 256
 
+Value = str | float | int | bool | None
+Values = Mapping[str, Value]
+Operand = Callable[[Values], Value]
+Predicate = Callable[[Values], bool | None]
 
-class FilterError(NamedTuple):
+
+class SqlError(NamedTuple):
+    """Why an expression is refused, and the character offset (0-based) it points at."""
+
     reason: str
+    position: int
 
 
-Value = str | float | bool | None
-Operand = Callable[[dict[str, str]], Value]
-Predicate = Callable[[dict[str, str]], bool | None]
+# A name as written -> the key to look it up by, or why it is refused (`position`: an offset inside the name).
+NameHook = Callable[[str], str | SqlError]
 
-_TOKEN = re.compile(r"""
-    \s*(?:
-      (?P<string>'(?:[^']|'')*')
-    | (?P<number>-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
-    | (?P<op><>|<=|>=|!=|=|<|>|\(|\)|,)
-    | (?P<word>[A-Za-z_$][A-Za-z0-9_.$]*)
-    )""", re.VERBOSE)
 _KEYWORDS = frozenset({"AND", "OR", "NOT", "IS", "NULL", "BETWEEN", "IN", "TRUE", "FALSE"})
+_OPERATORS = ("<>", "<=", ">=", "!=", "=", "<", ">", "(", ")", ",")
 _COMPARISONS = frozenset({"=", "<>", "!=", "<", ">", "<=", ">="})
 
 
-class _Token(NamedTuple):
+@dataclass(frozen=True)
+class Dialect:
+    """The lexical choices of a language built on the subset: how a name is written (a regular expression, no
+    groups of its own), and keywords and punctuation it adds. Its tokens come out of `tokenize`."""
+
+    name: str = r"[A-Za-z_$][A-Za-z0-9_.$]*"
+    keywords: frozenset[str] = frozenset()
+    operators: tuple[str, ...] = ()
+    token: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    all_keywords: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Longest operators first, so `<=` is never read as `<` then `=`.
+        operators = sorted({*_OPERATORS, *self.operators}, key=len, reverse=True)
+        pattern = (r"\s*(?:(?P<string>'(?:[^']|'')*')"
+                   r"|(?P<number>-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+                   f"|(?P<op>{'|'.join(re.escape(op) for op in operators)})"
+                   f"|(?P<word>{self.name}))")
+        object.__setattr__(self, "token", re.compile(pattern))
+        object.__setattr__(self, "all_keywords", _KEYWORDS | {k.upper() for k in self.keywords})
+
+
+PLAIN = Dialect()  # names as RocketMQ's properties are written
+
+
+class Token(NamedTuple):
     kind: str  # string, number, op, word, keyword, end
-    text: str
+    text: str  # keywords upper-cased; strings with their quotes
+    position: int
 
 
-def _tokenize(text: str) -> list[_Token] | FilterError:
-    tokens: list[_Token] = []
+def tokenize(text: str, dialect: Dialect = PLAIN) -> list[Token] | SqlError:
+    """The tokens of `text`, ending with an `end` token."""
+    tokens: list[Token] = []
     pos = 0
     end = len(text.rstrip())
     while pos < end:
-        match = _TOKEN.match(text, pos)
+        match = dialect.token.match(text, pos)
         if match is None or match.end() == pos:
-            return FilterError(f"unexpected character at {pos}: {text[pos:pos + 10]!r}")
+            at = pos + len(text[pos:]) - len(text[pos:].lstrip())
+            return SqlError(f"unexpected character {text[at:at + 10]!r}", at)
         kind = match.lastgroup or ""
         value = match.group(kind)
-        if kind == "word" and value.upper() in _KEYWORDS:
-            tokens.append(_Token("keyword", value.upper()))
+        start = match.start(kind)
+        if kind == "word" and value.upper() in dialect.all_keywords:
+            tokens.append(Token("keyword", value.upper(), start))
         else:
-            tokens.append(_Token(kind, value))
+            tokens.append(Token(kind, value, start))
         pos = match.end()
-    tokens.append(_Token("end", ""))
+    tokens.append(Token("end", "", len(text)))
     return tokens
 
 
-class _SqlError(Exception):
-    """Internal to the parser: turned into a FilterError at its boundary."""
+def parse_sql(expression: str, dialect: Dialect = PLAIN, names: NameHook | None = None) -> Predicate | SqlError:
+    """The predicate of a whole expression (True, False or None: unknown)."""
+    if len(expression) > MAX_EXPRESSION:
+        return SqlError(f"expression over {MAX_EXPRESSION} characters", MAX_EXPRESSION)
+    if not expression.strip():
+        return SqlError("empty SQL expression", 0)
+    tokens = tokenize(expression, dialect)
+    if isinstance(tokens, SqlError):
+        return tokens
+    return parse_condition(tokens, 0, names)
+
+
+def parse_condition(tokens: Sequence[Token], start: int, names: NameHook | None = None) -> Predicate | SqlError:
+    """The predicate of `tokens[start:]`, which must run to the `end` token (as `tokenize` leaves it); `names`
+    maps each name to the key it is looked up by (unchanged when None)."""
+    parser = _Parser(tokens, start, names)
+    try:
+        predicate = parser.expression()
+        if parser.peek().kind != "end":
+            raise _Refused(f"unexpected {parser.peek().text!r}", parser.peek().position)
+    except _Refused as refused:
+        return SqlError(*refused.args)
+    return predicate
+
+
+class _Refused(Exception):
+    """Internal to the parser (reason, position): turned into an SqlError at its boundary."""
+
+
+def _found(token: Token) -> str:
+    return repr(token.text) if token.kind != "end" else "the end"
 
 
 class _Parser:
-    def __init__(self, tokens: list[_Token]) -> None:
+    def __init__(self, tokens: Sequence[Token], start: int, names: NameHook | None) -> None:
         self.tokens = tokens
-        self.pos = 0
+        self.pos = start
         self.depth = 0
+        self.names = names
 
-    def peek(self) -> _Token:
+    def peek(self) -> Token:
         return self.tokens[self.pos]
 
-    def take(self) -> _Token:
+    def take(self) -> Token:
         token = self.tokens[self.pos]
         if token.kind != "end":
             self.pos += 1
@@ -85,12 +165,12 @@ class _Parser:
 
     def expect(self, kind: str, text: str) -> None:
         if not self.accept(kind, text):
-            raise _SqlError(f"expected {text!r} but found {self.peek().text or 'the end'!r}")
+            raise _Refused(f"expected {text!r} but found {_found(self.peek())}", self.peek().position)
 
-    def nested(self) -> None:
+    def nested(self, token: Token) -> None:
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            raise _SqlError(f"expression nested deeper than {MAX_DEPTH}")
+            raise _Refused(f"expression nested deeper than {MAX_DEPTH}", token.position)
 
     def expression(self) -> Predicate:
         terms = [self.conjunction()]
@@ -105,27 +185,28 @@ class _Parser:
         return terms[0] if len(terms) == 1 else _all(terms)
 
     def negation(self) -> Predicate:
+        token = self.peek()
         if self.accept("keyword", "NOT"):
-            self.nested()
+            self.nested(token)
             inner = self.negation()
             self.depth -= 1
-            return lambda props: None if (v := inner(props)) is None else not v
+            return lambda values: None if (v := inner(values)) is None else not v
         return self.predicate()
 
     def predicate(self) -> Predicate:
+        token = self.peek()
         if self.accept("op", "("):
-            self.nested()
+            self.nested(token)
             inner = self.expression()
             self.expect("op", ")")
             self.depth -= 1
             return inner
-        token = self.peek()
         after = self.tokens[min(self.pos + 1, len(self.tokens) - 1)]
         if token.kind == "keyword" and token.text in ("TRUE", "FALSE") and not (
                 after.kind == "op" and after.text in _COMPARISONS):
             self.take()
             flag = token.text == "TRUE"
-            return lambda props: flag
+            return lambda values: flag
         left = self.operand()
         token = self.peek()
         if token.kind == "op" and token.text in _COMPARISONS:
@@ -134,7 +215,9 @@ class _Parser:
         if self.accept("keyword", "IS"):
             negate = self.accept("keyword", "NOT")
             self.expect("keyword", "NULL")
-            return (lambda props: left(props) is not None) if negate else (lambda props: left(props) is None)
+            if negate:
+                return lambda values: left(values) is not None
+            return lambda values: left(values) is None
         negate = self.accept("keyword", "NOT")
         if self.accept("keyword", "BETWEEN"):
             low = self.operand()
@@ -144,76 +227,71 @@ class _Parser:
         elif self.accept("keyword", "IN"):
             test = self.membership(left)
         elif negate:
-            raise _SqlError("NOT must be followed by BETWEEN or IN here")
+            raise _Refused("NOT must be followed by BETWEEN or IN here", token.position)
         else:
-            raise _SqlError(f"expected a comparison after an operand, found {token.text or 'the end'!r}")
-        return (lambda props: None if (v := test(props)) is None else not v) if negate else test
+            raise _Refused(f"expected a comparison after an operand, found {_found(token)}", token.position)
+        return (lambda values: None if (v := test(values)) is None else not v) if negate else test
 
     def membership(self, left: Operand) -> Predicate:
         self.expect("op", "(")
-        values: list[Value] = []
+        listed: list[Value] = []
         while True:
             token = self.take()
             if token.kind == "string":
-                values.append(_unquote(token.text))
+                listed.append(_unquote(token.text))
             elif token.kind == "number":
-                values.append(float(token.text))
+                listed.append(_number_literal(token.text))
             else:
-                raise _SqlError("IN takes a list of literals")
-            if len(values) > MAX_IN_LIST:
-                raise _SqlError(f"IN list longer than {MAX_IN_LIST}")
+                raise _Refused("IN takes a list of literals", token.position)
+            if len(listed) > MAX_IN_LIST:
+                raise _Refused(f"IN list longer than {MAX_IN_LIST}", token.position)
             if self.accept("op", ")"):
                 break
             self.expect("op", ",")
-        return _any([_comparison("=", left, _constant(value)) for value in values])
+        return _any([_comparison("=", left, _constant(value)) for value in listed])
 
     def operand(self) -> Operand:
         token = self.take()
         if token.kind == "word":
-            name = token.text
-            return lambda props: props.get(name)
+            key = token.text
+            if self.names is not None:
+                named = self.names(key)
+                if isinstance(named, SqlError):
+                    raise _Refused(named.reason, token.position + named.position)
+                key = named
+            return lambda values: values.get(key)
         if token.kind == "string":
-            text = _unquote(token.text)
-            return lambda props: text
+            return _constant(_unquote(token.text))
         if token.kind == "number":
-            number = float(token.text)
-            return lambda props: number
+            return _constant(_number_literal(token.text))
         if token.kind == "keyword" and token.text in ("TRUE", "FALSE"):
-            flag = token.text == "TRUE"
-            return lambda props: flag
-        raise _SqlError(f"expected a property, a literal or '(' but found {token.text or 'the end'!r}")
-
-
-def parse_sql(expression: str) -> Predicate | FilterError:
-    """The predicate of a SQL92-subset expression over user properties (True, False or None: unknown)."""
-    if not expression.strip():
-        return FilterError("empty SQL expression")
-    tokens = _tokenize(expression)
-    if isinstance(tokens, FilterError):
-        return tokens
-    parser = _Parser(tokens)
-    try:
-        predicate = parser.expression()
-        if parser.peek().kind != "end":
-            raise _SqlError(f"unexpected {parser.peek().text!r}")
-    except _SqlError as exc:
-        return FilterError(f"SQL filter: {exc}")
-    return predicate
+            return _constant(token.text == "TRUE")
+        raise _Refused(f"expected a name, a literal or '(' but found {_found(token)}", token.position)
 
 
 def _constant(value: Value) -> Operand:
-    return lambda props: value
+    return lambda values: value
 
 
 def _unquote(literal: str) -> str:
     return literal[1:-1].replace("''", "'")
 
 
+def _number_literal(text: str) -> int | float:
+    # An integer literal stays an int: a JSON integer past 2**53 compares exactly.
+    if text.lstrip("-").isdigit():
+        try:
+            return int(text)
+        except ValueError:  # past Python's digit limit for int(str)
+            pass
+    return float(text)
+
+
 def _any(terms: list[Predicate]) -> Predicate:
-    def test(props: dict[str, str]) -> bool | None:
+    def test(values: Values) -> bool | None:
         unknown = False
         for term in terms:
-            value = term(props)
+            value = term(values)
             if value:
                 return True
             unknown = unknown or value is None
@@ -223,10 +301,10 @@ def _any(terms: list[Predicate]) -> Predicate:
 
 
 def _all(terms: list[Predicate]) -> Predicate:
-    def test(props: dict[str, str]) -> bool | None:
+    def test(values: Values) -> bool | None:
         unknown = False
         for term in terms:
-            value = term(props)
+            value = term(values)
             if value is False:
                 return False
             unknown = unknown or value is None
@@ -235,20 +313,24 @@ def _all(terms: list[Predicate]) -> Predicate:
     return test
 
 
-def _number(value: Value) -> float | None:
-    if isinstance(value, bool):
+def _number(value: Value) -> int | float | None:
+    if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, float):
+    if isinstance(value, int | float):
         return value
     try:
-        return float(value) if value is not None else None
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        return float(value)
     except ValueError:
         return None
 
 
 def _comparison(op: str, left: Operand, right: Operand) -> Predicate:
-    def test(props: dict[str, str]) -> bool | None:
-        a, b = left(props), right(props)
+    def test(values: Values) -> bool | None:
+        a, b = left(values), right(values)
         if a is None or b is None:
             return None
         if isinstance(a, bool) or isinstance(b, bool):  # TRUE/FALSE against a property's "true"/"false"

@@ -1,18 +1,19 @@
 """RocketMQ subscription filters as message matchers: tag expressions (`*`, `a || b`) and a SQL92 subset over
 user properties (the one RocketMQ documents for its SQL filter).
 
-SQL: `=`, `<>`, `<`, `>`, `<=`, `>=`, `AND`, `OR`, `NOT`, `IS [NOT] NULL`, `[NOT] BETWEEN x AND y`,
-`[NOT] IN ('a', 'b')`, parentheses, string literals ('it''s'), numbers, TRUE/FALSE. Property values are
-strings: an ordering (`<`, `BETWEEN`) compares numbers, and a value that is not a number makes it unknown.
-SQL's three-valued logic: a missing property makes a comparison unknown, and a message matches only when the
-whole expression is true. Anything else is refused with a reason (`FilterError`), never an exception.
+SQL: the subset of `tidewire.gateway.core.sql92` with plain names (`a.b`), over the message's user properties.
+Property values are strings: an ordering (`<`, `BETWEEN`) compares numbers, and a value that is not a number
+makes it unknown. SQL's three-valued logic: a missing property makes a comparison unknown, and a message matches
+only when the whole expression is true. Anything else is refused with a reason (`FilterError`), never an
+exception.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
-from tidewire.gateway.core.sql92 import FilterError, parse_sql
+from tidewire.gateway.core.sql92 import MAX_EXPRESSION, SqlError, parse_sql
 from tidewire.store.base import Message
 from tidewire.store.properties import Properties
 
@@ -20,9 +21,12 @@ from .mapping import TAG_PROPERTY
 
 TAG = 1  # definition_pb2.FilterType
 SQL = 2
-MAX_EXPRESSION = 4096  # characters
 
 Matcher = Callable[[Message], bool]
+
+
+class FilterError(NamedTuple):
+    reason: str
 
 
 def compile_filter(filter_type: int, expression: str) -> Matcher | FilterError | None:
@@ -31,8 +35,8 @@ def compile_filter(filter_type: int, expression: str) -> Matcher | FilterError |
         return FilterError(f"filter expression over {MAX_EXPRESSION} characters")
     if filter_type == SQL:
         parsed = parse_sql(expression)
-        if isinstance(parsed, FilterError):
-            return parsed
+        if isinstance(parsed, SqlError):
+            return FilterError(f"SQL filter: {parsed.reason} (at character {parsed.position})")
         return lambda message: parsed(_user_properties(message)) is True
     if filter_type not in (0, TAG):
         return FilterError("unknown filter type")
