@@ -77,4 +77,3 @@ def test_limits() -> None:
     assert isinstance(compile_filter(SQL, "a = 1 OR " * 1000 + "a = 1"), FilterError)  # over 4096 characters
     assert isinstance(compile_filter(SQL, "a IN (" + ", ".join(["'x'"] * 300) + ")"), FilterError)
     assert isinstance(compile_filter(7, "a"), FilterError)
-
