@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from tidewire.gateway.node import Node
 
 if TYPE_CHECKING:
+    from tidewire.bridges.rules.engine import RuleEngine
     from tidewire.bridges.runner import BridgeRunner
     from tidewire.gateway.protocols.amqp.server import AmqpServer
 
@@ -58,6 +59,7 @@ class Endpoints:
     listeners: list[ListenerSpec] = field(default_factory=list)
     amqp: AmqpServer | None = None
     bridges: BridgeRunner | None = None
+    rules: RuleEngine | None = None
 
 
 def endpoints(request: Request) -> Endpoints:
@@ -193,6 +195,7 @@ def build_app(node: Node, token: str, endpoints: Endpoints | None = None) -> Fas
     for router in (api_node.router(node), api_clients.router(node), api_messages.router(node),
                    _optional_router("tidewire.admin.api_banned", "router", node),
                    _optional_router("tidewire.admin.api_bridges", "router", node),
+                   _optional_router("tidewire.admin.api_rules", "router", node),
                    _optional_router("tidewire.admin.metrics", "metrics_router", node)):
         if router is not None:
             app.include_router(router)

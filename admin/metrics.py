@@ -68,6 +68,19 @@ class NodeCollector(Collector):
         yield from self._traffic(node)
         yield from self._internals(node)
         yield from self._bridges()
+        yield from self._rules()
+
+    def _rules(self) -> Iterator[Metric]:
+        engine = self.endpoints.rules if self.endpoints is not None else None
+        if engine is None or not engine.runners:
+            return
+        results = CounterMetricFamily(f"{PREFIX}_rule_results", "Results of each rule on this node: matched (handed "
+                                      "to its action, retries included), sent, failed (attempts), dead_lettered.",
+                                      labels=["rule", "result"])
+        for name, runner in sorted(engine.runners.items()):
+            for result, value in runner.counts.__dict__.items():
+                results.add_metric([name, result], value)
+        yield results
 
     def _bridges(self) -> Iterator[Metric]:
         """Each bridge as this node sees it; the lag as last measured (every `sys_interval`, or by the API)."""

@@ -17,6 +17,7 @@ import uvicorn
 
 from tidewire.admin.app import Endpoints, ListenerSpec, build_app
 from tidewire.admin.token import resolve_token
+from tidewire.bridges.rules.engine import RuleEngine
 from tidewire.bridges.runner import BridgeRunner
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.clock import Clock
@@ -81,6 +82,8 @@ def endpoints_of(settings: Settings, servers: Sequence[object], backends: Sequen
     for backend in backends:
         if isinstance(backend, BridgeRunner):
             found.bridges = backend
+        elif isinstance(backend, RuleEngine):
+            found.rules = backend
     return found
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tidewire.bridges.mqtt.settings import BridgeSettings
+from tidewire.bridges.rules.settings import RuleSettings
 from tidewire.errors import ConfigError
 
 ListenerName = Literal["mqtt", "mqtts", "ws", "wss", "amqp", "amqps", "rocketmq"]
@@ -265,6 +266,14 @@ class BridgeSection(BaseModel):
                                     "within this after that node dies")
 
 
+class RulesSection(BaseModel):
+    """`[rules]`: Rules over the live stream: `SELECT ... FROM "filter" WHERE ...` and an action (republish, AMQP,
+    RocketMQ, webhook) fed from a stored position (`[[rules]]` tables; more through the admin API)."""
+
+    rules: list[RuleSettings] = Field(default_factory=list, description="rules: one table each (name, sql, "
+                                      "action, enabled)")
+
+
 class AdminSettings(BaseModel):
     """`[admin]`: Operations: the admin HTTP port (metrics, API, dashboard, health), draining, bans, $SYS and
     logging."""
@@ -293,14 +302,14 @@ class AdminSettings(BaseModel):
 SECTIONS: dict[str, type[BaseModel]] = {
     "listeners": ListenerSettings, "mqtt": MqttSettings, "security": SecuritySettings, "store": StoreSettings,
     "cluster": ClusterSettings, "backends": BackendSettings, "lake": LakeSettings, "bridges": BridgeSection,
-    "admin": AdminSettings,
+    "rules": RulesSection, "admin": AdminSettings,
 }
 # Settings a flag would show in the process list: file or environment only.
 SECRETS = frozenset({"cluster_secret", "api_token", "jwt_secret", "http_auth_headers"})
 
 
-class Settings(BaseSettings, AdminSettings, BridgeSection, LakeSettings, BackendSettings, ClusterSettings,
-               StoreSettings, SecuritySettings, MqttSettings, ListenerSettings):
+class Settings(BaseSettings, AdminSettings, RulesSection, BridgeSection, LakeSettings, BackendSettings,
+               ClusterSettings, StoreSettings, SecuritySettings, MqttSettings, ListenerSettings):
     """Every knob of a node. Env var: `TIDEWIRE_<FIELD>` (upper case), e.g. `TIDEWIRE_PORT=1884`."""
 
     model_config = SettingsConfigDict(env_prefix="TIDEWIRE_", extra="forbid")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.bridges.mqtt.settings import BridgeSettings
+from tidewire.bridges.rules.engine import RuleEngine
+from tidewire.bridges.rules.sql import RuleError, compile_rule
 from tidewire.bridges.runner import BridgeRunner, configured_bridges
 from tidewire.errors import ConfigError, MissingExtra, StartupError
 from tidewire.gateway import extras
@@ -101,6 +103,12 @@ def optional_parts(settings: Settings) -> OptionalParts:
         bridges = configured_bridges(settings.bridges, settings.mosquitto_bridge_file, socket.gethostname())
     except (ConfigError, OSError) as exc:
         raise StartupError(f"bridges: {exc}") from exc
+    rules = [rule.name for rule in settings.rules]
+    if len(set(rules)) != len(rules):
+        raise StartupError(f"rules: a name is given twice: {sorted(n for n in set(rules) if rules.count(n) > 1)}")
+    for rule in settings.rules:
+        if isinstance(query := compile_rule(rule.sql), RuleError):
+            raise StartupError(f"rule {rule.name!r}: {query.reason}")
     return OptionalParts(amqp=_listener_on(settings, "amqp", ("amqp_port", "amqps_port"), "AMQP"),
                          rocketmq=_listener_on(settings, "rocketmq", ("rocketmq_port",), "RocketMQ"),
                          admin=_listener_on(settings, "admin", ("admin_port",), "admin HTTP"),
@@ -129,6 +137,8 @@ def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts)
         backends.append(LakeRunner(events, bridge_command(settings) if settings.lake_bridge else None, node.clock))
     if parts.bridges:
         backends.append(BridgeRunner(node, list(parts.bridges)))
+    # Always: rules made through the admin API (stored with the cluster) run even if the config file has none.
+    backends.append(RuleEngine(node, list(settings.rules)))
     return backends
 
 
