@@ -10,7 +10,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from tidewire.bridges.mqtt.bridge import BridgeHost, MqttBridge
+from tidewire.bridges.mqtt.bridge import MqttBridge
+from tidewire.bridges.mqtt.host import BridgeHost
 from tidewire.bridges.mqtt.mosquitto_conf import read_bridge_file
 from tidewire.bridges.mqtt.settings import BridgeSettings, check_unique
 from tidewire.store.base import Message

@@ -24,64 +24,21 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Coroutine
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 from tidewire.bridges.mqtt.client import Acked, ClientCore, ClientOptions, Incoming
+from tidewire.bridges.mqtt.host import BridgeCounters, BridgeHost
+from tidewire.bridges.mqtt.inbound import Inbound
 from tidewire.bridges.mqtt.link import ConnectRefused, Link, client_tls_context
-from tidewire.bridges.mqtt.settings import BridgeSettings, TopicRule
-from tidewire.extensions.authentication import AuthRequest, Identity
-from tidewire.extensions.hooks import ClientInfo
-from tidewire.gateway.core.consumers import Delivery
-from tidewire.gateway.core.ingress import refuse_publish
+from tidewire.bridges.mqtt.outbound import Outbound
+from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.gateway.protocols.mqtt.codec import Will
-from tidewire.store.base import PROTOCOL_BRIDGE, GroupRecord, Message
-
-if TYPE_CHECKING:
-    from tidewire.extensions.authentication import AuthChain
-    from tidewire.extensions.hooks import Authorizer
-    from tidewire.gateway.config import Settings
-    from tidewire.gateway.core.clock import Clock
-    from tidewire.gateway.core.consumers import ConsumerGroups
-    from tidewire.gateway.core.ingress import DurableSink
-    from tidewire.store.base import Store
+from tidewire.store.base import PROTOCOL_BRIDGE, Message
 
 log = logging.getLogger("tidewire.bridge")
 
-VISIBILITY_MS = 600_000  # a claim in flight stays ours this long; a restart or a takeover releases it sooner
 CONNECT_TIMEOUT_S = 10.0
-GROUP_PREFIX = "bridge/"
-
-
-class BridgeHost(Protocol):
-    """What a bridge uses of its node."""
-
-    @property
-    def node_id(self) -> str: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def groups(self) -> ConsumerGroups: ...
-
-    @property
-    def authorizer(self) -> Authorizer: ...
-
-    @property
-    def auth(self) -> AuthChain: ...
-
-    @property
-    def clock(self) -> Clock: ...
-
-    def publish(self, message: Message, sink: DurableSink | None = None, token: Any = None) -> None: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
 
 class BridgeState(StrEnum):
@@ -90,19 +47,6 @@ class BridgeState(StrEnum):
     CONNECTED = "connected"
     WAITING = "waiting"  # the link failed: connecting again after the restart delay
     STOPPED = "stopped"  # stopped, or start_type once and the link ended
-
-
-@dataclass
-class BridgeCounters:
-    sent: int = 0  # publishes written to the remote (resends included)
-    acked: int = 0  # settled after the remote's acknowledgement
-    refused_by_remote: int = 0  # acknowledged with an MQTT 5 error code: settled, not retried
-    redelivered: int = 0  # claims sent again after a restart, a takeover or a lapse: possible duplicates
-    received: int = 0  # publishes from the remote
-    stored: int = 0  # of those, durable here
-    denied: int = 0  # refused by the ACL (or an invalid topic) for the bridge's local identity
-    connects: int = 0
-    failures: int = 0  # connection attempts or links that failed
 
 
 class RestartDelay:
@@ -125,12 +69,6 @@ class RestartDelay:
         self.previous = self.base
 
 
-@dataclass
-class _Outgoing:
-    rule: TopicRule
-    remote_topic: str
-
-
 class MqttBridge:
     """One configured bridge. `run()` until `stop()`; `status()` for $SYS, metrics, the API and `tidewire ctl`."""
 
@@ -139,7 +77,6 @@ class MqttBridge:
         settings = settings.resolved(hostname)  # the client ids and state topic as this host names them
         self.settings = settings
         self.host = host
-        self.group = GROUP_PREFIX + settings.name
         self.lease_key = "bridge/" + settings.name
         self.client_id = settings.client_id
         self.local_id = settings.local_client_id
@@ -152,15 +89,10 @@ class MqttBridge:
         self.lag_messages: int | None = None  # as last measured (`measure_lag`)
         self.lag_seconds: float | None = None
         self._restart = RestartDelay(*settings.restart_timeout, rng or random.Random())
-        self._out_rules = [r for r in settings.topics if r.outgoing]
-        self._in_rules = [r for r in settings.topics if r.incoming]
-        self._identity = ClientInfo(self.local_id, settings.local_username, "bridge:" + settings.name,
-                                    settings.protocol_level)
+        self.outbound = Outbound(settings, host, self.counters)
+        self.inbound = Inbound(settings, host, self.counters)
         self._core: ClientCore | None = None
         self._link: Link | None = None
-        self._generation = 0  # which link an incoming publish's acknowledgement belongs to
-        self._consumer = _Outbound(self)
-        self._sink = _DurableAcks(self)
         self._stopping = asyncio.Event()
         self._lost_lease = asyncio.Event()
 
@@ -230,16 +162,10 @@ class MqttBridge:
 
     async def _serve(self) -> None:
         """Links to the remote, one after another, while the lease holds."""
-        if self._out_rules:
-            groups = self.host.groups
-            filters = sorted({r.local_filter for r in self._out_rules})
-            wanted = GroupRecord(self.group, filters, attrs={"bridge": self.settings.name})
-            record, created = await groups.declare(wanted)
-            if not created and record.filters != filters:  # the configuration changed: the position stays
-                await groups.set_filters(record, filters)
-            groups.matcher(self.group, self._wanted)
-        identity = await self._local_identity()
-        if identity is None:
+        await self.outbound.declare()
+        refused = await self.inbound.authenticate()
+        if refused is not None:
+            self.last_error = refused
             self.state = BridgeState.STOPPED
             await self._pause(1e9)
             return
@@ -309,7 +235,7 @@ class MqttBridge:
     async def _linked(self, link: Link) -> None:
         """One link, from CONNACK until it closes."""
         self._link = link
-        self._generation += 1
+        self.inbound.start(link)
         self.counters.connects += 1
         self.connected_since = self.host.clock.time()
         self.state = BridgeState.CONNECTED
@@ -319,14 +245,13 @@ class MqttBridge:
         try:
             self._notify_state(True)
             await self._subscribe(link)
-            if self._out_rules:
-                self.host.groups.consume(self.group, self._consumer)
+            self.outbound.start(link)
             await link.wait_closed()
         except Exception as exc:
             self.last_error = f"{type(exc).__name__}: {exc}"
         finally:
-            if self._out_rules:
-                self.host.groups.cancel(self.group, self._consumer)
+            self.outbound.stop()
+            self.inbound.stop()
             link.close()
             self._link = None
             self.connected_since = None
@@ -338,15 +263,16 @@ class MqttBridge:
 
     async def _subscribe(self, link: Link) -> None:
         settings = self.settings
-        if self._in_rules:
-            granted = await link.subscribe([(r.remote_filter, r.qos, True, True) for r in self._in_rules])
-            for rule, code in zip(self._in_rules, granted, strict=True):
+        incoming = self.inbound.rules
+        if incoming:
+            granted = await link.subscribe([(r.remote_filter, r.qos, True, True) for r in incoming])
+            for rule, code in zip(incoming, granted, strict=True):
                 if code >= 0x80:
                     log.warning("bridge.subscribe_refused", extra={"bridge": settings.name,
                                                                    "filter": rule.remote_filter, "code": code})
         if settings.bridge_attempt_unsubscribe:
             # A persistent remote session may still hold an `in` subscription of an earlier configuration.
-            out_only = [r.remote_filter for r in self._out_rules if not r.incoming]
+            out_only = [r.remote_filter for r in self.outbound.rules if not r.incoming]
             if out_only:
                 await link.unsubscribe(out_only)
 
@@ -362,122 +288,20 @@ class MqttBridge:
         if up and link is not None and not settings.notifications_local_only:
             link.publish(self.state_topic, payload, 1, True, None)
 
-    async def _local_identity(self) -> ClientInfo | None:
-        """Who the bridge is here, for the ACL: `local_username`, proved by `local_password` when the node
-        authenticates its clients; None when the node refuses it (the bridge then stays down, logged)."""
-        settings = self.settings
-        if settings.local_username is None:
-            return self._identity
-        password = settings.local_password.encode() if settings.local_password is not None else None
-        result = await self.host.auth.authenticate(AuthRequest(self.local_id, settings.local_username, password,
-                                                               "bridge:" + settings.name, "mqtt", "bridge"))
-        if not isinstance(result, Identity):
-            self.last_error = f"local credentials refused ({result.failure.value})"
-            log.error("bridge.local_auth_failed", extra={"bridge": settings.name, "user": settings.local_username})
-            return None
-        self._identity = ClientInfo(self.local_id, result.username, "bridge:" + settings.name,
-                                    settings.protocol_level, result.superuser, result.acl)
-        return self._identity
-
     async def _give_back(self) -> None:
-        """The bridge stops here: what it claimed and the remote has not acknowledged is visible again now."""
-        core = self._core
-        self._core = None
-        if core is None or not self._out_rules:
-            return
-        handles = [token for token in core.unacked() if isinstance(token, tuple)]
-        if handles:
-            with contextlib.suppress(Exception):  # else the claims lapse, or a restart releases them
-                await self.host.groups.requeue(self.group, handles)
-
-    # --- out ----------------------------------------------------------------------------------------------
-    def _wanted(self, message: Message) -> bool:
-        """What the out group passes over: what came in over this very bridge."""
-        return message.publisher != self.local_id
-
-    def _outgoing(self, topic: str) -> _Outgoing | None:
-        for rule in self._out_rules:
-            remote = rule.to_remote(topic)
-            if remote is not None:
-                return _Outgoing(rule, remote)
-        return None
-
-    def credit(self) -> int:
-        link = self._link
-        return link.credit() if link is not None else 0
-
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        link = self._link
-        settled: list[tuple[int, int]] = []
-        now_ms = int(self.host.clock.time() * 1000)
-        for message, claim in deliveries:
-            handle = (claim.seq, claim.token)
-            out = self._outgoing(message.topic)
-            if link is None or out is None:  # gone meanwhile, or a filter the rules no longer have
-                if link is None:
-                    self.host.spawn(self._requeue([handle]))
-                else:
-                    settled.append(handle)
-                continue
-            if claim.deliveries > 1:
-                self.counters.redelivered += 1
-            qos = link.core.qos_for(min(message.qos, out.rule.qos))  # the server's Maximum QoS may cap it
-            retain = message.retain and self.settings.bridge_outgoing_retain
-            # What is left of its life goes with it (the group passes over the expired).
-            left = max(1, (message.expires_at_ms - now_ms + 999) // 1000) if message.expires_at_ms else None
-            link.publish(out.remote_topic, message.payload, qos, retain, handle if qos else None,
-                         message.properties, left)
-            self.counters.sent += 1
-            if not qos:
-                settled.append(handle)
-        if settled:
-            self.counters.acked += len(settled)
-            self.host.spawn(self._settle(settled))
-
-    async def _settle(self, handles: list[tuple[int, int]]) -> None:
-        await self.host.groups.ack(self.group, handles)
-
-    async def _requeue(self, handles: list[tuple[int, int]]) -> None:
-        await self.host.groups.requeue(self.group, handles)
+        core, self._core = self._core, None
+        if core is not None:
+            await self.outbound.give_back(core)
 
     # --- link events (the Link's handler) -------------------------------------------------------------------
     def on_acked(self, event: Acked) -> None:
-        handles = [t for t in event.tokens if isinstance(t, tuple)]
-        refused = [t for t in event.failed if isinstance(t, tuple)]
-        if refused:
-            self.counters.refused_by_remote += len(refused)
-            log.warning("bridge.refused_by_remote", extra={"bridge": self.settings.name, "messages": len(refused)})
-        if handles:
-            self.counters.acked += len(handles)
-            self.host.spawn(self._settle(handles))
-        self.host.groups.wake(self.group)  # credit came back
+        self.outbound.acked(event)
 
     def on_writable(self) -> None:
-        self.host.groups.wake(self.group)
+        self.outbound.wake()
 
     def on_incoming(self, event: Incoming) -> None:
-        self.counters.received += 1
-        link = self._link
-        topic = None
-        for rule in self._in_rules:
-            topic = rule.to_local(event.topic)
-            if topic is not None:
-                break
-        host = self.host
-        if topic is None or refuse_publish(host.settings, host.authorizer, self._identity, topic) is not None:
-            self.counters.denied += 1
-            if event.qos and link is not None:
-                link.incoming_stored(event.packet_id)  # acknowledged and dropped, as a broker does for its ACL
-            return
-        now_ms = int(host.clock.time() * 1000)
-        expires = now_ms + event.expiry * 1000 if event.expiry is not None else 0
-        message = Message(topic, event.payload, event.qos, event.retain, event.properties, now_ms, expires,
-                          self.local_id, protocol=PROTOCOL_BRIDGE)
-        if event.qos:
-            host.publish(message, self._sink, (self._generation, event.packet_id))
-        else:
-            host.publish(message)
-            self.counters.stored += 1
+        self.inbound.received(event)
 
     def on_closed(self, exc: BaseException | None) -> None:
         if exc is not None:
@@ -488,89 +312,15 @@ class MqttBridge:
         settings = self.settings
         return {"name": settings.name, "state": str(self.state), "address": self.address,
                 "remote_client_id": self.client_id, "connected_since": self.connected_since,
-                "last_error": self.last_error, "topics": [r.model_dump() for r in settings.topics],
+                "last_error": self.last_error or self.outbound.last_error,
+                "topics": [r.model_dump() for r in settings.topics],
                 "lag_messages": self.lag_messages, "lag_seconds": self.lag_seconds, **self.counters.__dict__}
 
     async def measure_lag(self, cap: int = 100_000) -> None:
         """Count the messages waiting to go out (from the group's cursor, up to `cap`) and the age in seconds of
         the oldest of them; None when the store cannot say."""
         try:
-            self.lag_messages, self.lag_seconds = await self._lag(cap)
+            self.lag_messages, self.lag_seconds = await self.outbound.lag(cap)
         except Exception as exc:
             self.lag_messages = self.lag_seconds = None
             self.last_error = f"lag: {exc}"
-
-    async def _lag(self, cap: int) -> tuple[int, float]:
-        if not self._out_rules:
-            return 0, 0.0
-        store = self.host.store
-        cursor, pending = await store.group_position(self.group)
-        if cursor < 0:
-            return 0, 0.0
-        seqs: set[int] = set()
-        oldest_ms = 0
-        for rule in self._out_rules:
-            after = cursor
-            while len(seqs) < cap:
-                got = await store.read(rule.local_filter, after, 1000)
-                fresh = [m for m in got.messages if m.publisher != self.local_id]
-                for m in fresh:
-                    seqs.add(m.seq)
-                    if not oldest_ms or m.timestamp_ms < oldest_ms:
-                        oldest_ms = m.timestamp_ms
-                if len(got.messages) < 1000:
-                    break
-                after = got.messages[-1].seq
-        count = len(seqs) + pending
-        age = max(0.0, self.host.clock.time() - oldest_ms / 1000) if oldest_ms else 0.0
-        return count, age
-
-
-class _DurableAcks:
-    """The in side's sink: a remote publish is acknowledged once durable here (if its link is still up)."""
-
-    __slots__ = ("bridge",)
-
-    def __init__(self, bridge: MqttBridge) -> None:
-        self.bridge = bridge
-
-    def durable(self, tokens: list[Any]) -> None:
-        bridge = self.bridge
-        bridge.counters.stored += len(tokens)
-        link = bridge._link
-        if link is None:
-            return  # the remote sends them again on the next link (persistent session): a counted duplicate
-        for generation, packet_id in tokens:
-            if generation == bridge._generation:
-                link.incoming_stored(packet_id)
-
-    def failed(self, tokens: list[Any], reason: str) -> None:
-        log.warning("bridge.store_failed", extra={"bridge": self.bridge.settings.name, "messages": len(tokens),
-                                                  "reason": reason})
-
-    def pause_publishes(self) -> None:
-        link = self.bridge._link
-        if link is not None and link.transport is not None:
-            link.transport.pause_reading()
-
-    def resume_publishes(self) -> None:
-        link = self.bridge._link
-        if link is not None and link.transport is not None:
-            link.transport.resume_reading()
-
-
-class _Outbound:
-    """The bridge as its group's consumer (gateway.core.consumers.Consumer)."""
-
-    __slots__ = ("bridge",)
-    visibility_ms = VISIBILITY_MS
-
-    def __init__(self, bridge: MqttBridge) -> None:
-        self.bridge = bridge
-
-    def credit(self) -> int:
-        return self.bridge.credit()
-
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        self.bridge.deliver(deliveries)
-
