@@ -10,8 +10,8 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from tidewire.bridges.host import NodeHost
 from tidewire.bridges.mqtt.bridge import MqttBridge
-from tidewire.bridges.mqtt.host import BridgeHost
 from tidewire.bridges.mqtt.mosquitto_conf import read_bridge_file
 from tidewire.bridges.mqtt.settings import BridgeSettings, check_unique
 from tidewire.store.base import Message
@@ -44,7 +44,7 @@ def configured_bridges(bridges: list[BridgeSettings], mosquitto_file: Path | Non
 class BridgeRunner:
     """Runs the bridges of one node (a `gateway.server.Backend`)."""
 
-    def __init__(self, host: BridgeHost, bridges: list[BridgeSettings], hostname: str | None = None) -> None:
+    def __init__(self, host: NodeHost, bridges: list[BridgeSettings], hostname: str | None = None) -> None:
         self.host = host
         self.hostname = hostname or socket.gethostname()
         self.bridges = [MqttBridge(settings, host, hostname=self.hostname) for settings in bridges]

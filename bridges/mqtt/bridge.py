@@ -27,8 +27,9 @@ import random
 from enum import StrEnum
 from typing import Any
 
+from tidewire.bridges.host import NodeHost
 from tidewire.bridges.mqtt.client import Acked, ClientCore, ClientOptions, Incoming
-from tidewire.bridges.mqtt.host import BridgeCounters, BridgeHost
+from tidewire.bridges.mqtt.counters import BridgeCounters
 from tidewire.bridges.mqtt.inbound import Inbound
 from tidewire.bridges.mqtt.link import ConnectRefused, Link, client_tls_context
 from tidewire.bridges.mqtt.outbound import Outbound
@@ -72,7 +73,7 @@ class RestartDelay:
 class MqttBridge:
     """One configured bridge. `run()` until `stop()`; `status()` for $SYS, metrics, the API and `tidewire ctl`."""
 
-    def __init__(self, settings: BridgeSettings, host: BridgeHost, *, hostname: str,
+    def __init__(self, settings: BridgeSettings, host: NodeHost, *, hostname: str,
                  rng: random.Random | None = None) -> None:
         settings = settings.resolved(hostname)  # the client ids and state topic as this host names them
         self.settings = settings

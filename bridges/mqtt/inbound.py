@@ -15,7 +15,8 @@ from tidewire.gateway.core.ingress import refuse_publish
 from tidewire.store.base import PROTOCOL_BRIDGE, Message
 
 if TYPE_CHECKING:
-    from tidewire.bridges.mqtt.host import BridgeCounters, BridgeHost
+    from tidewire.bridges.host import NodeHost
+from tidewire.bridges.mqtt.counters import BridgeCounters
 
 log = logging.getLogger("tidewire.bridge")
 
@@ -23,7 +24,7 @@ log = logging.getLogger("tidewire.bridge")
 class Inbound:
     """The in side of one bridge; the node's `DurableSink` for what it publishes."""
 
-    def __init__(self, settings: BridgeSettings, host: BridgeHost, counters: BridgeCounters) -> None:
+    def __init__(self, settings: BridgeSettings, host: NodeHost, counters: BridgeCounters) -> None:
         self.settings = settings
         self.host = host
         self.counters = counters

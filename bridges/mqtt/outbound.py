@@ -16,7 +16,8 @@ from tidewire.gateway.core.consumers import Delivery
 from tidewire.store.base import GroupRecord, Message
 
 if TYPE_CHECKING:
-    from tidewire.bridges.mqtt.host import BridgeCounters, BridgeHost
+    from tidewire.bridges.host import NodeHost
+from tidewire.bridges.mqtt.counters import BridgeCounters
 
 log = logging.getLogger("tidewire.bridge")
 
@@ -30,7 +31,7 @@ class Outbound:
 
     visibility_ms = VISIBILITY_MS
 
-    def __init__(self, settings: BridgeSettings, host: BridgeHost, counters: BridgeCounters) -> None:
+    def __init__(self, settings: BridgeSettings, host: NodeHost, counters: BridgeCounters) -> None:
         self.settings = settings
         self.host = host
         self.counters = counters

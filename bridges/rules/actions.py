@@ -20,7 +20,7 @@ from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ,
 from tidewire.store.properties import Properties
 
 if TYPE_CHECKING:
-    from tidewire.bridges.rules.engine import RuleHost
+    from tidewire.bridges.host import NodeHost
 
 RETRYABLE_STATUS = frozenset({408, 429})  # besides every 5xx: the endpoint asks to be tried again
 SIGNATURE_HEADER = "X-Tidewire-Signature"
@@ -61,7 +61,7 @@ def _payload(template: str | None, fields: dict[str, Any], result: dict[str, Any
 class Republish:
     """Into the log again, as the rule (`rule:<name>` is the publisher): durable before the batch is settled."""
 
-    def __init__(self, settings: RuleSettings, host: RuleHost, publisher: str) -> None:
+    def __init__(self, settings: RuleSettings, host: NodeHost, publisher: str) -> None:
         action = settings.action
         assert isinstance(action, RepublishAction | AmqpAction | RocketMQAction)
         self.action = action
@@ -111,7 +111,7 @@ class Webhook:
     """POST to an HTTP endpoint: one JSON object per request (batch_size 1) or an array; signed when a secret
     is set. 2xx: delivered; 5xx, 408, 429, a timeout or a connection error: retried; any other 4xx: permanent."""
 
-    def __init__(self, settings: RuleSettings, host: RuleHost) -> None:
+    def __init__(self, settings: RuleSettings, host: NodeHost) -> None:
         from tidewire.bridges.rules.settings import WebhookAction
 
         action = settings.action
@@ -150,7 +150,7 @@ class Webhook:
         await self.client.aclose()
 
 
-def make_action(settings: RuleSettings, host: RuleHost, publisher: str) -> RuleAction:
+def make_action(settings: RuleSettings, host: NodeHost, publisher: str) -> RuleAction:
     if settings.action.type == "webhook":
         return Webhook(settings, host)
     return Republish(settings, host, publisher)

@@ -21,8 +21,9 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
+from tidewire.bridges.host import NodeHost
 from tidewire.bridges.rules.actions import ActionResult, RuleAction, make_action
 from tidewire.bridges.rules.settings import RuleSettings
 from tidewire.bridges.rules.sql import RuleError, RuleQuery, compile_rule
@@ -31,42 +32,12 @@ from tidewire.gateway.core.ingress import publish_future
 from tidewire.gateway.core.topics import matches
 from tidewire.store.base import GroupRecord, Message
 
-if TYPE_CHECKING:
-    from tidewire.gateway.config import Settings
-    from tidewire.gateway.core.clock import Clock
-    from tidewire.gateway.core.consumers import ConsumerGroups
-    from tidewire.gateway.core.ingress import DurableSink
-    from tidewire.store.base import Store
-
 log = logging.getLogger("tidewire.rules")
 
 GROUP_PREFIX = "rule/"
 PUBLISHER_PREFIX = "rule:"
 RULES_REFRESH_S = 2.0  # a rule made or changed through another node's API starts here within this
 VISIBILITY_MS = 120_000  # a claimed result stays hidden this long if this node dies while delivering it
-
-
-class RuleHost(Protocol):
-    """What the rule engine uses of its node."""
-
-    @property
-    def node_id(self) -> str: ...
-
-    @property
-    def settings(self) -> Settings: ...
-
-    @property
-    def store(self) -> Store: ...
-
-    @property
-    def groups(self) -> ConsumerGroups: ...
-
-    @property
-    def clock(self) -> Clock: ...
-
-    def publish(self, message: Message, sink: DurableSink | None = None, token: Any = None) -> None: ...
-
-    def spawn(self, coro: Any) -> None: ...
 
 
 @dataclass
@@ -184,7 +155,7 @@ class RuleRunner:
 class RuleEngine:
     """Every rule of the cluster, run on this node (a `gateway.server.Backend`)."""
 
-    def __init__(self, host: RuleHost, configured: list[RuleSettings]) -> None:
+    def __init__(self, host: NodeHost, configured: list[RuleSettings]) -> None:
         self.host = host
         self.configured = configured
         self.runners: dict[str, RuleRunner] = {}

@@ -49,6 +49,7 @@ from tidewire.gateway.core.sql92 import (
     Predicate,
     SqlError,
     Token,
+    TokenCursor,
     Value,
     Values,
     parse_condition,
@@ -344,27 +345,10 @@ def _found(token: Token) -> str:
     return repr(token.text) if token.kind != "end" else "the end"
 
 
-class _Statement:
+class _Statement(TokenCursor):
     def __init__(self, tokens: list[Token]) -> None:
-        self.tokens = tokens
-        self.pos = 0
+        super().__init__(tokens)
         self.aliases: dict[str, str] = {}  # AS name -> path as written, for WHERE
-
-    def peek(self) -> Token:
-        return self.tokens[self.pos]
-
-    def take(self) -> Token:
-        token = self.tokens[self.pos]
-        if token.kind != "end":
-            self.pos += 1
-        return token
-
-    def accept(self, kind: str, text: str) -> bool:
-        token = self.peek()
-        if token.kind == kind and token.text == text:
-            self.pos += 1
-            return True
-        return False
 
     def expect_keyword(self, keyword: str) -> None:
         if not self.accept("keyword", keyword):

@@ -140,12 +140,13 @@ def _found(token: Token) -> str:
     return repr(token.text) if token.kind != "end" else "the end"
 
 
-class _Parser:
-    def __init__(self, tokens: Sequence[Token], start: int, names: NameHook | None) -> None:
+class TokenCursor:
+    """A position in a token list ending with an `end` token: what a recursive-descent parser reads with (this
+    module's condition parser, the rule engine's statement parser)."""
+
+    def __init__(self, tokens: Sequence[Token], start: int = 0) -> None:
         self.tokens = tokens
         self.pos = start
-        self.depth = 0
-        self.names = names
 
     def peek(self) -> Token:
         return self.tokens[self.pos]
@@ -162,6 +163,13 @@ class _Parser:
             self.pos += 1
             return True
         return False
+
+
+class _Parser(TokenCursor):
+    def __init__(self, tokens: Sequence[Token], start: int, names: NameHook | None) -> None:
+        super().__init__(tokens, start)
+        self.depth = 0
+        self.names = names
 
     def expect(self, kind: str, text: str) -> None:
         if not self.accept(kind, text):

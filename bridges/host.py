@@ -1,9 +1,8 @@
-"""What a bridge uses of its node (`BridgeHost`: the node satisfies it) and what it counts (`BridgeCounters`)."""
+"""What a bridge or a rule uses of its node (`NodeHost`: the node satisfies it), so they hold a narrow view of it."""
 
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -16,8 +15,8 @@ if TYPE_CHECKING:
     from tidewire.store.base import Message, Store
 
 
-class BridgeHost(Protocol):
-    """What a bridge uses of its node."""
+class NodeHost(Protocol):
+    """What a bridge or a rule uses of its node."""
 
     @property
     def node_id(self) -> str: ...
@@ -43,16 +42,3 @@ class BridgeHost(Protocol):
     def publish(self, message: Message, sink: DurableSink | None = None, token: Any = None) -> None: ...
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
-
-
-@dataclass
-class BridgeCounters:
-    sent: int = 0  # publishes written to the remote (resends included)
-    acked: int = 0  # settled after the remote's acknowledgement
-    refused_by_remote: int = 0  # acknowledged with an MQTT 5 error code, or too large for it: settled, not retried
-    redelivered: int = 0  # claims sent again after a restart, a takeover or a lapse: possible duplicates
-    received: int = 0  # publishes from the remote
-    stored: int = 0  # of those, durable here
-    denied: int = 0  # refused by the ACL (or an invalid topic) for the bridge's local identity
-    connects: int = 0
-    failures: int = 0  # connection attempts or links that failed
