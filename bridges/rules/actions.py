@@ -12,9 +12,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
-
-from tidewire.bridges.rules.settings import AmqpAction, RepublishAction, RocketMQAction, RuleSettings, render
+from tidewire.bridges.rules.http import Endpoint, HttpError
+from tidewire.bridges.rules.settings import (
+    AmqpAction,
+    RepublishAction,
+    RocketMQAction,
+    RuleSettings,
+    WebhookAction,
+    render,
+)
 from tidewire.gateway.core.ingress import publish_future
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, PROTOCOL_ROCKETMQ, Message
 from tidewire.store.properties import Properties
@@ -38,7 +44,8 @@ OK = ActionResult(True)
 
 
 class RuleAction(Protocol):
-    batch_size: int
+    batch_size: int  # results per delivery at most
+    concurrency: int  # deliveries under way at once at most
     max_retries: int
 
     async def deliver(self, messages: list[Message], results: list[dict[str, Any]]) -> ActionResult:
@@ -68,6 +75,7 @@ class Republish:
         self.host = host
         self.publisher = publisher
         self.batch_size = 100
+        self.concurrency = 1  # a publish is cheap: one batch at a time keeps the results in order
         self.max_retries = action.max_retries
 
     def _stored(self, message: Message, result: dict[str, Any], now_ms: int) -> Message:
@@ -112,15 +120,14 @@ class Webhook:
     is set. 2xx: delivered; 5xx, 408, 429, a timeout or a connection error: retried; any other 4xx: permanent."""
 
     def __init__(self, settings: RuleSettings, host: NodeHost) -> None:
-        from tidewire.bridges.rules.settings import WebhookAction
-
         action = settings.action
         assert isinstance(action, WebhookAction)
         self.action = action
         self.rule = settings.name
         self.batch_size = action.batch_size
+        self.concurrency = action.concurrency
         self.max_retries = action.max_retries
-        self.client = httpx.AsyncClient(timeout=action.timeout, follow_redirects=False)
+        self.endpoint = Endpoint(action.url, action.concurrency, action.timeout)
 
     def request(self, results: list[dict[str, Any]], now: float) -> tuple[bytes, dict[str, str]]:
         """The body and headers of one request (signed with the secret, if any)."""
@@ -137,17 +144,16 @@ class Webhook:
     async def deliver(self, messages: list[Message], results: list[dict[str, Any]]) -> ActionResult:
         body, headers = self.request(results, time.time())
         try:
-            answer = await self.client.post(self.action.url, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            return ActionResult(False, f"webhook: {type(exc).__name__}: {exc}")
-        if 200 <= answer.status_code < 300:
+            status = await self.endpoint.post(body, headers)
+        except HttpError as exc:
+            return ActionResult(False, f"webhook: {exc}")
+        if 200 <= status < 300:
             return OK
-        error = f"webhook: HTTP {answer.status_code}"
-        retryable = answer.status_code >= 500 or answer.status_code in RETRYABLE_STATUS
-        return ActionResult(False, error, permanent=not retryable)
+        retryable = status >= 500 or status in RETRYABLE_STATUS
+        return ActionResult(False, f"webhook: HTTP {status}", permanent=not retryable)
 
     async def close(self) -> None:
-        await self.client.aclose()
+        await self.endpoint.close()
 
 
 def make_action(settings: RuleSettings, host: NodeHost, publisher: str) -> RuleAction:

@@ -83,14 +83,19 @@ class RuleRunner:
 
     # --- Consumer ---------------------------------------------------------------------------------------------
     def credit(self) -> int:
-        return max(0, self.action.batch_size - self._busy)
+        action = self.action
+        return max(0, action.batch_size * action.concurrency - self._busy)
 
     def deliver(self, deliveries: list[Delivery]) -> None:
+        """Batches of up to `batch_size`, each delivered by a task of its own (`concurrency` at most at once)."""
         self._busy += len(deliveries)
         self.counts.matched += len(deliveries)
-        task = asyncio.get_running_loop().create_task(self._run(deliveries))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        loop = asyncio.get_running_loop()
+        size = self.action.batch_size
+        for start in range(0, len(deliveries), size):
+            task = loop.create_task(self._run(deliveries[start:start + size]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _run(self, deliveries: list[Delivery]) -> None:
         groups = self.engine.host.groups

@@ -63,7 +63,9 @@ class WebhookAction(_Action):
     headers: dict[str, str] = Field(default_factory=dict)
     secret: str | None = Field(None, description="HMAC-SHA256 key: `X-Tidewire-Signature: sha256=<hex of "
                                "HMAC(secret, timestamp + '.' + body)>` with `X-Tidewire-Timestamp`")
-    batch_size: int = Field(1, ge=1, le=10_000, description="results per request at most")
+    batch_size: int = Field(1, ge=1, le=10_000, description="results per request at most (what has come "
+                            "while a request was under way goes in the next, up to this)")
+    concurrency: int = Field(4, ge=1, le=64, description="requests under way at once at most (1: in order)")
     timeout: float = Field(5.0, gt=0, description="s per request")
 
     @field_validator("url")
