@@ -1,12 +1,14 @@
-// Tidewire dashboard: polls the node's admin API and shows live rates, top topics, clients and members.
-// Client ids and topics are chosen by clients, so every such string reaches the page through textContent
-// (never innerHTML).
+// Tidewire dashboard: polls the node's admin API and shows live rates, top topics, members, bridges, rules and
+// clients. Client ids and topics are chosen by clients, rule names, statements and actions by whoever holds the
+// token, errors quote remote peers: every such string reaches the page through textContent (never innerHTML).
 "use strict";
 
 (() => {
   const TICK_MS = 1000;          // /api/v1/stats period; rates are deltas between two answers
   const CLIENTS_EVERY = 2;       // ticks between clients and status refreshes
   const NODES_EVERY = 5;         // ticks between cluster member refreshes
+  const RULES_EVERY = 2;         // ticks between rules refreshes (their counts are live)
+  const BRIDGES_EVERY = 2;       // ticks between bridges refreshes (lag is measured on each request)
   const HISTORY = 60;            // sparkline samples kept (one per tick)
   const CLIENT_LIMIT = 100;      // clients rows shown (the search narrows them)
   const REQUEST_TIMEOUT_MS = 5000;
@@ -20,6 +22,7 @@
     tick: 0,
     busy: new Set(),             // resources with a request in flight
     clientsSeq: 0,               // answers to an older search are dropped
+    rulesSeq: 0,                 // answers older than a change made here are dropped
   };
 
   // -- token ---------------------------------------------------------------------------------------------
@@ -59,7 +62,7 @@
   }
 
   async function api(path, options = {}) {
-    const headers = { Accept: "application/json" };
+    const headers = { Accept: "application/json", ...(options.headers || {}) };
     if (state.token) headers.Authorization = "Bearer " + state.token;
     const controller = new AbortController();
     const timer = setTimeout(() => controller.abort(), REQUEST_TIMEOUT_MS);
@@ -169,8 +172,9 @@
   }
 
   // Update `tbody` in place to one row per item (rows keyed by `attr`), so that rows and their buttons
-  // survive refreshes instead of being rebuilt under the user's pointer.
-  function syncRows(tbody, items, attr, keyOf, cellsOf, numeric, decorate) {
+  // survive refreshes instead of being rebuilt under the user's pointer. `decorate(tr, column, item)` adds what
+  // is not text (buttons, state attributes) after the text cells; `empty` is the row shown for no items.
+  function syncRows(tbody, items, attr, keyOf, cellsOf, numeric, decorate, empty = "none") {
     for (const tr of Array.from(tbody.rows)) if (!tr.hasAttribute(attr)) tr.remove();
     const existing = new Map(Array.from(tbody.rows, (tr) => [tr.getAttribute(attr), tr]));
     items.forEach((item, index) => {
@@ -189,7 +193,7 @@
         if (td.textContent !== value) { td.textContent = value; td.title = value; }
         td.classList.toggle("num", numeric.includes(i));
       });
-      if (decorate) decorate(tr, cells.length);
+      if (decorate) decorate(tr, cells.length, item);
       if (tbody.rows[index] !== tr) tbody.insertBefore(tr, tbody.rows[index] || null);
     });
     for (const tr of existing.values()) tr.remove();
@@ -197,7 +201,7 @@
       const td = tbody.insertRow().insertCell();
       td.colSpan = tbody.parentElement.tHead.rows[0].cells.length;
       td.className = "empty";
-      td.textContent = "none";
+      td.textContent = empty;
     }
   }
 
@@ -209,6 +213,10 @@
 
   function showMessage(message) {
     $("message").textContent = message;
+  }
+
+  function showRulesMessage(message) {
+    $("rules-message").textContent = message;
   }
 
   async function refreshStats() {
@@ -297,6 +305,133 @@
     guarded("clients", refreshClients, true);  // forced: an answer already on its way predates the kick
   }
 
+  // -- bridges -------------------------------------------------------------------------------------------
+
+  const fmtLagSeconds = (v) => (typeof v === "number" && Number.isFinite(v) ? v.toFixed(1) : "–");
+
+  async function refreshBridges() {
+    let bridges;
+    try {
+      const answer = await api("api/v1/bridges");
+      bridges = Array.isArray(answer.data) ? answer.data : [];
+    } catch (e) {
+      if (e.status !== 404) throw e;
+      bridges = [];  // a node without the bridges API has no bridges
+    }
+    $("bridges-section").hidden = bridges.length === 0;
+    syncRows($("bridges").tBodies[0], bridges, "data-bridge-name", (b) => b.name, (b) => [
+      text(b.name), text(b.state), text(b.address), String(num(b.sent)), String(num(b.acked)),
+      String(num(b.received)), String(num(b.stored)), text(b.lag_messages), fmtLagSeconds(b.lag_seconds),
+      b.last_error ? String(b.last_error) : "",
+    ], [3, 4, 5, 6, 7, 8], (tr, column, b) => {
+      tr.cells[1].setAttribute("data-state", String(b.state));
+      tr.cells[column - 1].classList.add("error");
+    });
+  }
+
+  // -- rules ---------------------------------------------------------------------------------------------
+
+  const ruleUrl = (name) => "api/v1/rules/" + encodeURIComponent(name);
+
+  // "type → target": where the rule's results go (a webhook's URL, a topic, an exchange and routing key).
+  function fmtAction(a) {
+    if (!a || typeof a !== "object") return "–";
+    let target;
+    if (a.type === "webhook") target = text(a.url);
+    else if (a.type === "amqp") target = `${text(a.exchange)} key ${text(a.routing_key)}`;
+    else if (a.type === "rocketmq") target = text(a.topic) + (a.tag ? ` tag ${text(a.tag)}` : "");
+    else target = text(a.topic !== undefined ? a.topic : a.url);
+    return `${text(a.type)} → ${target}`;
+  }
+
+  function ruleState(r) {
+    if (!r.enabled) return "disabled";
+    // enabled but not running on this node: its statement does not compile here, or it is starting
+    return r.running ? "running" : "enabled, not running";
+  }
+
+  function decorateRule(tr, column, r) {
+    tr.setAttribute("data-enabled", r.enabled ? "true" : "false");
+    tr.classList.toggle("off", !r.enabled);
+    tr.cells[0].title = r.description ? `${text(r.name)}: ${String(r.description)}` : text(r.name);
+    tr.cells[1].classList.add("sql");
+    tr.cells[3].setAttribute("data-state", r.enabled ? (r.running ? "running" : "stopped") : "disabled");
+    tr.cells[column - 1].classList.add("error");
+    if (tr.cells.length <= column) {
+      const td = tr.insertCell();
+      td.className = "actions";
+      for (const [cls, label] of [["rule-toggle", ""], ["rule-delete", "Delete"]]) {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.className = cls;
+        button.textContent = label;
+        td.appendChild(button);
+      }
+    }
+    const toggle = tr.cells[column].querySelector("button.rule-toggle");
+    const label = r.enabled ? "Disable" : "Enable";
+    if (toggle.textContent !== label) toggle.textContent = label;
+  }
+
+  async function refreshRules() {
+    const seq = ++state.rulesSeq;
+    let rules, empty = "no rules";
+    try {
+      const answer = await api("api/v1/rules");
+      rules = Array.isArray(answer.data) ? answer.data : [];
+    } catch (e) {
+      // 503: this node runs no rule engine; 404: it predates rules. Said in the table, not as a node error.
+      if (e.status !== 404 && e.status !== 503) throw e;
+      rules = [];
+      empty = e.status === 503 ? e.message : "this node has no rules API";
+    }
+    if (seq !== state.rulesSeq) return;
+    $("rules-count").textContent = rules.length ? `(${rules.length})` : "";
+    syncRows($("rules").tBodies[0], rules, "data-rule-name", (r) => r.name, (r) => {
+      const c = r.counts && typeof r.counts === "object" ? r.counts : {};
+      return [text(r.name), text(r.sql), fmtAction(r.action), ruleState(r), String(num(c.matched)),
+              String(num(c.sent)), String(num(c.failed)), String(num(c.dead_lettered)),
+              r.last_error ? String(r.last_error) : ""];
+    }, [4, 5, 6, 7], decorateRule, empty);
+  }
+
+  async function toggleRule(tr, button) {
+    const name = tr.getAttribute("data-rule-name");
+    const enabled = tr.getAttribute("data-enabled") !== "true";
+    button.disabled = true;
+    try {
+      await api(ruleUrl(name) + "/enabled", {
+        method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ enabled }),
+      });
+      showRulesMessage("");
+    } catch (e) {
+      showRulesMessage(`${enabled ? "enable" : "disable"} ${name}: ${e.message}`);
+    }
+    // Forced: an answer already on its way predates the change. The button stays off until the row shows the
+    // new state, so a second click cannot send the same change again.
+    await guarded("rules", refreshRules, true);
+    button.disabled = false;
+  }
+
+  async function deleteRule(tr, button) {
+    const name = tr.getAttribute("data-rule-name");
+    if (!window.confirm(`Delete the rule "${name}"? Its position in the log goes with it.`)) return;
+    button.disabled = true;
+    try {
+      await api(ruleUrl(name), { method: "DELETE" });
+      tr.remove();
+      showRulesMessage("");
+    } catch (e) {
+      if (e.status === 404) {
+        tr.remove();  // deleted already (another admin, another node)
+      } else {
+        button.disabled = false;
+        showRulesMessage(`delete ${name}: ${e.message}`);
+      }
+    }
+    guarded("rules", refreshRules, true);
+  }
+
   // -- wiring --------------------------------------------------------------------------------------------
 
   function refreshAll() {
@@ -304,6 +439,8 @@
     guarded("status", refreshStatus);
     guarded("clients", refreshClients);
     guarded("nodes", refreshNodes);
+    guarded("rules", refreshRules);
+    guarded("bridges", refreshBridges);
   }
 
   function onTick() {
@@ -315,6 +452,8 @@
       guarded("clients", refreshClients);
     }
     if (state.tick % NODES_EVERY === 0) guarded("nodes", refreshNodes);
+    if (state.tick % RULES_EVERY === 0) guarded("rules", refreshRules);
+    if (state.tick % BRIDGES_EVERY === 0) guarded("bridges", refreshBridges);
   }
 
   function useToken(token) {
@@ -340,6 +479,12 @@
     $("clients").tBodies[0].addEventListener("click", (ev) => {
       const button = ev.target.closest("button.kick");
       if (button && !button.disabled) kick(button.closest("tr"), button);
+    });
+    $("rules").tBodies[0].addEventListener("click", (ev) => {
+      const button = ev.target.closest("button.rule-toggle, button.rule-delete");
+      if (!button || button.disabled) return;
+      if (button.classList.contains("rule-toggle")) toggleRule(button.closest("tr"), button);
+      else deleteRule(button.closest("tr"), button);
     });
     refreshAll();
     setInterval(onTick, TICK_MS);
