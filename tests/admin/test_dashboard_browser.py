@@ -252,9 +252,9 @@ def test_dashboard_rules_counts_disable_and_delete(node: Gateway, browser: WebDr
     republish = {"name": "alerts", "description": HOSTILE,
                  "sql": 'SELECT payload.temp AS t, clientid FROM "dash/sensors/#" '
                         f"WHERE payload.temp > 30 AND clientid <> '{HOSTILE}'",
-                 "action": {"type": "republish", "topic": "dash/alerts/${clientid}", "qos": 1}}
+                 "action": {"type": "republish", "topic": f"dash/alerts/{HOSTILE}/${{clientid}}", "qos": 1}}
     webhook = {"name": "hook", "sql": 'SELECT payload.n AS n FROM "dash/sensors/#" WHERE payload.temp > 30',
-               "action": {"type": "webhook", "url": f"{hook.url}?tag={HOSTILE}"}}
+               "action": {"type": "webhook", "url": hook.url}}
     for rule in (republish, webhook):
         made = _api(node, "PUT", f"/rules/{rule['name']}", rule)
         assert made.status_code == 200, made.text
@@ -275,14 +275,16 @@ def test_dashboard_rules_counts_disable_and_delete(node: Gateway, browser: WebDr
     _wait(browser, "counts up to 5", lambda d: {k: _counts(v) for k, v in _rules(d).items()} == {
         "alerts": [5, 5, 0, 0], "hook": [5, 5, 0, 0]})
     assert sorted(r["n"] for r in hook.delivered()) == [0, 1, 2, 3, 4]
-    assert [json.loads(m.payload)["t"] for m in alerts.expect(5)] == [31] * 5
+    assert [(m.topic, json.loads(m.payload)["t"]) for m in alerts.expect(5)] == [
+        (f"dash/alerts/{HOSTILE}/dash-dev", 31)] * 5
     listed = {r["name"]: r["counts"] for r in _api(node, "GET", "/rules").json()["data"]}
     assert listed == {name: {"matched": 5, "sent": 5, "failed": 0, "dead_lettered": 0} for name in ("alerts", "hook")}
 
     # What the API holds is text on the page: the statement, the action's target, the description (a tooltip).
     rows = _rules(browser)
-    assert rows["alerts"][:4] == ["alerts", republish["sql"], "republish → dash/alerts/${clientid}", "running"]
-    assert rows["hook"][:4] == ["hook", webhook["sql"], f"webhook → {hook.url}?tag={HOSTILE}", "running"]
+    assert rows["alerts"][:4] == ["alerts", republish["sql"], f"republish → dash/alerts/{HOSTILE}/${{clientid}}",
+                                  "running"]
+    assert rows["hook"][:4] == ["hook", webhook["sql"], f"webhook → {hook.url}", "running"]
     name_cell = browser.find_element(By.CSS_SELECTOR, '#rules tr[data-rule-name="alerts"] td:first-child')
     assert name_cell.get_attribute("title") == f"alerts: {HOSTILE}"
     assert browser.find_elements(By.CSS_SELECTOR, "#rules img") == []
