@@ -38,7 +38,10 @@ class Endpoint:
             raise ValueError(f"not an http(s) URL: {url!r}")
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        # h11 sends only a valid request target: what the URL holds beyond it is percent-encoded, as httpx does.
+        path = urllib.parse.quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
+        query = urllib.parse.quote(parts.query, safe="/?%:@!$&'()*+,;=-._~")
+        self.target = path + (f"?{query}" if query else "")
         self.authority = parts.netloc.rsplit("@", 1)[-1]
         self.tls = ssl.create_default_context() if parts.scheme == "https" else None
         self.timeout = timeout
