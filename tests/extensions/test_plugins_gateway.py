@@ -3,8 +3,9 @@ on the gateway's PYTHONPATH) is chosen by name in the config. paho clients are a
 and refused, mixed with the password file), publishes are rewritten (a subscriber gets them on the new topic) and
 denied (PUBACK 0x87 to MQTT 5), an authorizer plugin narrows the ACL, a client's publishes keep their order through
 a hook that answers late, and plugins that raise, hang or answer nonsense cost a counted error
-(`tidewire_plugin_errors_total`) and their default while the node keeps serving. The admin API's publishes and
-AMQP's go through the hooks too. An unknown name stops the start with the installed names."""
+(`tidewire_plugin_errors_total`) and their default while the node keeps serving. The admin API's publishes, AMQP's
+and a bridge's incoming messages (from a real Mosquitto) go through the hooks too (RocketMQ's:
+tests/gateway/protocols/rocketmq/test_produce.py). An unknown name stops the start with the installed names."""
 
 from __future__ import annotations
 
@@ -230,3 +231,40 @@ def test_an_unknown_plugin_name_stops_the_start_naming_the_installed_ones(tmp_pa
     assert done.returncode == 2
     assert "no authentication source named 'nope'" in done.stderr
     assert "installed: file, jwt, http, testauth" in done.stderr
+
+
+def test_a_bridges_incoming_messages_go_through_the_hooks(tmp_path: Path, plugin_dir: Path,
+                                                          clients: list[PahoClient]) -> None:
+    remote = Gateway(tmp_path / "remote", target="mosquitto")
+    conf = tmp_path / "bridges.conf"
+    with remote:
+        conf.write_text(f"connection b1\naddress 127.0.0.1:{remote.port}\nrestart_timeout 1\n"
+                        "topic # in 1 from-remote/ \n")
+        local = Gateway(tmp_path / "local", target="tidewire", extra_args=["--mosquitto-bridge", str(conf)],
+                        env={"PYTHONPATH": pythonpath(plugin_dir), "TIDEWIRE_PUBLISH_HOOKS": '["testhook"]',
+                             "TIDEWIRE_PLUGIN_OPTIONS": '{"testhook": {"prefix": "from-remote/"}}'})
+        with local:
+            sub = PahoClient(local.port, "local-sub")
+            clients.append(sub)
+            sub.connect()
+            sub.subscribe("from-remote/#", qos=1)
+            sub.subscribe("rewritten/#", qos=1)
+            pub = PahoClient(remote.port, "remote-pub", version=4)
+            clients.append(pub)
+            pub.connect()
+
+            def through() -> bool:  # until the bridge is up: the remote keeps nothing for it before
+                pub.publish("plain", b"up?", qos=1)
+                try:
+                    return sub.get(timeout=0.2).topic == "from-remote/plain"
+                except AssertionError:
+                    return False
+
+            wait_until(through, timeout=15, interval=0.0, what="the bridge carrying a message in")
+            pub.publish("deny/a", b"no", qos=1)
+            pub.publish("rewrite/a", b"yes", qos=1)
+            got = sub.get(timeout=5)
+            while got.topic == "from-remote/plain":  # the probes sent while the bridge came up
+                got = sub.get(timeout=5)
+            assert (got.topic, got.payload) == ("rewritten/a", b"R:yes")  # the hook sees the local topic
+            sub.assert_nothing(0.3)  # deny/a was dropped
