@@ -90,10 +90,15 @@ def router(node: Node) -> APIRouter:
 
     @api.post("/publish", response_model=PublishResult)
     async def publish(body: PublishRequest) -> PublishResult:
-        """Publish as the operator (no ACL). QoS 1 and 2 are answered once the message is durable."""
+        """Publish as the operator (no ACL; the publish hooks apply: 403 when one refuses). QoS 1 and 2 are answered
+        once the message is durable."""
         if node.draining:
             raise HTTPException(503, "the node is draining")
         message = build_message(node, body)
+        if node.hooks is not None:  # the operator's publishes go through the publish hooks too
+            why = await node.hooks.check(_OPERATOR, message)
+            if why is not None:
+                raise HTTPException(403, f"refused: {why}")
         node.counters.api_published(1, len(message.payload))
         if body.qos == 0:
             node.publish(message)

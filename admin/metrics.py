@@ -1,10 +1,10 @@
 """Prometheus metrics of one node, one job: turn the node's counters into metric families at scrape time.
 
 Nothing here runs on the hot path: the node keeps plain int counters (`gateway.ops.sys_topics.Counters`, the cache's
-hits and misses, the notifier's `counts`, the auth chain's `results`), and `NodeCollector` reads them only when
-`/metrics` is scraped. Levels (connections, sessions, subscriptions, in-flight, cluster members) are counted
-from the node's live state at that moment. Each node has its own `CollectorRegistry` (never the process-wide
-default one), with prometheus_client's process collector on it. `top_topics` serves the dashboard.
+hits and misses, the notifier's `counts`, the auth chain's `results`, the plugins' errors), and `NodeCollector`
+reads them only when `/metrics` is scraped. Levels (connections, sessions, subscriptions, in-flight, cluster
+members) are counted from the node's live state at that moment. Each node has its own `CollectorRegistry` (never
+the process-wide default one), with prometheus_client's process collector on it. `top_topics` serves the dashboard.
 """
 
 from __future__ import annotations
@@ -200,6 +200,12 @@ class NodeCollector(Collector):
         yield auth
         yield CounterMetricFamily(f"{PREFIX}_banned_refused", "Connections refused because of a ban.",
                                   value=node.bans.banned_refused)
+        plugins = CounterMetricFamily(f"{PREFIX}_plugin_errors", "Plugin calls that raised, timed out or answered "
+                                      "what the node cannot use (their default applied), by plugin and kind.",
+                                      labels=["plugin", "kind"])
+        for (plugin, kind), count in sorted(node.plugin_errors.counts.items()):
+            plugins.add_metric([plugin, kind], count)
+        yield plugins
 
 
 def node_registry(collector: NodeCollector) -> CollectorRegistry:

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from tidewire.gateway.core.clock import Clock
     from tidewire.gateway.core.consumers import ConsumerGroups
     from tidewire.gateway.core.ingress import DurableSink
+    from tidewire.gateway.core.publish_hooks import PublishHooks
     from tidewire.store.base import Message, Store
 
 
@@ -38,6 +39,10 @@ class NodeHost(Protocol):
 
     @property
     def clock(self) -> Clock: ...
+
+    @property
+    def hooks(self) -> PublishHooks | None:
+        """The publish hooks an ingress hands its messages to (None: publish directly)."""
 
     def publish(self, message: Message, sink: DurableSink | None = None, token: Any = None) -> None: ...
 

@@ -71,3 +71,40 @@ class AllowAll:
 
     def allow_read(self, client: ClientInfo, topic: str) -> bool:
         return True
+
+
+
+class Narrowed(PerClient):
+    """`PerClient` and, after it, every authorizer plugin (`authorizers`): each must allow too, so a plugin can only
+    narrow what the ACL file or a client's own grants give (superusers still pass). A subscription gets the least
+    access any of them gives."""
+
+    __slots__ = ("plugins",)
+
+    def __init__(self, base: Authorizer, plugins: list[Authorizer]) -> None:
+        super().__init__(base)
+        self.plugins = plugins
+
+    def allow_publish(self, client: ClientInfo, topic: str) -> bool:
+        if client.superuser:
+            return True
+        if not (client.acl or self.base).allow_publish(client, topic):
+            return False
+        return all(plugin.allow_publish(client, topic) for plugin in self.plugins)
+
+    def subscribe_access(self, client: ClientInfo, topic_filter: str) -> SubscribeAccess:
+        if client.superuser:
+            return SubscribeAccess.GRANTED
+        least = (client.acl or self.base).subscribe_access(client, topic_filter)
+        for plugin in self.plugins:
+            if least == SubscribeAccess.DENIED:
+                break
+            least = min(least, plugin.subscribe_access(client, topic_filter))
+        return least
+
+    def allow_read(self, client: ClientInfo, topic: str) -> bool:
+        if client.superuser:
+            return True
+        if not (client.acl or self.base).allow_read(client, topic):
+            return False
+        return all(plugin.allow_read(client, topic) for plugin in self.plugins)

@@ -138,8 +138,9 @@ class SecuritySettings(BaseModel):
     auth_file: Path | None = Field(None, description="deprecated: read as a second password_file")
     allow_anonymous: bool | None = Field(None, description="default: true only when no authentication "
                                                            "source is configured (Mosquitto 2)")
-    auth_chain: list[Literal["file", "jwt", "http"]] = Field(["file", "jwt", "http"],
-                                                             description="order of the configured sources")
+    auth_chain: list[str] = Field(["file", "jwt", "http"], description="order of the authentication sources: the "
+                                  "built-in `file`, `jwt`, `http` (each on when configured) and installed plugins "
+                                  "(entry point group tidewire.auth, see [plugins])")
     password_hash_threads: int = Field(2, ge=1, description="threads that check expensive password hashes")
     password_inline_iterations: int = Field(200, ge=0, description="PBKDF2 checks up to this many iterations "
                                             "run inline (Mosquitto's 101: ~70 us); more go to the threads")
@@ -163,6 +164,37 @@ class SecuritySettings(BaseModel):
                                                                  "once")
     acl_file: Path | None = Field(None, description="Mosquitto-syntax ACL file (`topic`, `user`, `pattern` with %c and "
                                                     "%u)")
+
+
+class PluginSettings(BaseModel):
+    """`[plugins]`: Operator code installed as Python entry points and chosen by name (docs/plugins.md):
+    authentication sources (named in `auth_chain`), authorizers and publish hooks; each call's timeout, and the
+    answer that applies when a plugin raises or times out. In this table, `options`, `defaults` and `timeouts`
+    stand for `plugin_options`, `plugin_defaults` and `plugin_timeouts` (`[plugins.options.NAME]`).
+    """
+
+    authorizers: list[str] = Field(["acl"], description="who decides what a client may publish and read, every one "
+                                   "of them must allow: the built-in `acl` (acl_file; allow-all without one) and "
+                                   "installed plugins (entry point group tidewire.authz)")
+    publish_hooks: list[str] = Field(default_factory=list, description="installed plugins (entry point group "
+                                     "tidewire.publish_hooks) run in this order on every publish, after the ACL "
+                                     "and before the append: allow, deny or rewrite")
+    plugin_timeout: float = Field(1.0, gt=0, description="s a plugin call may take; then its default applies")
+    plugin_timeouts: dict[str, float] = Field(default_factory=dict, description="plugin name → its own timeout (s)")
+    plugin_defaults: dict[str, Literal["allow", "deny", "ignore"]] = Field(
+        default_factory=dict, description="plugin name → the answer when it raises or times out: authentication "
+        "`ignore` (the default: the next source decides) or `deny`; authorizers `deny` (the default) or `allow`; "
+        "publish hooks `allow` (the default) or `deny`")
+    plugin_options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="plugin name → the options "
+                                                      "its factory is called with (`[plugins.options.NAME]`)")
+
+    @field_validator("plugin_timeouts")
+    @classmethod
+    def _positive_timeouts(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [name for name, seconds in value.items() if not seconds > 0]
+        if bad:
+            raise ValueError(f"a timeout must be over 0 s: {', '.join(bad)}")
+        return value
 
 
 class StoreSettings(BaseModel):
@@ -300,16 +332,21 @@ class AdminSettings(BaseModel):
 
 # Section name (its table in the config file) -> its model, in the order the reference lists them.
 SECTIONS: dict[str, type[BaseModel]] = {
-    "listeners": ListenerSettings, "mqtt": MqttSettings, "security": SecuritySettings, "store": StoreSettings,
+    "listeners": ListenerSettings, "mqtt": MqttSettings, "security": SecuritySettings, "plugins": PluginSettings,
+    "store": StoreSettings,
     "cluster": ClusterSettings, "backends": BackendSettings, "lake": LakeSettings, "bridges": BridgeSection,
     "rules": RulesSection, "admin": AdminSettings,
 }
 # Settings a flag would show in the process list: file or environment only.
-SECRETS = frozenset({"cluster_secret", "api_token", "jwt_secret", "http_auth_headers"})
+# Plugin options may hold a plugin's own credentials.
+SECRETS = frozenset({"cluster_secret", "api_token", "jwt_secret", "http_auth_headers", "plugin_options"})
+# Short names a section's table may use for its settings: `[plugins.options.NAME]` reads as plugin_options.
+SECTION_SHORT_NAMES: dict[str, dict[str, str]] = {
+    "plugins": {"options": "plugin_options", "defaults": "plugin_defaults", "timeouts": "plugin_timeouts"}}
 
 
 class Settings(BaseSettings, AdminSettings, RulesSection, BridgeSection, LakeSettings, BackendSettings,
-               ClusterSettings, StoreSettings, SecuritySettings, MqttSettings, ListenerSettings):
+               ClusterSettings, StoreSettings, PluginSettings, SecuritySettings, MqttSettings, ListenerSettings):
     """Every knob of a node. Env var: `TIDEWIRE_<FIELD>` (upper case), e.g. `TIDEWIRE_PORT=1884`."""
 
     model_config = SettingsConfigDict(env_prefix="TIDEWIRE_", extra="forbid")
@@ -370,8 +407,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
     for key, value in top.items():
         name = str(key).replace("-", "_")
         if _is_section_table(name, value):
+            short = SECTION_SHORT_NAMES.get(name, {})
             for inner, inner_value in value.items():
                 setting = str(inner).replace("-", "_")
+                setting = short.get(setting, setting)
                 if setting not in SECTIONS[name].model_fields:
                     where = f"; it belongs in [{section_of(setting)}]" if setting in Settings.model_fields else ""
                     raise ConfigError(f"{path}: [{name}] has no setting {inner!r}{where}")

@@ -17,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tidewire.cache.queue_cache import QueueCache
 from tidewire.extensions.authentication import AuthChain
 from tidewire.extensions.enhanced_auth import EnhancedAuth
-from tidewire.extensions.hooks import Authorizer, PerClient
+from tidewire.extensions.hooks import Authorizer, Narrowed, PerClient
+from tidewire.extensions.plugin_guard import GuardedHook, PluginErrors
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.appends import Appends
 from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
@@ -31,6 +32,7 @@ from tidewire.gateway.core.consumers import ConsumerGroups
 from tidewire.gateway.core.dispatch import Dispatcher
 from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.gateway.core.ingress import DurableSink, tell_sinks
+from tidewire.gateway.core.publish_hooks import PublishHooks
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.shared import SharedGroup
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
@@ -61,8 +63,12 @@ class Node:
     def __init__(self, settings: Settings, store: Store, lookup: Lookup, notifier: Notifier,
                  authorizer: Authorizer, enhanced_auth: EnhancedAuth | None = None,
                  auth: AuthChain | None = None, *, max_pending: int = MAX_PENDING_PUBLISHES,
-                 clock: Clock = SYSTEM_CLOCK, topology: Callable[[Node], Topology] | None = None) -> None:
-        """`topology`: the cluster role to play, made from the node (None: a node alone), chosen once, here."""
+                 clock: Clock = SYSTEM_CLOCK, topology: Callable[[Node], Topology] | None = None,
+                 authorizers: Sequence[Authorizer] = (), publish_hooks: Sequence[GuardedHook] = (),
+                 plugin_errors: PluginErrors | None = None) -> None:
+        """`topology`: the cluster role to play, made from the node (None: a node alone), chosen once, here.
+        `authorizers`: plugins that must allow too (after `authorizer`); `publish_hooks`: run on every publish
+        (`gateway.core.publish_hooks`); `plugin_errors`: what the plugins' guards count (`gateway.security`)."""
         # The one clock every part of the node reads (`gateway.core.clock`): a test moves it by hand.
         self.clock = clock
         self.settings = settings
@@ -73,7 +79,8 @@ class Node:
         self.store = store
         self.lookup = lookup
         self.notifier = notifier
-        self.authorizer = PerClient(authorizer)
+        self.authorizer = PerClient(authorizer) if not authorizers else Narrowed(authorizer, list(authorizers))
+        self.plugin_errors = plugin_errors if plugin_errors is not None else PluginErrors()
         # Cache refreshes read 4 pull batches at once: one round trip of a networked store serves more readers.
         self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch * 4,
                                 metrics=settings.metrics)
@@ -84,6 +91,9 @@ class Node:
         self.subscriptions = SubscriptionRegistry(self.node_id, settings, store, self.writes, lookup, self.cache,
                                                   self.authorizer, self.topology, self)
         self.counters = Counters(settings.metrics)
+        # None without hooks: the protocols test for it and publish as if hooks did not exist (no await, no task).
+        self.hooks = PublishHooks(publish_hooks, settings, self.authorizer, self.publish, self.counters.drop,
+                                  self.spawn) if publish_hooks else None
         # competing consumers of other protocols (AMQP queues, RocketMQ)
         self.groups = ConsumerGroups(self.node_id, store, self.cache, self.subscriptions, self.counters, clock,
                                      self.spawn)

@@ -326,7 +326,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
     except MissingExtra as exc:
         raise StartupError(str(exc)) from exc
     try:
-        security = Security.build(settings)
+        security = Security.build(settings, clock=clock)
         tls = tls_context(settings) if any(port is not None for port in (
             settings.tls_port, settings.wss_port, settings.amqps_port)) else None
     except (OSError, ValueError, ssl.SSLError) as exc:
@@ -361,7 +361,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
             return ClusterRole(node, joined, settings.cluster_resync_interval, settings.cluster_member_ttl)
 
     node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
-                security.chain, max_pending=settings.max_pending_publishes, clock=clock, topology=role)
+                security.chain, max_pending=settings.max_pending_publishes, clock=clock, topology=role,
+                authorizers=security.authorizers, publish_hooks=security.hooks, plugin_errors=security.plugin_errors)
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)
@@ -387,6 +388,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
             raise StartupError(f"{type(backend).__name__}: {exc}") from exc
     log.info("started", extra={"node": settings.node_id, "data_dir": str(settings.data_dir), "fsync": settings.fsync,
                                "auth": ",".join(s.name for s in security.chain.sources) or "none",
+                               "authorizers": ",".join(settings.authorizers),
+                               "publish_hooks": ",".join(settings.publish_hooks) or "none",
                                "allow_anonymous": security.chain.allow_anonymous})
 
     def reload() -> None:

@@ -9,7 +9,8 @@ Read: `README.md` and every `docs/**/*.md`. A reference is checked when it is
   (a folder: `store/`), or ends with a known file extension (`gateway/config.py`, `pyproject.toml`): resolved
   against the repository root; a bare file name (`compose.yaml`) must exist somewhere in the repository;
 - a dotted module name under `tidewire.` or `loadtest.` (`tidewire.pipeline.lake`, `loadtest.bench`), inline or
-  in a code block: the module or package must exist;
+  in a code block: the module or package must exist, or be one of the plugins' entry point groups
+  (`extensions/plugins.py`: `tidewire.auth` names a group, not a module);
 - a word of a fenced code block, or of an inline code span holding a command, that starts with a top-level
   entry followed by `/` or ends with a known extension (`docker compose -f deploy/compose.yaml`).
 
@@ -28,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidewire.extensions.plugins import AUTH_GROUP, AUTHZ_GROUP, PUBLISH_HOOK_GROUP, SINK_GROUP
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -43,6 +46,9 @@ MADE_LATER = {
     "deploy/tidewire.env": "the operator writes it from deploy/tidewire.env.example; .gitignore keeps it out",
     "dist/": "written by `tidewire pipeline package` (its zip and one launcher per job)",
 }
+
+# Dotted names that are entry point groups, not modules.
+ENTRY_POINT_GROUPS = {AUTH_GROUP, AUTHZ_GROUP, PUBLISH_HOOK_GROUP, SINK_GROUP}
 
 PATH_CHARS = re.compile(r"^[A-Za-z0-9_.\-/]+$")
 MODULE = re.compile(r"^(?:tidewire|loadtest)(?:\.[a-z_][a-z0-9_]*)+$")
@@ -129,6 +135,8 @@ def _exists(ref: Ref, names: set[str]) -> bool:
     if ref.kind == "link":
         return (ref.doc.parent / ref.target).exists()
     if ref.kind == "module":
+        if ref.target in ENTRY_POINT_GROUPS:
+            return True
         base = ROOT.joinpath(*ref.target.split("."))
         return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
     if any(ref.target == made or (made.endswith("/") and ref.target.startswith(made)) for made in MADE_LATER):

@@ -1,5 +1,6 @@
 """A bridge's in side: what the remote sends on the `in` topics is published here through the node's ingress,
-checked by the ACL as the bridge's local identity, and acknowledged to the remote only once it is durable."""
+checked by the ACL (and the publish hooks, when the node has any) as the bridge's local identity, and acknowledged
+to the remote only once it is durable."""
 
 from __future__ import annotations
 
@@ -76,11 +77,36 @@ class Inbound:
         expires = now_ms + event.expiry * 1000 if event.expiry is not None else 0
         message = Message(topic, event.payload, event.qos, event.retain, event.properties, now_ms, expires,
                           self.local_id, protocol=PROTOCOL_BRIDGE)
+        hooks = host.hooks
         if event.qos:
-            host.publish(message, self, (self._generation, event.packet_id))
+            if hooks is None:
+                host.publish(message, self, (self._generation, event.packet_id))
+            else:  # in order behind the earlier ones; `publish_refused` if a hook refuses it
+                hooks.submit(self, self.identity, message, self, (self._generation, event.packet_id))
         else:
-            host.publish(message)
+            if hooks is None:
+                host.publish(message)
+            else:
+                hooks.submit(self, self.identity, message, None, None)
             self.counters.stored += 1
+
+    # --- publish hooks (gateway.core.publish_hooks.Publisher) --------------------------------------------------
+    def publish_refused(self, message: Message, token: Any, reason: str) -> None:
+        """A publish hook refused it: acknowledged to the remote and dropped, as the ACL's denial is."""
+        self.counters.denied += 1
+        if token is None:
+            self.counters.stored -= 1  # a QoS 0 message is counted as stored when handed over
+            return
+        generation, packet_id = token
+        link = self.link
+        if link is not None and generation == self._generation:
+            link.incoming_stored(packet_id)
+
+    def hold_publishes(self, held: bool) -> None:
+        if held:
+            self.pause_publishes()
+        else:
+            self.resume_publishes()
 
     # --- DurableSink ------------------------------------------------------------------------------------------
     def durable(self, tokens: list[Any]) -> None:

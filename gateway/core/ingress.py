@@ -2,11 +2,12 @@
 
 A handler builds a `Message` with `neutral_message` from a topic, a payload and `Properties` (the neutral
 property model, `store.properties`: MQTT 5's application properties, which AMQP basic properties and RocketMQ
-system/user properties map onto), checks it with `refuse_publish`, and calls
-`Node.publish(message, sink, token)`. The node appends it with the next batch and, once the batch is durable,
-calls `sink.durable([token, ...])` once per sink per round (one batched write of acks: MQTT PUBACKs, AMQP
-Basic.Ack multiple, RocketMQ responses), or `sink.failed(tokens, reason)` if it will never be stored.
-`FutureSink` turns that into one future per publish.
+system/user properties map onto), checks it with `refuse_publish`, and calls `Node.publish(message, sink,
+token)`, or, when the node has publish hooks (`node.hooks` is not None), hands it to them
+(`gateway.core.publish_hooks`), which call `Node.publish` once they let it through. The node appends it with
+the next batch and, once the batch is durable, calls `sink.durable([token, ...])` once per sink per round (one
+batched write of acks: MQTT PUBACKs, AMQP Basic.Ack multiple, RocketMQ responses), or `sink.failed(tokens,
+reason)` if it will never be stored. `FutureSink` turns that into one future per publish.
 
 The stored form of the properties is the store's block (`store.properties`: by design the content of an MQTT 5
 property block, which MQTT subscribers get forwarded unchanged); other protocols decode it with
@@ -82,9 +83,18 @@ INVALID_TOPIC = "invalid topic"
 NOT_AUTHORIZED = "not authorized"
 
 
+def invalid_topic(settings: Settings, topic: str) -> bool:
+    """`topic` is no topic name a client may publish to: empty, wildcards, U+0000, over the configured levels or
+    length (`refuse_publish`'s first test, which it makes inline: every publish runs it)."""
+    if not topic or "+" in topic or "#" in topic or "\x00" in topic or topic.count("/") >= settings.max_topic_levels:
+        return True
+    limit = settings.max_topic_length
+    return len(topic) > limit or (len(topic) * 4 > limit and len(topic.encode()) > limit)
+
+
 def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInfo, topic: str) -> str | None:
     """Why `client` may not publish to `topic`: `INVALID_TOPIC` (empty, wildcards, over the configured levels
-    or length), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, or the ACL); None: it may."""
+    or length: `invalid_topic`), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, or the ACL); None: it may."""
     if not topic or "+" in topic or "#" in topic or "\x00" in topic or topic.count("/") >= settings.max_topic_levels:
         return INVALID_TOPIC
     limit = settings.max_topic_length

@@ -140,6 +140,15 @@ class Channel:
         if isinstance(mapped, str):
             return fault(PRECONDITION_FAILED, mapped, method)
         neutral, qos = mapped
+        message = neutral_message(topic, body, qos=qos, properties=neutral, publisher=conn.id,
+                                  now_ms=int(self.node.clock.time() * 1000), protocol=PROTOCOL_AMQP)
+        hooks = self.node.hooks
+        if hooks is not None:  # this connection's worker runs one command at a time: publishes stay in order
+            why = await hooks.check(conn.info, message)
+            if why is not None:
+                return fault(ACCESS_REFUSED, f"publish to topic '{message.topic[:80]}' refused for user "
+                                             f"'{conn.info.username}': {why[:120]}", method)
+            topic = message.topic
         seq = None
         if self.confirm:
             seq = self.next_publish
@@ -153,8 +162,6 @@ class Channel:
             if seq is not None:
                 self._settle_confirms([seq], Basic.Ack)
             return None
-        message = neutral_message(topic, body, qos=qos, properties=neutral, publisher=conn.id,
-                                  now_ms=int(self.node.clock.time() * 1000), protocol=PROTOCOL_AMQP)
         self.node.publish(message, self, seq)
         return None
 

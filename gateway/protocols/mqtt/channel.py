@@ -51,6 +51,7 @@ from tidewire.gateway.protocols.mqtt.lifecycle import (
     CLOSED,
     CONNECTED,
     CONNECTING,
+    HOLD_HOOKS,
     HOLD_RATE,
     HOLD_STORE,
     NEW,
@@ -270,7 +271,10 @@ class MqttChannel(Handshake):
         if self.bridge:
             message.protocol = PROTOCOL_BRIDGE
         if qos == 0:
-            node.publish(message)
+            if node.hooks is None:
+                node.publish(message)
+            else:
+                node.hooks.submit(self, self.info, message, None, None)
             return None
         if qos == 2:
             if self.inbound_qos2 is None:
@@ -286,8 +290,39 @@ class MqttChannel(Handshake):
         if self.unacked_in > node.settings.max_inbound_qos2 and not self._holds & HOLD_STORE:
             # The store is behind: stop reading this client until its acks catch up (no unbounded buffer).
             self._hold(HOLD_STORE)
-        node.publish(message, self, puback(pid) if qos == 1 else pubrec(pid))
+        if node.hooks is None:
+            node.publish(message, self, puback(pid) if qos == 1 else pubrec(pid))
+        else:  # in order behind this client's earlier publishes; `publish_refused` if a hook refuses it
+            node.hooks.submit(self, self.info, message, self, puback(pid) if qos == 1 else pubrec(pid))
         return None
+
+    # --- publish hooks (gateway.core.publish_hooks.Publisher) --------------------------------------------------
+    def publish_refused(self, message: Message, token: bytes | None, reason: str) -> None:
+        """A publish hook refused `message` (or the ACL its rewritten topic): answered as an ACL denial is, PUBACK
+        or PUBREC 0x87 (3.1.1: a plain PUBACK/PUBREC, the message dropped); `token` is the ack it would have had.
+        The hooks logged and counted it."""
+        if self.node.events is not None:
+            self.node.events.add(DROPPED, int(self.clock.time() * 1000), self.client_id, "mqtt", message.topic, None,
+                                 message.qos, reason="not_authorized")
+        if token is None:
+            return
+        pid = (token[2] << 8) | token[3]
+        self.unacked_in -= 1
+        if token[0] == 0x40:
+            self.pending_qos1 -= 1
+        elif self.inbound_qos2 is not None:
+            self.inbound_qos2.discard(pid)  # no PUBREL follows a refusal (3.1.1: one that does gets its PUBCOMP)
+        code = ReasonCode.NOT_AUTHORIZED if self.level >= 5 else 0
+        self._send((Puback if token[0] == 0x40 else Pubrec)(pid, code))
+        if self._holds & HOLD_STORE and self.unacked_in <= self.node.settings.max_inbound_qos2 // 2:
+            self._release(HOLD_STORE)
+
+    def hold_publishes(self, held: bool) -> None:
+        """The hooks' lane of this client is long: stop reading it until it is down to half."""
+        if held:
+            self._hold(HOLD_HOOKS)
+        else:
+            self._release(HOLD_HOOKS)
 
     def _on_pubrel(self, packet: Pubrel) -> None:
         pid = packet.packet_id

@@ -39,8 +39,9 @@ log = logging.getLogger("tidewire.conn")
 NEW, CONNECTING, AUTHENTICATING, CONNECTED, CLOSED = range(5)
 _NOBODY = ClientInfo("", None)
 # Why reading from a client is paused (a bit each): while any is set, the socket is not read. HOLD_PIPELINE is the
-# node's: its append queue is full (its own bit, so the acks that lift HOLD_STORE cannot lift it).
-HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE = 1, 2, 4, 8
+# node's: its append queue is full (its own bit, so the acks that lift HOLD_STORE cannot lift it). HOLD_HOOKS: its
+# lane of publishes waiting for the publish hooks is long (gateway.core.publish_hooks).
+HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE, HOLD_HOOKS = 1, 2, 4, 8, 16
 
 
 class Cancellable(Protocol):

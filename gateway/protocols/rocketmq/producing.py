@@ -1,5 +1,6 @@
-"""RocketMQ SendMessage: map each message (`mapping.inbound`), check it against the ACL, publish it through the
-neutral ingress and answer once it is durable.
+"""RocketMQ SendMessage: map each message (`mapping.inbound`), check it against the ACL (and the publish hooks, when
+the node has any: a batch goes through them in its order), publish it through the neutral ingress and answer once
+it is durable.
 
 A client retries a send whose answer it did not get with the same message id; a bounded LRU of recent
 (access key, message id) pairs maps a retry to the first attempt's answer (or makes it wait for the attempt
@@ -23,6 +24,7 @@ from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 from .mapping import Code, Refusal, inbound, message_id, status
 
 if TYPE_CHECKING:
+    from tidewire.gateway.core.publish_hooks import PublishHooks
     from tidewire.gateway.node import Node
 
 DEDUP_CAPACITY = 65_536  # recent message ids remembered for retries (per node)
@@ -42,7 +44,13 @@ class Producing:
         if len(request.messages) > MAX_SEND_BATCH:
             return service_pb2.SendMessageResponse(status=status(Code.BAD_REQUEST,
                                                                  f"over {MAX_SEND_BATCH} messages in one send"))
-        entries = await asyncio.gather(*(self._one(caller, pb) for pb in request.messages))
+        hooks = self.node.hooks
+        if hooks is None:
+            entries = await asyncio.gather(*(self._one(caller, pb) for pb in request.messages))
+        else:  # through the hooks one message after the other, so the batch is appended in its order
+            answers = [await self._hooked(caller, pb, hooks) for pb in request.messages]
+            entries = await asyncio.gather(*(asyncio.shield(a) if isinstance(a, asyncio.Future) else _done(a)
+                                             for a in answers))
         response = service_pb2.SendMessageResponse()
         for entry in entries:
             response.entries.append(entry)
@@ -55,6 +63,33 @@ class Producing:
         return response
 
     async def _one(self, caller: ClientInfo, pb: Any) -> Any:
+        admitted = self._admit(caller, pb)
+        if isinstance(admitted, tuple):
+            key, message, answer = admitted
+            self._launch(key, message, answer)
+            return await asyncio.shield(answer)
+        if isinstance(admitted, asyncio.Future):
+            return await asyncio.shield(admitted)
+        return admitted
+
+    async def _hooked(self, caller: ClientInfo, pb: Any, hooks: PublishHooks) -> Any:
+        """`_one` through the publish hooks: the answer's future once launched, or the refusal's entry."""
+        admitted = self._admit(caller, pb)
+        if not isinstance(admitted, tuple):
+            return admitted
+        key, message, answer = admitted
+        why = await hooks.check(caller, message)
+        if why is None:
+            self._launch(key, message, answer)
+            return answer
+        if self._recent.get(key) is answer:
+            del self._recent[key]  # not stored: a retry asks the hooks again
+        refused = _entry(pb, Code.FORBIDDEN, why)
+        answer.set_result(refused)  # a retry that arrived meanwhile gets the same answer
+        return refused
+
+    def _admit(self, caller: ClientInfo, pb: Any) -> Any:
+        """A refusal's entry, the answer future of an earlier attempt, or (key, message, answer) to publish."""
         settings = self.settings
         mapped = inbound(pb, settings.rocketmq_second_topic_property, settings.rocketmq_max_body)
         if isinstance(mapped, Refusal):
@@ -67,18 +102,20 @@ class Producing:
         answer = self._recent.get(key)
         if answer is not None:
             self._recent.move_to_end(key)
-        else:
-            answer = asyncio.get_running_loop().create_future()
-            self._recent[key] = answer
-            while len(self._recent) > DEDUP_CAPACITY:
-                self._recent.popitem(last=False)
-            message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
-                                      publisher=caller.client_id, now_ms=int(self.node.clock.time() * 1000),
-                                      protocol=PROTOCOL_ROCKETMQ)
-            task = asyncio.get_running_loop().create_task(self._publish(key, message, answer))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-        return await asyncio.shield(answer)
+            return answer
+        answer = asyncio.get_running_loop().create_future()
+        self._recent[key] = answer
+        while len(self._recent) > DEDUP_CAPACITY:
+            self._recent.popitem(last=False)
+        message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
+                                  publisher=caller.client_id, now_ms=int(self.node.clock.time() * 1000),
+                                  protocol=PROTOCOL_ROCKETMQ)
+        return key, message, answer
+
+    def _launch(self, key: tuple[str, str], message: Message, answer: asyncio.Future[Any]) -> None:
+        task = asyncio.get_running_loop().create_task(self._publish(key, message, answer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _publish(self, key: tuple[str, str], message: Message, answer: asyncio.Future[Any]) -> None:
         try:
@@ -96,6 +133,10 @@ class Producing:
             raise
         answer.set_result(service_pb2.SendResultEntry(status=status(Code.OK), message_id=message_id(message.seq),
                                                       offset=message.seq))
+
+
+async def _done(entry: Any) -> Any:
+    return entry
 
 
 def _entry(pb: Any, code: int, reason: str) -> Any:

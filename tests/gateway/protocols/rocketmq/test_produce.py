@@ -5,14 +5,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
 from rocketmq import Message, TransactionChecker, TransactionResolution
 from rocketmq.grpc_protocol import Code, MessagingServiceStub, TransactionSource, definition_pb2, service_pb2
-from rocketmq.v5.exception import IllegalArgumentException
+from rocketmq.v5.exception import ForbiddenException, IllegalArgumentException
 from rocketmq.v5.util.signature import Signature
 
+from tests.extensions.plugin_dist import lay_out, pythonpath
 from tests.integration.conftest import Gateway, PahoClient, PahoFactory
 from tests.waiting import wait_until
 
@@ -119,3 +121,19 @@ def test_end_transaction_is_not_supported(rmq_gateway: Callable[..., Gateway], c
                                       TransactionResolution.COMMIT, TransactionSource.SOURCE_CLIENT)
     assert answer.status.code == Code.UNSUPPORTED
     assert "not supported" in answer.status.message
+
+
+def test_sends_go_through_the_publish_hooks(rmq_gateway: Callable[..., Gateway], clients: Clients,
+                                           paho_factory: PahoFactory, tmp_path: Path) -> None:
+    """The test plugin's hook (tests/extensions/plugin_pkg/) rewrites `rewrite/X` to `rewritten/X` and denies
+    `deny/X`: a RocketMQ send to topic `rewrite` reaches MQTT on `rewritten/...`, one to `deny` is FORBIDDEN."""
+    gw = rmq_gateway(env={"PYTHONPATH": pythonpath(lay_out(tmp_path / "plugins")),
+                          "TIDEWIRE_PUBLISH_HOOKS": '["testhook"]'})
+    sub = subscriber(paho_factory, gw, "rewritten/#", "rewrite/#", "deny/#")
+    producer = clients.producer(gw, ["rewrite", "deny"])
+    producer.send(message("rewrite", b"m", properties={"mqttSecondTopic": "/a"}))
+    got = sub.get()
+    assert (got.topic, got.payload) == ("rewritten/a", b"R:m")
+    with pytest.raises(ForbiddenException):
+        producer.send(message("deny", b"m", properties={"mqttSecondTopic": "/a"}))
+    sub.assert_nothing(0.2)
