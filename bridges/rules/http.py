@@ -12,10 +12,12 @@ import urllib.parse
 
 import h11
 
+from tidewire.errors import TidewireError
+
 READ_CHUNK = 65536
 
 
-class HttpError(OSError):
+class HttpError(TidewireError, ConnectionError):
     """The request could not be made or answered (connection, TLS, timeout, a malformed answer)."""
 
 
