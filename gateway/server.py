@@ -106,9 +106,12 @@ def optional_parts(settings: Settings) -> OptionalParts:
     rules = [rule.name for rule in settings.rules]
     if len(set(rules)) != len(rules):
         raise StartupError(f"rules: a name is given twice: {sorted(n for n in set(rules) if rules.count(n) > 1)}")
+    names = {bridge.name for bridge in bridges}
     for rule in settings.rules:
         if isinstance(query := compile_rule(rule.sql), RuleError):
             raise StartupError(f"rule {rule.name!r}: {query.reason}")
+        if rule.action.type == "bridge" and rule.action.bridge not in names:
+            raise StartupError(f"rule {rule.name!r}: no bridge {rule.action.bridge!r} is configured")
     return OptionalParts(amqp=_listener_on(settings, "amqp", ("amqp_port", "amqps_port"), "AMQP"),
                          rocketmq=_listener_on(settings, "rocketmq", ("rocketmq_port",), "RocketMQ"),
                          admin=_listener_on(settings, "admin", ("admin_port",), "admin HTTP"),
@@ -138,7 +141,7 @@ def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts)
     if parts.bridges:
         backends.append(BridgeRunner(node, list(parts.bridges)))
     # Always: rules made through the admin API (stored with the cluster) run even if the config file has none.
-    backends.append(RuleEngine(node, list(settings.rules)))
+    backends.append(RuleEngine(node, list(settings.rules), parts.bridges))
     return backends
 
 

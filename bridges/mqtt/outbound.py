@@ -13,6 +13,7 @@ from tidewire.bridges.mqtt.client import Acked, ClientCore, PacketTooLarge
 from tidewire.bridges.mqtt.link import Link, LinkClosed
 from tidewire.bridges.mqtt.settings import BridgeSettings, TopicRule
 from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.core.topics import matches
 from tidewire.store.base import GroupRecord, Message
 
 if TYPE_CHECKING:
@@ -67,12 +68,13 @@ class Outbound:
         """What the group passes over: what came in over this very bridge."""
         return message.publisher != self.local_id
 
-    def _remote_topic(self, topic: str) -> tuple[TopicRule, str] | None:
-        for rule in self.rules:
-            remote = rule.to_remote(topic)
-            if remote is not None:
-                return rule, remote
-        return None
+    def _remote_topic(self, topic: str) -> tuple[int, str] | None:
+        """(QoS, remote topic) of a local message: mapped in Mosquitto's order, at the highest QoS of the out rules
+        taking it (each is a subscription of the bridge's, and overlapping subscriptions deliver at the highest)."""
+        remote = self.settings.remote_topic(topic)
+        if remote is None:
+            return None
+        return max(r.qos for r in self.rules if matches(r.local_filter, topic)), remote
 
     # --- Consumer ---------------------------------------------------------------------------------------------
     def credit(self) -> int:
@@ -93,8 +95,8 @@ class Outbound:
             if link is None or link.closed or back:  # the link went while the claim was made: send it next time
                 back.append(handle)
                 continue
-            rule, remote_topic = out
-            qos = link.core.qos_for(min(message.qos, rule.qos))  # the server's Maximum QoS may cap it
+            rule_qos, remote_topic = out
+            qos = link.core.qos_for(min(message.qos, rule_qos))  # the server's Maximum QoS may cap it
             retain = message.retain and self.settings.bridge_outgoing_retain
             # What is left of its life goes with it (the group passes over the expired).
             left = max(1, (message.expires_at_ms - now_ms + 999) // 1000) if message.expires_at_ms else None

@@ -398,6 +398,16 @@ class BridgeSettings(BaseModel):
         """
         return self._route(local_topic, [(r.local_filter, r) for r in self.topics if r.outgoing], out=True)
 
+    def sent_as(self, remote_topic: str) -> str | None:
+        """A local topic this bridge sends out as `remote_topic` (the inverse of `remote_topic`), or None: where a
+        rule publishes what it wants to go over the bridge."""
+        for rule in self.topics:
+            if rule.outgoing and remote_topic.startswith(rule.remote_prefix):
+                local = rule.local_prefix + remote_topic[len(rule.remote_prefix):]
+                if local and self.remote_topic(local) == remote_topic:
+                    return local
+        return None
+
     def local_topic(self, remote_topic: str) -> str | None:
         """The local topic of a remote message, or None when no in rule takes it (`bridge__remap_topic_in`)."""
         return self._route(remote_topic, [(r.remote_filter, r) for r in self.topics if r.incoming], out=False)

@@ -9,12 +9,15 @@ import hashlib
 import hmac
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.bridges.rules.http import Endpoint, HttpError
 from tidewire.bridges.rules.settings import (
     AmqpAction,
+    BridgeAction,
     RepublishAction,
     RocketMQAction,
     RuleSettings,
@@ -68,10 +71,12 @@ def _payload(template: str | None, fields: dict[str, Any], result: dict[str, Any
 class Republish:
     """Into the log again, as the rule (`rule:<name>` is the publisher): durable before the batch is settled."""
 
-    def __init__(self, settings: RuleSettings, host: NodeHost, publisher: str) -> None:
+    def __init__(self, settings: RuleSettings, host: NodeHost, publisher: str,
+                 bridges: Mapping[str, BridgeSettings]) -> None:
         action = settings.action
-        assert isinstance(action, RepublishAction | AmqpAction | RocketMQAction)
+        assert isinstance(action, RepublishAction | AmqpAction | RocketMQAction | BridgeAction)
         self.action = action
+        self.bridge = bridges.get(action.bridge) if isinstance(action, BridgeAction) else None
         self.host = host
         self.publisher = publisher
         self.batch_size = 100
@@ -85,6 +90,13 @@ class Republish:
         if isinstance(action, RepublishAction):
             return Message(render(action.topic, fields), payload, action.qos, action.retain, b"", now_ms, 0,
                            self.publisher, protocol=PROTOCOL_MQTT)
+        if isinstance(action, BridgeAction):
+            remote = render(action.topic, fields)
+            local = self.bridge.sent_as(remote) if self.bridge is not None else None
+            if local is None:
+                raise ValueError(f"bridge {action.bridge!r} sends nothing out as {remote!r}")
+            return Message(local, payload, action.qos, action.retain, b"", now_ms, 0, self.publisher,
+                           protocol=PROTOCOL_MQTT)
         if isinstance(action, AmqpAction):
             from tidewire.gateway.protocols.amqp.mapping import PREDECLARED, publish_topic
 
@@ -156,7 +168,9 @@ class Webhook:
         await self.endpoint.close()
 
 
-def make_action(settings: RuleSettings, host: NodeHost, publisher: str) -> RuleAction:
+def make_action(settings: RuleSettings, host: NodeHost, publisher: str,
+                bridges: Mapping[str, BridgeSettings]) -> RuleAction:
+    """The rule's action; `bridges`: the node's configured bridges, by name (for a `bridge` action)."""
     if settings.action.type == "webhook":
         return Webhook(settings, host)
-    return Republish(settings, host, publisher)
+    return Republish(settings, host, publisher, bridges)

@@ -20,10 +20,12 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tidewire.bridges.host import NodeHost
+from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.bridges.rules.actions import ActionResult, RuleAction, make_action
 from tidewire.bridges.rules.settings import RuleSettings
 from tidewire.bridges.rules.sql import RuleError, RuleQuery, compile_rule
@@ -59,7 +61,7 @@ class RuleRunner:
         self.publisher = PUBLISHER_PREFIX + settings.name
         self.counts = RuleCounts()
         self.last_error = ""
-        self.action: RuleAction = make_action(settings, engine.host, self.publisher)
+        self.action: RuleAction = make_action(settings, engine.host, self.publisher, engine.bridges)
         self.visibility_ms = VISIBILITY_MS
         self._busy = 0  # results being delivered now
         self._tasks: set[asyncio.Task[None]] = set()
@@ -160,9 +162,11 @@ class RuleRunner:
 class RuleEngine:
     """Every rule of the cluster, run on this node (a `gateway.server.Backend`)."""
 
-    def __init__(self, host: NodeHost, configured: list[RuleSettings]) -> None:
+    def __init__(self, host: NodeHost, configured: list[RuleSettings],
+                 bridges: Sequence[BridgeSettings] = ()) -> None:
         self.host = host
         self.configured = configured
+        self.bridges = {bridge.name: bridge for bridge in bridges}  # for rules whose action is a bridge
         self.runners: dict[str, RuleRunner] = {}
         self.stored: dict[str, RuleSettings] = {}  # every rule as last read, enabled or not
         self._refresh: asyncio.Task[None] | None = None

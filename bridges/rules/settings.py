@@ -76,7 +76,20 @@ class WebhookAction(_Action):
         return value
 
 
-Action = Annotated[RepublishAction | AmqpAction | RocketMQAction | WebhookAction, Field(discriminator="type")]
+class BridgeAction(_Action):
+    """Send the result over a configured MQTT bridge, to a topic on its remote: it is published here on the local
+    topic the bridge's `out` topics send as that remote topic, and goes out from the log as all the bridge carries."""
+
+    type: Literal["bridge"] = "bridge"
+    bridge: str = Field(description="a configured bridge's name")
+    topic: str = Field(description="template of the topic on the remote (an out topic of the bridge must carry it)")
+    qos: int = Field(1, ge=0, le=2)
+    retain: bool = False
+    payload: str | None = None
+
+
+Action = Annotated[RepublishAction | AmqpAction | RocketMQAction | BridgeAction | WebhookAction,
+                   Field(discriminator="type")]
 
 
 class RuleSettings(BaseModel):

@@ -5,6 +5,7 @@ the bridge's status in the admin API, `$SYS` and /metrics. Clients on both sides
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
@@ -277,3 +278,20 @@ def test_no_loop_between_two_tidewire_nodes_bridged_both_ways(pair: Pair) -> Non
     near_sub.assert_nothing(0.5)
     far_sub.assert_nothing(0.5)
     assert near_got == Counter(want) and far_got == Counter(want)
+
+
+def test_a_rule_sends_its_results_over_a_bridge(pair: Pair) -> None:
+    remote = pair.remote()
+    rules = [{"name": "hot", "sql": 'SELECT payload.temp AS t FROM "sensors/#" WHERE payload.temp > 30',
+              "action": {"type": "bridge", "bridge": "b1", "topic": "remote/site1/alerts/${clientid}"}}]
+    local = pair.local(block(remote.port, "topic alerts/# out 1 site/ remote/site1/"),
+                       extra_args=["--rules", json.dumps(rules)])
+    wait_connected(local)
+    remote_sub = pair.client(remote.port, "remote-sub")
+    remote_sub.subscribe("remote/site1/#", 1)
+    local_pub = pair.client(local.port, "dev1")
+    local_pub.publish("sensors/a", json.dumps({"temp": 20}), qos=1)
+    local_pub.publish("sensors/a", json.dumps({"temp": 40}), qos=1)
+    got = remote_sub.get(timeout=5)  # the rule published it here as site/alerts/dev1; the bridge sent it out
+    assert (got.topic, json.loads(got.payload)) == ("remote/site1/alerts/dev1", {"t": 40})
+    remote_sub.assert_nothing(0.3)

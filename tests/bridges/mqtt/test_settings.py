@@ -227,3 +227,15 @@ def test_check_unique() -> None:
         check_unique([bridge(name="a"), bridge(name="a")], "h")
     with pytest.raises(ConfigError, match=r"same local client id 'local\.h\.a'"):
         check_unique([bridge(name="a"), bridge(name="b", remote_clientid="h.a")], "h")
+
+
+def test_sent_as_is_the_inverse_of_the_out_mapping() -> None:
+    b = bridge(topics=[TopicRule(pattern="alerts/#", direction="out", qos=1, local_prefix="site/",
+                                 remote_prefix="plant1/"),
+                       TopicRule(pattern="", direction="out", local_prefix="local/one", remote_prefix="remote/one"),
+                       TopicRule(pattern="cmd/#", direction="in", local_prefix="dev/", remote_prefix="plant1/")])
+    assert b.sent_as("plant1/alerts/x/y") == "site/alerts/x/y"
+    assert b.remote_topic("site/alerts/x/y") == "plant1/alerts/x/y"
+    assert b.sent_as("remote/one") == "local/one"
+    assert b.sent_as("plant1/cmd/x") is None  # an in topic: nothing goes out as it
+    assert b.sent_as("elsewhere/alerts/x") is None
