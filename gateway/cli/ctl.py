@@ -443,3 +443,17 @@ def bridges_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
                        b.get("redelivered"), b.get("received"), b.get("stored"), b.get("denied"),
                        b.get("lag_messages"), duration(b.get("lag_seconds")) if b.get("lag_seconds") else "-",
                        b.get("last_error") or "-"] for b in rows]))
+
+
+@ctl_app.command("rules")
+def rules_command(ctx: typer.Context, json_out: JsonFlag = False) -> None:
+    """The rules and what each did on this node: matched, sent, failed, dead-lettered."""
+    opts = _options(ctx, json_out)
+    answer = call(opts, "GET", "/api/v1/rules")
+    if _printed_json(opts, answer):
+        return
+    rows = _rows(answer)
+    typer.echo(table(["NAME", "ENABLED", "ACTION", "MATCHED", "SENT", "FAILED", "DEAD_LETTERED", "LAST_ERROR", "SQL"],
+                     [[r.get("name"), "yes" if r.get("enabled") else "no", (r.get("action") or {}).get("type"),
+                       *((r.get("counts") or {}).get(k) for k in ("matched", "sent", "failed", "dead_lettered")),
+                       r.get("last_error") or "-", r.get("sql")] for r in rows]))

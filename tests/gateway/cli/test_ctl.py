@@ -192,3 +192,22 @@ def test_token_from_files(node: Gateway, tmp_path: Path) -> None:
     assert res.returncode == 0 and node.api_token not in res.stdout + res.stderr
     res = ctl("status", "--json", url=url, extra_env={"TIDEWIRE_DATA_DIR": str(tmp_path / "data")})
     assert res.returncode == 0, res.stderr
+
+
+def test_rules_and_bridges_are_listed(node: Gateway, mqtt: Callable[..., PahoClient]) -> None:
+    headers = {"Authorization": f"Bearer {node.api_token}"}
+    rule = {"name": "ctl-rule", "sql": 'SELECT payload FROM "ctl/rules/#"',
+            "action": {"type": "republish", "topic": "ctl/out/${clientid}"}}
+    answer = httpx.put(f"http://127.0.0.1:{node.admin_port}/api/v1/rules/ctl-rule", json=rule, headers=headers,
+                       timeout=10.0)
+    assert answer.status_code == 200, answer.text
+    sub = mqtt("ctl-rules-sub")
+    sub.subscribe("ctl/out/#", 1)
+    mqtt("ctl-rules-pub").publish("ctl/rules/x", b"hello", qos=1)
+    assert sub.get(timeout=5).topic == "ctl/out/ctl-rules-pub"
+    wait_until(lambda: json.loads(run_ok(node, "rules", "--json"))["data"][0]["counts"]["sent"] == 1,
+               what="the rule's count")
+    [line] = run_ok(node, "rules").splitlines()[1:]
+    assert line.split()[:7] == ["ctl-rule", "yes", "republish", "1", "1", "0", "0"]
+    assert run_ok(node, "bridges").splitlines()[1:] == []  # the header only: no bridge configured
+    httpx.delete(f"http://127.0.0.1:{node.admin_port}/api/v1/rules/ctl-rule", headers=headers, timeout=10.0)
