@@ -238,6 +238,7 @@ def hook() -> Iterator[WebhookServer]:
     server.close()
 
 
+@pytest.mark.slow  # a browser, a node and clients (a bridge: a Mosquitto too): seconds
 def test_dashboard_rules_counts_disable_and_delete(node: Gateway, browser: WebDriver, hook: WebhookServer,
                                                   mqtt: Callable[[str], PahoClient]) -> None:
     browser.get(f"http://127.0.0.1:{node.admin_port}/#token={node.api_token}")
@@ -316,6 +317,7 @@ def test_dashboard_rules_counts_disable_and_delete(node: Gateway, browser: WebDr
     _no_script_errors(browser)
 
 
+@pytest.mark.slow  # a browser, a node and clients (a bridge: a Mosquitto too): seconds
 def test_dashboard_bridges(browser: WebDriver, tmp_path: Path) -> None:
     with Gateway(tmp_path / "remote", target="mosquitto") as remote:
         conf = tmp_path / "bridges.conf"

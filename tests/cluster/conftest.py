@@ -35,12 +35,16 @@ EPOCH_KEY = "{tw}:members:epoch"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every cluster scenario is `slow` (`make test-slow`: several nodes and a Redis each, seconds apiece; `make
+    test` stays under its 10 minutes), and skipped without redis-server or against Mosquitto."""
+    here = Path(__file__).parent
+    mine = [item for item in items if here in Path(str(item.path)).parents]
+    for item in mine:
+        item.add_marker(pytest.mark.slow)
     if os.environ.get("TIDEWIRE_TEST_TARGET", "tidewire") == "mosquitto" or not redis_server.available():
         skip = pytest.mark.skip(reason="a Tidewire cluster needs redis-server (and is not a Mosquitto feature)")
-        here = Path(__file__).parent
-        for item in items:
-            if here in Path(str(item.path)).parents:
-                item.add_marker(skip)
+        for item in mine:
+            item.add_marker(skip)
 
 
 class ClusterNode(Gateway):

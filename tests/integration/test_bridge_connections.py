@@ -46,13 +46,14 @@ class Variant:
         return f"{self.version}-private-{self.try_private}-accept-{self.accept_bridges}".lower()
 
 
+# Mosquitto's default in `make test`; the other variants in `make test-slow` (two brokers each: seconds apiece).
 VARIANTS = [
     Variant("mqttv311"),
-    Variant("mqttv31"),
-    Variant("mqttv50", marked=False),
-    Variant("mqttv311", try_private=False, marked=False, echo=True),
+    pytest.param(Variant("mqttv31"), marks=pytest.mark.slow),
+    pytest.param(Variant("mqttv50", marked=False), marks=pytest.mark.slow),
+    pytest.param(Variant("mqttv311", try_private=False, marked=False, echo=True), marks=pytest.mark.slow),
     pytest.param(Variant("mqttv311", accept_bridges=False, marked=False, echo=True),
-                 marks=pytest.mark.tidewire_only),  # a Mosquitto has no such setting: it takes the bridge in
+                 marks=[pytest.mark.tidewire_only, pytest.mark.slow]),  # a Mosquitto has no such setting
 ]
 
 

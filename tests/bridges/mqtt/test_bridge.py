@@ -191,6 +191,7 @@ def test_mutual_tls(pair: Pair) -> None:
     assert remote_sub.get(timeout=5).payload == b"over tls"
 
 
+@pytest.mark.slow
 def test_without_the_client_certificate_the_bridge_stays_down(pair: Pair) -> None:
     pki = TestPKI(pair.tmp / "pki")
     remote = pair.remote(tls=TlsOptions(pki.server.certfile, pki.server.keyfile, pki.cafile,
@@ -213,6 +214,7 @@ def test_mosquitto_documentation_block_works_unchanged(pair: Pair) -> None:
     assert got.topic == "test/mosquitto/org/clients/total" and got.payload.isdigit()
 
 
+@pytest.mark.slow
 def test_published_while_the_remote_is_down_all_arrive(pair: Pair) -> None:
     remote = pair.remote()
     local = pair.local(block(remote.port, "topic q/# out 1"))

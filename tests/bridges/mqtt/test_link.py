@@ -420,6 +420,7 @@ async def test_a_full_transport_has_no_credit(mosquitto: Mosquitto) -> None:
 
 
 # --- keepalive, will, endings -----------------------------------------------------------------------------------------
+@pytest.mark.slow  # waits out a keepalive
 async def test_keepalive_pings_and_a_silent_broker_times_out(mosquitto: Mosquitto) -> None:
     gw = mosquitto()
     handler = Recorder()
