@@ -37,6 +37,7 @@ a path wins over a name). A JSON number compares as a number, a JSON object or a
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import math
 import re
@@ -96,6 +97,7 @@ class Path(NamedTuple):
         return next((s for s in reversed(self.steps) if isinstance(s, str)), self.root)
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the text: WHERE asks for the same few paths per message
 def parse_path(text: str) -> Path | SqlError:
     """The checked path of a field as written (`payload."a-b"[1]`); refusals point inside `text`."""
     first = _FIRST.match(text)
