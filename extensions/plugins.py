@@ -7,7 +7,7 @@ options (the table `[plugins.options.<name>]`, a dict) that returns the object:
     tidewire.auth           an `Authenticator` (extensions/authentication.py): a source of `auth_chain`
     tidewire.authz          an `Authorizer` (extensions/hooks.py): one of `authorizers`, every one must allow
     tidewire.publish_hooks  a `PublishHook` (below): one of `publish_hooks`, run in order before the append
-    tidewire.sinks          a `Sink` (below): declared for the rule engine, not wired into the node yet
+    tidewire.sinks          a `Sink` (below): where a rule's results go (a rule's `sink` action)
 
 The built-in sources (`file`, `jwt`, `http`; the authorizer `acl`) are a registry consulted *before* the entry
 points (`PluginCatalog(builtins=...)`), under the same names, so a chain mixes them (`auth_chain = ["file",
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tidewire.errors import ConfigError
+from tidewire.errors import ConfigError, TidewireError
 
 if TYPE_CHECKING:
     from tidewire.extensions.hooks import ClientInfo
@@ -93,11 +93,17 @@ class PublishHook(Protocol):
     async def on_publish(self, client: ClientInfo, message: Message) -> PublishDecision: ...
 
 
-class Sink(Protocol):
-    """Where the rule engine sends messages (group `tidewire.sinks`). Declared here; not called by the node yet."""
+class SinkRefused(TidewireError):
+    """A sink's permanent refusal of what it was given: retrying cannot help (the rule dead-letters it)."""
 
-    async def write(self, messages: Sequence[Message]) -> None:
-        """Take these messages; raise to have them retried."""
+
+class Sink(Protocol):
+    """Where a rule's results go (group `tidewire.sinks`, chosen by a rule's `sink` action). The rule engine's own
+    actions (republish, AMQP, RocketMQ, bridge, webhook: `bridges/rules/actions.py`) are sinks too."""
+
+    async def write(self, results: Sequence[dict[str, Any]], messages: Sequence[Message]) -> None:
+        """Deliver these results (the rule's SELECT of each message, and the messages). Return once they are
+        delivered; raise `SinkRefused` for a permanent refusal, anything else to have them retried."""
 
     async def close(self) -> None: ...
 

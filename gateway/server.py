@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.bridges.mqtt.settings import BridgeSettings
-from tidewire.bridges.rules.engine import RuleEngine
-from tidewire.bridges.rules.sql import RuleError, compile_rule
+from tidewire.bridges.rules.engine import RuleEngine, check_rule
 from tidewire.bridges.runner import BridgeRunner, configured_bridges
 from tidewire.errors import ConfigError, MissingExtra, StartupError
+from tidewire.extensions.plugins import PluginCatalog
 from tidewire.gateway import extras
 from tidewire.gateway.cluster import ClusterRole
 from tidewire.gateway.config import Settings
@@ -106,12 +106,12 @@ def optional_parts(settings: Settings) -> OptionalParts:
     rules = [rule.name for rule in settings.rules]
     if len(set(rules)) != len(rules):
         raise StartupError(f"rules: a name is given twice: {sorted(n for n in set(rules) if rules.count(n) > 1)}")
-    names = {bridge.name for bridge in bridges}
+    catalog = PluginCatalog()
     for rule in settings.rules:
-        if isinstance(query := compile_rule(rule.sql), RuleError):
-            raise StartupError(f"rule {rule.name!r}: {query.reason}")
-        if rule.action.type == "bridge" and rule.action.bridge not in names:
-            raise StartupError(f"rule {rule.name!r}: no bridge {rule.action.bridge!r} is configured")
+        try:
+            check_rule(rule, {bridge.name for bridge in bridges}, catalog)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from exc
     return OptionalParts(amqp=_listener_on(settings, "amqp", ("amqp_port", "amqps_port"), "AMQP"),
                          rocketmq=_listener_on(settings, "rocketmq", ("rocketmq_port",), "RocketMQ"),
                          admin=_listener_on(settings, "admin", ("admin_port",), "admin HTTP"),

@@ -20,15 +20,17 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tidewire.bridges.host import NodeHost
 from tidewire.bridges.mqtt.settings import BridgeSettings
-from tidewire.bridges.rules.actions import ActionResult, RuleAction, make_action
-from tidewire.bridges.rules.settings import RuleSettings
+from tidewire.bridges.rules.actions import make_sink
+from tidewire.bridges.rules.settings import BridgeAction, RuleSettings, SinkAction
 from tidewire.bridges.rules.sql import RuleError, RuleQuery, compile_rule
+from tidewire.errors import ConfigError
+from tidewire.extensions.plugins import SINK_GROUP, PluginCatalog, Sink, SinkRefused
 from tidewire.gateway.core.consumers import Delivery
 from tidewire.gateway.core.ingress import publish_future
 from tidewire.gateway.core.topics import matches
@@ -61,7 +63,7 @@ class RuleRunner:
         self.publisher = PUBLISHER_PREFIX + settings.name
         self.counts = RuleCounts()
         self.last_error = ""
-        self.action: RuleAction = make_action(settings, engine.host, self.publisher, engine.bridges)
+        self.sink: Sink = make_sink(settings, engine.host, self.publisher, engine.bridges, engine.catalog)
         self.visibility_ms = VISIBILITY_MS
         self._busy = 0  # results being delivered now
         self._tasks: set[asyncio.Task[None]] = set()
@@ -78,14 +80,14 @@ class RuleRunner:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.action.close()
+        await self.sink.close()
 
     def _selects(self, message: Message) -> bool:
         return message.publisher != self.publisher and self.query.matches(message)
 
     # --- Consumer ---------------------------------------------------------------------------------------------
     def credit(self) -> int:
-        action = self.action
+        action = self.settings.action
         return max(0, action.batch_size * action.concurrency - self._busy)
 
     def deliver(self, deliveries: list[Delivery]) -> None:
@@ -93,7 +95,7 @@ class RuleRunner:
         self._busy += len(deliveries)
         self.counts.matched += len(deliveries)
         loop = asyncio.get_running_loop()
-        size = self.action.batch_size
+        size = self.settings.action.batch_size
         for start in range(0, len(deliveries), size):
             task = loop.create_task(self._run(deliveries[start:start + size]))
             self._tasks.add(task)
@@ -101,19 +103,27 @@ class RuleRunner:
 
     async def _run(self, deliveries: list[Delivery]) -> None:
         groups = self.engine.host.groups
+        action = self.settings.action
         try:
             results = [self.query.project(d.message) for d in deliveries]
-            outcome = await self.action.deliver([d.message for d in deliveries], results)
-            if outcome.ok:
+            permanent = False
+            try:
+                async with asyncio.timeout(getattr(action, "timeout", None) if action.type == "sink" else None):
+                    await self.sink.write(results, [d.message for d in deliveries])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the sink's failure, never the node's: counted, then retried or dead-lettered
+                permanent = isinstance(exc, SinkRefused)
+                self.last_error = str(exc) or type(exc).__name__
+            else:
                 self.counts.sent += len(deliveries)
                 await groups.ack(self.group, [(d.claim.seq, d.claim.token) for d in deliveries])
                 return
             self.counts.failed += len(deliveries)
-            self.last_error = outcome.error
             retry: list[Delivery] = []
             dead: list[tuple[Delivery, dict[str, Any]]] = []
             for delivery, result in zip(deliveries, results, strict=True):
-                if outcome.permanent or delivery.claim.deliveries > self.action.max_retries:
+                if permanent or delivery.claim.deliveries > action.max_retries:
                     dead.append((delivery, result))
                 else:
                     retry.append(delivery)
@@ -122,10 +132,10 @@ class RuleRunner:
                 await groups.requeue(self.group, [(d.claim.seq, d.claim.token) for d in retry],
                                      delay_ms=int(self._backoff(attempts) * 1000))
             if dead:
-                await self._dead_letter(dead, outcome)
+                await self._dead_letter(dead, self.last_error)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a bug or a store outage: the claims lapse and come back
+        except Exception as exc:  # a store outage: the claims lapse and come back
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.exception("rule.failed", extra={"rule": self.settings.name})
         finally:
@@ -136,14 +146,14 @@ class RuleRunner:
         action = self.settings.action
         return float(min(action.retry_cap, action.retry_base * 2 ** max(0, attempts - 1)))
 
-    async def _dead_letter(self, dead: list[tuple[Delivery, dict[str, Any]]], outcome: ActionResult) -> None:
+    async def _dead_letter(self, dead: list[tuple[Delivery, dict[str, Any]]], error: str) -> None:
         """Each result to the dead-letter topic, with why; settled once those publishes are durable."""
         host = self.engine.host
         now_ms = int(host.clock.time() * 1000)
         letters: list[Message] = []
         for delivery, result in dead:
             message = delivery.message
-            body = {"rule": self.settings.name, "error": outcome.error, "attempts": delivery.claim.deliveries,
+            body = {"rule": self.settings.name, "error": error, "attempts": delivery.claim.deliveries,
                     "topic": message.topic, "clientid": message.publisher, "seq": message.seq,
                     "timestamp": message.timestamp_ms, "result": result}
             letters.append(Message(self.settings.dead_letter_topic, json.dumps(body, default=str).encode(), 1, False,
@@ -162,13 +172,15 @@ class RuleRunner:
 class RuleEngine:
     """Every rule of the cluster, run on this node (a `gateway.server.Backend`)."""
 
-    def __init__(self, host: NodeHost, configured: list[RuleSettings],
-                 bridges: Sequence[BridgeSettings] = ()) -> None:
+    def __init__(self, host: NodeHost, configured: list[RuleSettings], bridges: Sequence[BridgeSettings] = (),
+                 catalog: PluginCatalog | None = None) -> None:
         self.host = host
         self.configured = configured
         self.bridges = {bridge.name: bridge for bridge in bridges}  # for rules whose action is a bridge
+        self.catalog = catalog if catalog is not None else PluginCatalog()  # for rules whose action is a sink
         self.runners: dict[str, RuleRunner] = {}
         self.stored: dict[str, RuleSettings] = {}  # every rule as last read, enabled or not
+        self.errors: dict[str, str] = {}  # why an enabled rule does not run here
         self._refresh: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -213,13 +225,21 @@ class RuleEngine:
                     log.error("rule.invalid", extra={"rule": name, "error": query.reason})
                     continue
                 await self.host.groups.get(GROUP_PREFIX + name)  # known to this node's groups
-                runner = self.runners[name] = RuleRunner(self, settings, query)
+                try:
+                    runner = RuleRunner(self, settings, query)
+                except (ConfigError, OSError, ValueError) as exc:  # its sink cannot be made here
+                    if self.errors.get(name) != str(exc):
+                        log.error("rule.not_started", extra={"rule": name, "error": str(exc)})
+                    self.errors[name] = str(exc)
+                    continue
+                self.errors.pop(name, None)
+                self.runners[name] = runner
                 runner.start()
 
     async def _store(self, settings: RuleSettings, source: str) -> None:
+        check_rule(settings, self.bridges, self.catalog)
         query = compile_rule(settings.sql)
-        if isinstance(query, RuleError):
-            raise ValueError(f"rule {settings.name!r}: {query.reason}")
+        assert not isinstance(query, RuleError)
         groups = self.host.groups
         attrs = {"rule": settings.model_dump(mode="json"), "source": source}
         record, created = await groups.declare(GroupRecord(GROUP_PREFIX + settings.name, sorted(query.filters),
@@ -259,8 +279,22 @@ class RuleEngine:
                 out.append({"name": name, "sql": settings.sql, "enabled": settings.enabled,
                             "description": settings.description,
                             "action": settings.action.model_dump(exclude={"secret"}), "running": False,
-                            "last_error": "", "counts": dict(RuleCounts().__dict__)})
+                            "last_error": self.errors.get(name, ""), "counts": dict(RuleCounts().__dict__)})
         return out
+
+
+def check_rule(settings: RuleSettings, bridges: Collection[str], catalog: PluginCatalog) -> None:
+    """ValueError when the rule cannot run: a statement that does not compile, a bridge or a sink plugin this
+    node does not have (`bridges`: the configured bridges' names)."""
+    query = compile_rule(settings.sql)
+    if isinstance(query, RuleError):
+        raise ValueError(f"rule {settings.name!r}: {query.reason} (at {query.position})")
+    action = settings.action
+    if isinstance(action, BridgeAction) and action.bridge not in bridges:
+        raise ValueError(f"rule {settings.name!r}: no bridge {action.bridge!r} is configured")
+    if isinstance(action, SinkAction) and action.sink not in catalog.installed(SINK_GROUP):
+        installed = ", ".join(catalog.installed(SINK_GROUP)) or "none"
+        raise ValueError(f"rule {settings.name!r}: no sink plugin named {action.sink!r} (installed: {installed})")
 
 
 def try_rule(sql: str, message: Message) -> tuple[bool, dict[str, Any] | None] | RuleError:

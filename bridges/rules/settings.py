@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -17,6 +17,9 @@ TEMPLATE_FIELD = re.compile(r"\$\{([A-Za-z0-9_.]+)\}")
 class _Action(BaseModel):
     model_config = {"extra": "forbid"}
 
+    batch_size: int = Field(100, ge=1, le=10_000, description="results per delivery at most (what has come while "
+                            "one was under way goes in the next, up to this)")
+    concurrency: int = Field(1, ge=1, le=64, description="deliveries under way at once at most (1: in order)")
     max_retries: int = Field(5, ge=0, le=100, description="attempts after the first before a result goes to the "
                              "dead-letter topic")
     retry_base: float = Field(1.0, gt=0, description="s before the first retry; doubled per retry up to retry_cap")
@@ -63,8 +66,8 @@ class WebhookAction(_Action):
     headers: dict[str, str] = Field(default_factory=dict)
     secret: str | None = Field(None, description="HMAC-SHA256 key: `X-Tidewire-Signature: sha256=<hex of "
                                "HMAC(secret, timestamp + '.' + body)>` with `X-Tidewire-Timestamp`")
-    batch_size: int = Field(1, ge=1, le=10_000, description="results per request at most (what has come "
-                            "while a request was under way goes in the next, up to this)")
+    batch_size: int = Field(1, ge=1, le=10_000, description="results per request at most (1: one JSON object "
+                            "per request; more: an array)")
     concurrency: int = Field(4, ge=1, le=64, description="requests under way at once at most (1: in order)")
     timeout: float = Field(5.0, gt=0, description="s per request")
 
@@ -88,7 +91,16 @@ class BridgeAction(_Action):
     payload: str | None = None
 
 
-Action = Annotated[RepublishAction | AmqpAction | RocketMQAction | BridgeAction | WebhookAction,
+class SinkAction(_Action):
+    """Hand the results to an operator's sink plugin (entry point group `tidewire.sinks`, docs/plugins.md)."""
+
+    type: Literal["sink"] = "sink"
+    sink: str = Field(description="the sink's entry point name")
+    options: dict[str, Any] = Field(default_factory=dict, description="what its factory is called with")
+    timeout: float = Field(10.0, gt=0, description="s a write may take; later counts as a failure (retried)")
+
+
+Action = Annotated[RepublishAction | AmqpAction | RocketMQAction | BridgeAction | WebhookAction | SinkAction,
                    Field(discriminator="type")]
 
 

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.bridges.rules.webhook_server import WebhookServer
+from tests.extensions.plugin_dist import lay_out, pythonpath
 from tests.integration.conftest import Gateway
 from tests.integration.paho import PahoClient
 from tests.waiting import wait_until
@@ -186,3 +187,49 @@ def test_a_rule_that_does_not_compile_stops_the_start(tmp_path: Path) -> None:
         assert "rule 'x'" in gw.stderr
     finally:
         gw.close()
+
+
+def test_a_sink_plugin_gets_the_results_retried_while_down_and_refusals_dead_lettered(tmp_path: Path) -> None:
+    plugin_dir = lay_out(tmp_path / "plugins")
+    out = tmp_path / "sink.jsonl"
+    down = Path(str(out) + ".down")
+    down.touch()
+    rules = [{"name": "to-sink", "sql": 'SELECT payload.n AS n, payload.refuse AS refuse FROM "sensors/#"',
+              "action": {"type": "sink", "sink": "testsink", "options": {"path": str(out)}, "batch_size": 1,
+                         "retry_base": 0.05, "retry_cap": 0.2, "max_retries": 100}}]
+    config = tmp_path / "rules.yaml"
+    config.write_text(yaml.safe_dump({"rules": rules}))
+    gw = Gateway(tmp_path / "node", target="tidewire", admin=True, env={"PYTHONPATH": pythonpath(plugin_dir)},
+                 extra_args=["--config", str(config)])
+    clients: list[PahoClient] = []
+    try:
+        gw.start()
+        dead = PahoClient(gw.port, "dead", version=5)
+        clients.append(dead)
+        dead.connect()
+        dead.subscribe("$rules/to-sink/dead-letter", 1)
+        dev = PahoClient(gw.port, "dev1", version=5)
+        clients.append(dev)
+        dev.connect()
+        for i in range(20):
+            dev.publish("sensors/a", json.dumps({"n": i}), qos=1)
+        dev.publish("sensors/a", json.dumps({"n": 99, "refuse": True}), qos=1)
+        wait_until(lambda: _counts(gw)["failed"] >= 3, what="failed writes while the sink is down")
+        assert not out.exists()
+        down.unlink()
+        wait_until(lambda: out.exists() and len(out.read_text().splitlines()) == 20, timeout=10,
+                   what="the 20 results once the sink is up")
+        assert sorted(json.loads(line)["result"]["n"] for line in out.read_text().splitlines()) == list(range(20))
+        letter = json.loads(dead.get(timeout=10).payload)  # the refused one, at once: not retried
+        assert (letter["result"]["n"], letter["error"]) == (99, "refused by the test sink")
+    finally:
+        for client in clients:
+            client.close()
+        gw.close()
+
+
+def _counts(gw: Gateway) -> dict[str, int]:
+    answer = httpx.get(f"http://127.0.0.1:{gw.admin_port}/api/v1/rules/to-sink",
+                       headers={"Authorization": f"Bearer {gw.api_token}"}, timeout=10)
+    counts: dict[str, int] = answer.json()["counts"]
+    return counts

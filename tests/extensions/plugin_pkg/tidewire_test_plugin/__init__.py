@@ -18,13 +18,15 @@ Each misbehaves on purpose when asked to, so the tests see the node survive it:
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
 from collections.abc import Sequence
 from typing import Any
 
 from tidewire.extensions.authentication import IGNORE, AuthDecision, AuthRequest, Failure, Outcome
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
-from tidewire.extensions.plugins import ALLOW, PublishDecision, deny, rewrite
+from tidewire.extensions.plugins import ALLOW, PublishDecision, SinkRefused, deny, rewrite
 from tidewire.store.base import Message
 
 FOREVER = 3600.0
@@ -102,11 +104,20 @@ class TestHook:
 
 
 class TestSink:
-    def __init__(self) -> None:
-        self.written: list[Message] = []
+    """Appends each result as a JSON line to the file `path`; refuses (permanently) a result whose `refuse` field
+    is true, and fails (to be retried) while the file `<path>.down` exists."""
 
-    async def write(self, messages: Sequence[Message]) -> None:
-        self.written.extend(messages)
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def write(self, results: Sequence[dict[str, Any]], messages: Sequence[Message]) -> None:
+        if os.path.exists(self.path + ".down"):
+            raise ConnectionError("the sink is down")
+        if any(result.get("refuse") for result in results):
+            raise SinkRefused("refused by the test sink")
+        with open(self.path, "a") as out:
+            for result, message in zip(results, messages, strict=True):
+                out.write(json.dumps({"result": result, "seq": message.seq}) + "\n")
 
     async def close(self) -> None:
         pass
@@ -128,4 +139,4 @@ def make_hook(options: dict[str, Any]) -> TestHook:
 
 
 def make_sink(options: dict[str, Any]) -> TestSink:
-    return TestSink()
+    return TestSink(str(options["path"]))
