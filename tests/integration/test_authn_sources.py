@@ -95,6 +95,7 @@ def test_jwt_bad_tokens_are_refused(gateway_factory: GatewayFactory) -> None:
             assert res.closed, what
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_jwt_expiry_closes_the_connection(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:
     gw = gateway_factory(env={"TIDEWIRE_JWT_SECRET": SECRET})
     v5 = paho_factory(gw.port, "short-v5", username="short", password=token("short", exp_in=2))

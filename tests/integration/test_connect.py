@@ -95,6 +95,7 @@ def test_silent_client_closed_after_1_5_keepalive_and_will_published(
     assert (msg.topic, msg.payload) == ("ka/will", b"gone")
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_active_client_with_short_keepalive_stays_connected(gateway: Gateway, paho_factory: PahoFactory) -> None:
     c = paho_factory(gateway.port, "ka-active", version=5, keepalive=1)
     c.connect()  # paho sends PINGREQ every keepalive

@@ -318,6 +318,7 @@ def test_topic_length_and_levels(gateway_factory: GatewayFactory, level: int) ->
 
 # -- 3.1.1 session expiration -------------------------------------------------------------------------------
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 @pytest.mark.tidewire_only  # Mosquitto's persistent_client_expiration counts in hours at least
 def test_persistent_client_expiration(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:
     gw = gateway_factory(env={"TIDEWIRE_PERSISTENT_CLIENT_EXPIRATION": "2"})

@@ -212,6 +212,7 @@ def test_topic_alias_server_to_client_on_the_wire(gateway: Gateway, paho_factory
 
 # -- message expiry --------------------------------------------------------------------------------
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_expired_queued_message_not_delivered_remaining_interval_forwarded(gateway: Gateway,
                                                                            paho_factory: PahoFactory) -> None:
     sub = paho_factory(gateway.port, "exp-sub", version=5, clean=False)
@@ -231,6 +232,7 @@ def test_expired_queued_message_not_delivered_remaining_interval_forwarded(gatew
     again.assert_nothing(0.5)
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_retained_message_expiry(gateway: Gateway, paho_factory: PahoFactory) -> None:
     pub = client(gateway, paho_factory, "rexp-pub")
     pub.publish("rexp/keep", b"k", qos=1, retain=True,

@@ -131,6 +131,7 @@ def test_unacked_qos1_redelivered_with_dup_on_reconnect(gateway: Gateway, paho_f
     raw.nothing(0.7)
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 @pytest.mark.tidewire_only  # Mosquitto 2.x never resends on a live connection
 def test_311_unacked_qos1_retried_with_dup_on_same_connection(gateway_factory: GatewayFactory,
                                                               paho_factory: PahoFactory) -> None:

@@ -64,6 +64,7 @@ def test_v5_session_expiry_0_is_gone_at_disconnect(gateway: Gateway, paho_factor
     sub.assert_nothing(0.5)
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_v5_session_expiry_2s(gateway: Gateway, paho_factory: PahoFactory) -> None:
     quick = paho_factory(gateway.port, "exp2-quick", version=5, clean=False)
     slow = paho_factory(gateway.port, "exp2-slow", version=5, clean=False)

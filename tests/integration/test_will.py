@@ -48,6 +48,7 @@ def test_v5_disconnect_with_will_0x04_sends_will(gateway: Gateway, paho_factory:
     assert w.get(3.0).payload == b"asked"
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_v5_will_delay_interval_delays_the_will(gateway: Gateway, paho_factory: PahoFactory) -> None:
     w = watcher(gateway, paho_factory, "will/delay")
     c = paho_factory(gateway.port, "will-delay", version=5, clean=False)
@@ -62,6 +63,7 @@ def test_v5_will_delay_interval_delays_the_will(gateway: Gateway, paho_factory: 
     assert 1.5 <= elapsed <= 4.0, f"will after {elapsed:.2f}s, delay was 2s"
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_v5_will_delay_cancelled_by_reconnect(gateway: Gateway, paho_factory: PahoFactory) -> None:
     w = watcher(gateway, paho_factory, "will/cancel")
     c = paho_factory(gateway.port, "will-cancel", version=5, clean=False)

@@ -175,6 +175,7 @@ def _stored(data_dir: Path) -> dict[str, Any]:
     return value
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_due_wills_are_stored_by_the_drain_and_a_delayed_one_is_kept(gateway_factory: GatewayFactory,
                                                                        paho_factory: PahoFactory) -> None:
     gw = gateway_factory(env={"TIDEWIRE_DRAIN_TIMEOUT": str(DRAIN_TIMEOUT)})

@@ -127,6 +127,7 @@ def test_transactions_are_not_implemented(amqp_gateway: AmqpGateway, pika_factor
     assert closed.value.reply_code == 540
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_heartbeats_are_sent_and_a_silent_client_is_dropped(amqp_gateway: AmqpGateway) -> None:
     gw = amqp_gateway()
     raw = RawAmqp(gw.amqp_port)

@@ -75,6 +75,7 @@ def test_competing_consumers_share_a_group(rmq_gateway: Callable[..., Gateway], 
     assert sorted(audit) == sorted(seen)  # another group reads everything again
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_unacked_message_comes_back(rmq_gateway: Callable[..., Gateway], clients: Clients,
                                     paho_factory: PahoFactory) -> None:
     gw = rmq_gateway()
@@ -95,6 +96,7 @@ def test_unacked_message_comes_back(rmq_gateway: Callable[..., Gateway], clients
     assert consumer.receive(1, 1) == []
 
 
+@pytest.mark.slow  # waits out a protocol timer (make test-slow)
 def test_change_invisible_duration(rmq_gateway: Callable[..., Gateway], clients: Clients,
                                    paho_factory: PahoFactory) -> None:
     gw = rmq_gateway()
