@@ -28,8 +28,9 @@ from enum import StrEnum
 from typing import Any
 
 from tidewire.bridges.host import NodeHost
-from tidewire.bridges.mqtt.client import Acked, ClientCore, ClientOptions, Incoming
+from tidewire.bridges.mqtt.client import ClientCore, ClientOptions
 from tidewire.bridges.mqtt.counters import BridgeCounters
+from tidewire.bridges.mqtt.events import Acked, Incoming
 from tidewire.bridges.mqtt.inbound import Inbound
 from tidewire.bridges.mqtt.link import ConnectRefused, Link, client_tls_context
 from tidewire.bridges.mqtt.outbound import Outbound

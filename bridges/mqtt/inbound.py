@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from tidewire.bridges.mqtt.client import Incoming
+from tidewire.bridges.mqtt.events import Incoming
 from tidewire.bridges.mqtt.link import Link
 from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.extensions.authentication import AuthRequest, Identity

@@ -10,9 +10,9 @@ import asyncio
 import ssl
 from typing import Protocol, cast
 
-from tidewire.bridges.mqtt.client import (
+from tidewire.bridges.mqtt.client import ClientCore, State
+from tidewire.bridges.mqtt.events import (
     Acked,
-    ClientCore,
     ClientError,
     ClientProtocolError,
     Connected,
@@ -21,7 +21,6 @@ from tidewire.bridges.mqtt.client import (
     KeepaliveTimeout,
     Refused,
     ServerDisconnect,
-    State,
     Subscribed,
     Unsubscribed,
 )

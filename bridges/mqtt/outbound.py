@@ -9,7 +9,8 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from tidewire.bridges.mqtt.client import Acked, ClientCore, PacketTooLarge
+from tidewire.bridges.mqtt.client import ClientCore
+from tidewire.bridges.mqtt.events import Acked, PacketTooLarge
 from tidewire.bridges.mqtt.link import Link, LinkClosed
 from tidewire.bridges.mqtt.settings import BridgeSettings, TopicRule
 from tidewire.gateway.core.consumers import Delivery

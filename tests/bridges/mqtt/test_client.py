@@ -7,11 +7,9 @@ from typing import Any
 
 import pytest
 
-from tidewire.bridges.mqtt.client import (
-    BRIDGE_PROPERTY,
+from tidewire.bridges.mqtt.client import BRIDGE_PROPERTY, ClientCore, ClientOptions
+from tidewire.bridges.mqtt.events import (
     Acked,
-    ClientCore,
-    ClientOptions,
     ClientProtocolError,
     ClientStateError,
     Connected,

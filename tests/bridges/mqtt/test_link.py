@@ -20,7 +20,8 @@ from tests.integration.certs import TestPKI
 from tests.integration.conftest import Gateway, TlsOptions, write_password_file
 from tests.integration.paho import PahoClient, Received
 from tests.waiting import until
-from tidewire.bridges.mqtt.client import Acked, ClientCore, ClientOptions, Incoming, KeepaliveTimeout
+from tidewire.bridges.mqtt.client import ClientCore, ClientOptions
+from tidewire.bridges.mqtt.events import Acked, Incoming, KeepaliveTimeout
 from tidewire.bridges.mqtt.link import (
     ConnectRefused,
     ConnectTimeout,
