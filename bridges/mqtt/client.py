@@ -62,12 +62,8 @@ from tidewire.gateway.protocols.mqtt.codec import (
 )
 from tidewire.gateway.protocols.mqtt.codec import PropertyId as P
 from tidewire.gateway.protocols.mqtt.codec import ProtocolError as CodecError
+from tidewire.gateway.protocols.mqtt.connect import BRIDGE_PROPERTY, stored_properties
 
-# MQTT 5's stand-in for the 0x80 bridge bit of a 3.x CONNECT: the server side's `connect.BRIDGE_PROPERTY`.
-BRIDGE_PROPERTY = ("tidewire-bridge", "1")
-# Properties that depend on the hop (as `gateway.protocols.mqtt.connect.PER_HOP`, not imported: that module pulls
-# in the node's settings): not part of a stored block.
-PER_HOP = (P.TOPIC_ALIAS, P.MESSAGE_EXPIRY_INTERVAL, P.SUBSCRIPTION_IDENTIFIER)
 MAX_PACKET_ID = 0xFFFF
 
 
@@ -379,8 +375,7 @@ class ClientCore:
         expiry = None
         if props:
             expiry = props.get(P.MESSAGE_EXPIRY_INTERVAL)
-            kept = {k: v for k, v in props.items() if k not in PER_HOP}
-            block = encode_properties(kept) if kept else b""
+            block = stored_properties(props)
         if qos:
             self._pending[pid] = qos
         events.append(Incoming(packet.topic, packet.payload, qos, packet.retain, pid, block, packet.dup, expiry))

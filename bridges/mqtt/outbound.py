@@ -167,7 +167,7 @@ class Outbound:
             while len(seqs) < cap:
                 got = await store.read(rule.local_filter, after, LAG_READ)
                 for m in got.messages:
-                    if m.publisher != self.local_id:
+                    if self.wanted(m):
                         seqs.add(m.seq)
                         if not oldest_ms or m.timestamp_ms < oldest_ms:
                             oldest_ms = m.timestamp_ms

@@ -29,7 +29,6 @@ from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.bridges.rules.actions import make_sink
 from tidewire.bridges.rules.settings import BridgeAction, RuleSettings, SinkAction
 from tidewire.bridges.rules.sql import RuleError, RuleQuery, compile_rule
-from tidewire.errors import ConfigError
 from tidewire.extensions.plugins import SINK_GROUP, PluginCatalog, Sink, SinkRefused
 from tidewire.gateway.core.consumers import Delivery
 from tidewire.gateway.core.ingress import publish_future
@@ -108,7 +107,7 @@ class RuleRunner:
             results = [self.query.project(d.message) for d in deliveries]
             permanent = False
             try:
-                async with asyncio.timeout(getattr(action, "timeout", None) if action.type == "sink" else None):
+                async with asyncio.timeout(action.timeout if isinstance(action, SinkAction) else None):
                     await self.sink.write(results, [d.message for d in deliveries])
             except asyncio.CancelledError:
                 raise
@@ -163,10 +162,7 @@ class RuleRunner:
         await host.groups.ack(self.group, [(d.claim.seq, d.claim.token) for d, _ in dead])
 
     def status(self) -> dict[str, Any]:
-        return {"name": self.settings.name, "sql": self.settings.sql, "enabled": self.settings.enabled,
-                "description": self.settings.description, "action": self.settings.action.model_dump(
-                    exclude={"secret"}), "running": True, "last_error": self.last_error,
-                "counts": dict(self.counts.__dict__)}
+        return rule_status(self.settings, True, self.last_error, self.counts)
 
 
 class RuleEngine:
@@ -220,26 +216,20 @@ class RuleEngine:
                 await self.runners.pop(name).stop()
         for name, settings in stored.items():
             if settings.enabled and name not in self.runners:
-                query = compile_rule(settings.sql)
-                if isinstance(query, RuleError):
-                    log.error("rule.invalid", extra={"rule": name, "error": query.reason})
-                    continue
-                await self.host.groups.get(GROUP_PREFIX + name)  # known to this node's groups
                 try:
-                    runner = RuleRunner(self, settings, query)
-                except (ConfigError, OSError, ValueError) as exc:  # its sink cannot be made here
+                    runner = RuleRunner(self, settings, check_rule(settings, self.bridges, self.catalog))
+                except (OSError, ValueError) as exc:  # it cannot run here: its statement, bridge or sink
                     if self.errors.get(name) != str(exc):
                         log.error("rule.not_started", extra={"rule": name, "error": str(exc)})
                     self.errors[name] = str(exc)
                     continue
                 self.errors.pop(name, None)
+                await self.host.groups.get(GROUP_PREFIX + name)  # known to this node's groups
                 self.runners[name] = runner
                 runner.start()
 
     async def _store(self, settings: RuleSettings, source: str) -> None:
-        check_rule(settings, self.bridges, self.catalog)
-        query = compile_rule(settings.sql)
-        assert not isinstance(query, RuleError)
+        query = check_rule(settings, self.bridges, self.catalog)
         groups = self.host.groups
         attrs = {"rule": settings.model_dump(mode="json"), "source": source}
         record, created = await groups.declare(GroupRecord(GROUP_PREFIX + settings.name, sorted(query.filters),
@@ -273,19 +263,21 @@ class RuleEngine:
         out = []
         for name, settings in sorted(self.stored.items()):
             runner = self.runners.get(name)
-            if runner is not None:
-                out.append(runner.status())
-            else:
-                out.append({"name": name, "sql": settings.sql, "enabled": settings.enabled,
-                            "description": settings.description,
-                            "action": settings.action.model_dump(exclude={"secret"}), "running": False,
-                            "last_error": self.errors.get(name, ""), "counts": dict(RuleCounts().__dict__)})
+            out.append(runner.status() if runner is not None
+                       else rule_status(settings, False, self.errors.get(name, ""), RuleCounts()))
         return out
 
 
-def check_rule(settings: RuleSettings, bridges: Collection[str], catalog: PluginCatalog) -> None:
-    """ValueError when the rule cannot run: a statement that does not compile, a bridge or a sink plugin this
-    node does not have (`bridges`: the configured bridges' names)."""
+def rule_status(settings: RuleSettings, running: bool, last_error: str, counts: RuleCounts) -> dict[str, Any]:
+    """A rule as the API, the dashboard and `tidewire ctl` show it (its action without a webhook's secret)."""
+    return {"name": settings.name, "sql": settings.sql, "enabled": settings.enabled,
+            "description": settings.description, "action": settings.action.model_dump(exclude={"secret"}),
+            "running": running, "last_error": last_error, "counts": dict(counts.__dict__)}
+
+
+def check_rule(settings: RuleSettings, bridges: Collection[str], catalog: PluginCatalog) -> RuleQuery:
+    """The rule's compiled statement; ValueError when the rule cannot run: a statement that does not compile, a
+    bridge or a sink plugin this node does not have (`bridges`: the configured bridges' names)."""
     query = compile_rule(settings.sql)
     if isinstance(query, RuleError):
         raise ValueError(f"rule {settings.name!r}: {query.reason} (at {query.position})")
@@ -295,6 +287,7 @@ def check_rule(settings: RuleSettings, bridges: Collection[str], catalog: Plugin
     if isinstance(action, SinkAction) and action.sink not in catalog.installed(SINK_GROUP):
         installed = ", ".join(catalog.installed(SINK_GROUP)) or "none"
         raise ValueError(f"rule {settings.name!r}: no sink plugin named {action.sink!r} (installed: {installed})")
+    return query
 
 
 def try_rule(sql: str, message: Message) -> tuple[bool, dict[str, Any] | None] | RuleError:

@@ -85,7 +85,7 @@ NOT_AUTHORIZED = "not authorized"
 
 def invalid_topic(settings: Settings, topic: str) -> bool:
     """`topic` is no topic name a client may publish to: empty, wildcards, U+0000, over the configured levels or
-    length (`refuse_publish`'s first test, which it makes inline: every publish runs it)."""
+    length (`refuse_publish`'s first test)."""
     if not topic or "+" in topic or "#" in topic or "\x00" in topic or topic.count("/") >= settings.max_topic_levels:
         return True
     limit = settings.max_topic_length
@@ -95,10 +95,7 @@ def invalid_topic(settings: Settings, topic: str) -> bool:
 def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInfo, topic: str) -> str | None:
     """Why `client` may not publish to `topic`: `INVALID_TOPIC` (empty, wildcards, over the configured levels
     or length: `invalid_topic`), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, or the ACL); None: it may."""
-    if not topic or "+" in topic or "#" in topic or "\x00" in topic or topic.count("/") >= settings.max_topic_levels:
-        return INVALID_TOPIC
-    limit = settings.max_topic_length
-    if len(topic) > limit or (len(topic) * 4 > limit and len(topic.encode()) > limit):
+    if invalid_topic(settings, topic):
         return INVALID_TOPIC
     if topic.startswith("$SYS") and not speaks_for_itself(client, topic):
         return NOT_AUTHORIZED
