@@ -1,6 +1,7 @@
 """Admin API about clients, one job: the clients connected to this node (MQTT sessions online here and AMQP
-connections): list, find, kick; an online MQTT client's subscriptions (list, add, remove) and every subscription
-on the node; stored sessions (inspect, delete)."""
+connections): list, find; an online MQTT client's subscriptions (list, add, remove) and every subscription on
+the node; stored sessions (inspect). Kicks and session deletes act on whichever node holds the client (forwarded
+through `Topology.ask_others`, answered through `Topology.answer`)."""
 
 from __future__ import annotations
 
@@ -110,8 +111,42 @@ def session_answer(node: Node, record: SessionRecord, conn: ChannelBase | None) 
                    inflight=len(live.inflight) if live is not None else None)
 
 
-def router(node: Node) -> APIRouter:
+def router(node: Node, found: Endpoints) -> APIRouter:
     api = APIRouter(prefix=API_PREFIX, dependencies=[Depends(require_token)], tags=["clients"])
+
+    async def kick_here(client_id: str) -> int:
+        """Disconnect the client if it is connected here: 204, else 404."""
+        conn = node.connections.get(client_id)
+        if isinstance(conn, ChannelBase):
+            conn.kick(KICK_DETAIL)
+            return 204
+        for amqp in _amqp_connections(found):
+            if amqp.id == client_id:
+                from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, Fault
+
+                amqp.shutdown(Fault(CONNECTION_FORCED, f"CONNECTION_FORCED - {KICK_DETAIL}"))
+                return 204
+        return 404
+
+    async def delete_here(client_id: str) -> int:
+        """End the session if this node may: 204; 404 if there is none; 409 if it is online on another node."""
+        conn = node.connections.get(client_id)
+        kicked = isinstance(conn, ChannelBase)
+        if isinstance(conn, ChannelBase):
+            conn.kick(KICK_DETAIL)
+        await node.writes.session_settled(client_id)  # what closing it wrote (a parked record) comes first
+        record = await node.store.get_session(client_id)
+        if record is None:
+            return 204 if kicked else 404  # kicked: a clean session, which ended with its connection
+        if (record.disconnected_at_ms == 0 and record.owner != node.node_id
+                and record.owner in node.topology.members):
+            return 409
+        await node.sessions.drop_stored(record, record.epoch)  # fenced: not if a client claimed it meanwhile
+        return 204
+
+    # Another node's operator reaches this node's clients through these.
+    node.topology.answer("kick", kick_here)
+    node.topology.answer("delete_session", delete_here)
 
     @api.get("/clients", response_model=Page[Client])
     async def list_clients(found: Found, pages: Pages, client_id: Substring = None, username: Substring = None,
@@ -185,7 +220,7 @@ def router(node: Node) -> APIRouter:
         return Response(status_code=204)
 
     @api.get("/clients/{client_id:path}", response_model=ClientDetail)
-    async def get_client(client_id: str, found: Found) -> ClientDetail:
+    async def get_client(client_id: str) -> ClientDetail:
         conn = node.connections.get(client_id)
         if conn is not None:
             subs = _subscriptions(conn.session.subscriptions) if conn.session is not None else []
@@ -196,19 +231,16 @@ def router(node: Node) -> APIRouter:
         raise not_found("no such client on this node")
 
     @api.delete("/clients/{client_id:path}", status_code=204, response_class=Response)
-    async def kick(client_id: str, found: Found) -> Response:
-        """Disconnect the client (MQTT 5: DISCONNECT 0x98 Administrative action; its will is published)."""
-        conn = node.connections.get(client_id)
-        if isinstance(conn, ChannelBase):
-            conn.kick(KICK_DETAIL)
-            return Response(status_code=204)
-        for amqp in _amqp_connections(found):
-            if amqp.id == client_id:
-                from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, Fault
-
-                amqp.shutdown(Fault(CONNECTION_FORCED, f"CONNECTION_FORCED - {KICK_DETAIL}"))
-                return Response(status_code=204)
-        raise not_found("no such client on this node")
+    async def kick(client_id: str) -> Response:
+        """Disconnect the client, on whichever node holds it (MQTT 5: DISCONNECT 0x98 Administrative action; its
+        will is published)."""
+        status = await kick_here(client_id)
+        if status == 404:
+            status = await node.topology.ask_others(
+                "kick", client_id, await node.lookup.client_location(client_id)) or 404
+        if status == 404:
+            raise not_found("no such client")
+        return Response(status_code=204)
 
     @api.get("/subscriptions", response_model=Page[NodeSubscription])
     async def all_subscriptions(pages: Pages, topic: Substring = None,
@@ -238,21 +270,16 @@ def router(node: Node) -> APIRouter:
 
     @api.delete("/sessions/{client_id:path}", status_code=204, response_class=Response)
     async def delete_session(client_id: str) -> Response:
-        """End the session for good: kicked first if online here; 409 if online on another node."""
-        conn = node.connections.get(client_id)
-        kicked = isinstance(conn, ChannelBase)
-        if isinstance(conn, ChannelBase):
-            conn.kick(KICK_DETAIL)
-        await node.writes.session_settled(client_id)  # what closing it wrote (a parked record) comes first
-        record = await node.store.get_session(client_id)
-        if record is None:
-            if kicked:
-                return Response(status_code=204)  # a clean session: it ended with its connection
+        """End the session for good, on whichever node holds it: the client is kicked first if online."""
+        status = await delete_here(client_id)
+        if status == 409:  # online on another node: that node ends it
+            record = await node.store.get_session(client_id)
+            status = await node.topology.ask_others("delete_session", client_id,
+                                                    record.owner if record is not None else None) or 409
+        if status == 404:
             raise not_found("no such session")
-        if (record.disconnected_at_ms == 0 and record.owner != node.node_id
-                and record.owner in node.topology.members):
-            raise HTTPException(409, f"the session is online on node {record.owner}: delete it there")
-        await node.sessions.drop_stored(record, record.epoch)  # fenced: not if a client claimed it meanwhile
+        if status == 409:
+            raise HTTPException(409, "the session is online on another node that did not end it")
         return Response(status_code=204)
 
     return api

@@ -192,7 +192,7 @@ def build_app(node: Node, token: str, endpoints: Endpoints | None = None) -> Fas
         return FileResponse(index, headers={"Cache-Control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
-    for router in (api_node.router(node), api_clients.router(node), api_messages.router(node),
+    for router in (api_node.router(node), api_clients.router(node, app.state.endpoints), api_messages.router(node),
                    _optional_router("tidewire.admin.api_banned", "router", node),
                    _optional_router("tidewire.admin.api_bridges", "router", node),
                    _optional_router("tidewire.admin.api_rules", "router", node),

@@ -16,7 +16,9 @@ import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidewire.errors import ClusterError
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.topology import ClientAction
 from tidewire.store.base import SessionRecord
 
 if TYPE_CHECKING:
@@ -38,7 +40,14 @@ class Fabric(Protocol):
 
     def on_kick(self, callback: Callable[[str, int], None]) -> None: ...
 
-    def on_dead(self, callback: Callable[[list[str]], None]) -> None: ...
+    async def call(self, node_id: str, method: str, payload: Any) -> Any: ...
+
+    def serve(self, method: str, handler: Callable[[str, Any], Any]) -> None: ...
+
+    @property
+    def token(self) -> str: ...
+
+    def on_dead(self, callback: Callable[[dict[str, str]], None]) -> None: ...
 
     def stats(self) -> dict[str, int]: ...
 
@@ -68,6 +77,10 @@ class ClusterRole:
     def loops(self) -> list[Coroutine[Any, Any, None]]:
         return [self.resync_loop(), self.lease_loop()]
 
+    @property
+    def holder(self) -> str:
+        return self.fabric.token
+
     def stale_owner(self, owner: str) -> bool:
         """The node that held a session or will is gone: an earlier process with our id, or not a member."""
         return not owner or owner == self.node.node_id or owner not in self.fabric.members
@@ -80,6 +93,33 @@ class ClusterRole:
             # or when its node hears of the claim.
             log.warning("cluster.kick_failed", extra={"client_id": client_id, "error": str(exc)})
 
+    def answer(self, action: str, handler: ClientAction) -> None:
+        async def serve(sender: str, payload: Any) -> int:
+            return await handler(str(payload[0]))
+
+        self.fabric.serve("op." + action, serve)
+
+    async def ask_others(self, action: str, client_id: str, first: str | None) -> int | None:
+        others = [m for m in self.fabric.members if m != self.node.node_id]
+        if not others:
+            return None
+        if first in others:
+            answer = await self._ask(first, action, client_id)
+            if answer != 404:
+                return answer
+            others.remove(first)
+        # Not where the lookup said (or it did not know, as for AMQP connections): every other node at once.
+        answers = await asyncio.gather(*(self._ask(member, action, client_id) for member in others))
+        return next((a for a in answers if a != 404), 404)
+
+    async def _ask(self, member: str, action: str, client_id: str) -> int:
+        """`member`'s answer; 404 if it cannot answer (dead, or its admin API is off so it serves no action)."""
+        try:
+            return int(await self.fabric.call(member, "op." + action, [client_id]))
+        except (ClusterError, OSError, TimeoutError, TypeError, ValueError) as exc:
+            log.warning("cluster.action_unanswered", extra={"node": member, "action": action, "error": str(exc)})
+            return 404
+
     def _on_kick(self, client_id: str, epoch: int) -> None:
         node = self.node
         conn = node.connections.get(client_id)
@@ -91,23 +131,24 @@ class ClusterRole:
         if session is not None:
             node.subscriptions.forget(session.record)  # its new node holds it now
 
-    def _on_dead(self, dead: list[str]) -> None:
+    def _on_dead(self, dead: dict[str, str]) -> None:
         self.node.spawn(self._clean_up_after(dead))
 
-    async def _clean_up_after(self, dead: list[str]) -> None:
-        """This node is the one survivor that saw `dead` leave: their clients are offline from now on."""
-        gone = set(dead)
-        log.warning("cluster.nodes_dead", extra={"nodes": ",".join(sorted(gone))})
+    async def _clean_up_after(self, dead: dict[str, str]) -> None:
+        """This node is the one survivor that saw `dead` (node id -> its process's token) leave: their clients
+        are offline from now on, and what they held is released."""
+        log.warning("cluster.nodes_dead", extra={"nodes": ",".join(sorted(dead))})
         while True:
             try:
-                await self._take_over_dead(gone)
+                await self._take_over_dead(dead)
                 break
             except OSError as exc:
                 stop_if_cancelled()
                 await asyncio.sleep(self._retry.failed(exc))
         self._retry.succeeded()
 
-    async def _take_over_dead(self, gone: set[str]) -> None:
+    async def _take_over_dead(self, dead: dict[str, str]) -> None:
+        gone = set(dead)
         node = self.node
         store = node.store
         now = int(node.clock.time() * 1000)
@@ -122,6 +163,13 @@ class ClusterRole:
                 node.publish(will.message)
         for owner in gone:  # what their AMQP/RocketMQ consumers held unacked goes to the others now
             await node.groups.owner_gone(owner)
+        # Their wildcard holds would keep their filters indexed forever. Sessions they parked (before this node
+        # started, so not counted here) may still need them: this node holds every stored session's filters
+        # first, then the dead processes' holds go.
+        await node.subscriptions.hold_stored(await store.subscription_filters())
+        for token in dead.values():
+            if token:
+                await store.release_wildcards(token)
 
     async def lease_loop(self) -> None:
         """Serve the shared groups this node has online members of, one node per group at a time."""

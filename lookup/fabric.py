@@ -40,7 +40,7 @@ class ClusterFabric:
         self._interval = heartbeat_interval
         self._ttl = member_ttl
         self._prefix = prefix
-        self._dead: list[Callable[[list[str]], None]] = []
+        self._dead: list[Callable[[dict[str, str]], None]] = []
         self._expelled: list[Callable[[], None]] = []
         self._kick: KickHandler | None = None
         self.counters = {"kicks_targeted": 0, "kicks_broadcast": 0, "kicks_received": 0}
@@ -56,8 +56,14 @@ class ClusterFabric:
         """Node id -> cluster address, as of the current epoch."""
         return dict(self.membership.members) if self.membership is not None else {}
 
-    def on_dead(self, callback: Callable[[list[str]], None]) -> None:
-        """`callback(node_ids)` in the one survivor that declared them dead: it handles their wills/sessions."""
+    @property
+    def token(self) -> str:
+        """This process's membership token (a new one each start): what it holds in the store is held under it."""
+        return self.membership.token if self.membership is not None else ""
+
+    def on_dead(self, callback: Callable[[dict[str, str]], None]) -> None:
+        """`callback({node_id: token})` in the one survivor that declared them dead: it handles their wills,
+        sessions and holds (`token`: the dead process's)."""
         self._dead.append(callback)
 
     def on_expelled(self, callback: Callable[[], None]) -> None:
@@ -116,6 +122,14 @@ class ClusterFabric:
             if member != self.node_id:
                 self.rpc.cast(member, "fx.kick", [client_id, epoch])
 
+    async def call(self, node_id: str, method: str, payload: Any) -> Any:
+        """Call `method` on another member (raises `RpcError` if it cannot answer in time)."""
+        return await self.rpc.call(node_id, method, payload)
+
+    def serve(self, method: str, handler: Callable[[str, Any], Any]) -> None:
+        """Answer `method` for the other members: `handler(from_node, payload)`, a reply or an awaitable of one."""
+        self.rpc.handle(method, handler)
+
     def stats(self) -> dict[str, int]:
         membership = self.membership.stats() if self.membership is not None else {}
         return {**self.rpc.stats(), **membership, **self.lookup.stats(), **self.notifier.stats(), **self.counters}
@@ -124,10 +138,10 @@ class ClusterFabric:
         self.rpc.set_peers(members)
         self.lookup.set_membership(epoch, members)
 
-    def _on_dead(self, node_ids: list[str]) -> None:
+    def _on_dead(self, dead: dict[str, str]) -> None:
         for callback in self._dead:
             try:
-                callback(node_ids)
+                callback(dead)
             except Exception:
                 log.exception("cluster dead-node callback failed")
 

@@ -47,6 +47,7 @@ local function remove(m)
   redis.call('HDEL', KEYS[4], m)
   if tok then redis.call('ZADD', KEYS[6], now, tok) end
   removed[#removed + 1] = m
+  removed[#removed + 1] = tok or ''
   bump = 1
 end
 local own_exp = tonumber(redis.call('ZSCORE', KEYS[2], id))
@@ -86,7 +87,7 @@ return redis.call('INCR', KEYS[5])
 """
 
 ChangeCallback = Callable[[int, dict[str, str]], None]
-DeadCallback = Callable[[list[str]], None]
+DeadCallback = Callable[[dict[str, str]], None]  # node id -> the token of its process declared dead
 
 
 class NodeIdTaken(ClusterError, RuntimeError):
@@ -102,13 +103,14 @@ class _Result:
     status: str
     epoch: int = 0
     members: dict[str, str] = field(default_factory=dict)
-    removed: list[str] = field(default_factory=list)
+    removed: dict[str, str] = field(default_factory=dict)  # node id -> token of the process declared dead
     wait_ms: int = 0
 
 
 class Membership:
     """This node's registration. `on_change(epoch, members)` on every new epoch (and once on start);
-    `on_dead(ids)` in the one survivor that removed them; `on_expelled()` if this process was declared dead
+    `on_dead({id: token})` in the one survivor that removed them (`token`: the dead process's, as `token` is
+    this one's); `on_expelled()` if this process was declared dead
     (its heartbeats stop: the node must drop its clients and start again)."""
 
     def __init__(self, redis: Any, node_id: str, address: str, *, interval: float = 0.5, ttl: float = 3.0,
@@ -132,7 +134,7 @@ class Membership:
         self.beat_errors = 0
         tag = "{" + prefix + "}:members"
         self._keys = [tag, tag + ":exp", tag + ":tok", tag + ":since", tag + ":epoch", tag + ":gone"]
-        self._token = os.urandom(16).hex()
+        self.token = os.urandom(16).hex()  # this process's: what it holds in the store is held under it
         self._beat = redis.register_script(_BEAT)
         self._leave = redis.register_script(_LEAVE)
         self._lock = asyncio.Lock()
@@ -186,7 +188,7 @@ class Membership:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.ttl):
                 async with self._lock:  # a beat still running (its client swallowed the cancel) ends first
-                    await self._leave(keys=self._keys, args=[self.node_id, self._token])
+                    await self._leave(keys=self._keys, args=[self.node_id, self.token])
 
     async def abandon(self) -> None:
         """Stop beating without leaving, as a crash would (tests; the entry expires after the TTL)."""
@@ -224,14 +226,15 @@ class Membership:
             await self.beat()
 
     async def _run(self, mode: str) -> _Result:
-        args = [self.node_id, self.address, self._token, int(self.ttl * 1000), mode, GONE_KEEP_MS]
+        args = [self.node_id, self.address, self.token, int(self.ttl * 1000), mode, GONE_KEEP_MS]
         raw = await self._beat(keys=self._keys, args=args)
         status = _str(raw[0])
         if status != "ok":
             return _Result(status, wait_ms=int(raw[1]))
         flat = [_str(x) for x in raw[2]]
         members = dict(zip(flat[::2], flat[1::2], strict=True))
-        return _Result(status, int(raw[1]), members, [_str(x) for x in raw[3]])
+        gone = [_str(x) for x in raw[3]]
+        return _Result(status, int(raw[1]), members, dict(zip(gone[::2], gone[1::2], strict=True)))
 
     def _apply(self, result: _Result) -> None:
         changed = result.epoch > self.epoch or not self.members

@@ -236,12 +236,18 @@ class Store(Protocol):
         (a local value, possibly behind the store's): a new subscription or session starts here."""
 
     # --- the cluster-wide wildcard set (queues are indexed for every filter in it) --------------------------
-    async def add_wildcards(self, filters: Sequence[str]) -> int:
-        """Count one more holder of each filter (a node's first local subscriber of it). Returns the new
-        wildcard set version; every append that starts after this returns indexes into these filters."""
+    async def add_wildcards(self, filters: Sequence[str], holder: str) -> int:
+        """`holder` (a node id) holds each filter (its first local subscriber of it). Idempotent per holder: a
+        retried or repeated add counts once. Returns the new wildcard set version; every append that starts after
+        this returns indexes into these filters."""
 
-    async def remove_wildcards(self, filters: Sequence[str]) -> int:
-        """Count one holder less; a filter at zero leaves the set. Returns the new version."""
+    async def remove_wildcards(self, filters: Sequence[str], holder: str) -> int:
+        """`holder` no longer holds the filters (a no-op for those it did not hold); a filter no holder holds
+        leaves the set. Returns the new version."""
+
+    async def release_wildcards(self, holder: str) -> int:
+        """Remove every filter `holder` holds (a node declared dead: its holds would index its filters forever).
+        Returns the new version."""
 
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         """The wildcard set and its version."""

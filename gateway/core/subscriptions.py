@@ -17,7 +17,7 @@ answers its client with its own codes: the registry knows nothing of a protocol.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
@@ -165,7 +165,7 @@ class SubscriptionRegistry:
                 self._topic_queues.clear()  # indexed from now on by this node's appends
             store = self.store
             self.writes.write("wildcard:" + topic_filter, lambda: self._registered(
-                store.add_wildcards([topic_filter])))
+                store.add_wildcards([topic_filter], self.topology.holder)))
         if owner is None:
             self._stored.add(topic_filter)
         else:
@@ -181,11 +181,19 @@ class SubscriptionRegistry:
             if topic_filter not in self._stored:
                 store = self.store
                 self.writes.write("wildcard:" + topic_filter, lambda: self._registered(
-                    store.remove_wildcards([topic_filter])))
+                    store.remove_wildcards([topic_filter], self.topology.holder)))
 
     async def _registered(self, change: Awaitable[int]) -> None:
         await change
         await self.refresh_wildcards()
+
+    async def hold_stored(self, filters: Iterable[str]) -> None:
+        """Hold stored sessions' wildcard `filters` here (shared ones are skipped) and return once the store has
+        them: a survivor takes over what a dead node held for the sessions it parked."""
+        wanted = [f for f in filters if not f.startswith(SHARED_PREFIX)]
+        for topic_filter in wanted:
+            self._add_wildcard(topic_filter, None)
+        await self.wildcards_registered(wanted)
 
     async def wildcards_registered(self, filters: list[str]) -> None:
         """Wait until the store has every wildcard among `filters` (before SUBACK: a message published after it

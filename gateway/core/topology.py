@@ -9,8 +9,10 @@ of its lease. The rest are actions a single node has no use for (they do nothing
 
 from __future__ import annotations
 
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Protocol
+
+ClientAction = Callable[[str], Awaitable[int]]  # client id -> an HTTP-like status: 204 done, 404 not here, 409 ...
 
 
 class Topology(Protocol):
@@ -30,6 +32,11 @@ class Topology(Protocol):
     def gauges(self) -> dict[str, int]:
         """Counters for `$SYS/brokers/<node>/stats/...` (none alone)."""
 
+    @property
+    def holder(self) -> str:
+        """The name this process holds wildcard filters under in the store: unique to the process in a cluster,
+        so the survivor that sees it die releases exactly its holds, never a restarted successor's."""
+
     def stale_owner(self, owner: str) -> bool:
         """The node that held a session or will is gone (alone: always; it was this node's last run)."""
 
@@ -38,6 +45,13 @@ class Topology(Protocol):
 
     def member_joined(self) -> None:
         """A shared group got an online member here."""
+
+    def answer(self, action: str, handler: ClientAction) -> None:
+        """Do `action` on this node's clients when another node asks (an operator's request made there)."""
+
+    async def ask_others(self, action: str, client_id: str, first: str | None) -> int | None:
+        """Have the other nodes do `action` on `client_id`: `first` (the node that should hold it) first, then
+        the others; the first answer that is not 404, else 404; None when there is no other node."""
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:
         """What runs for the node's life besides its own loops."""
@@ -48,6 +62,7 @@ class SingleNode:
 
     shared = False
     members: Mapping[str, str] = {}
+    holder = "local"  # one node on its store: its holds are its own, and a restart takes them over
 
     def stats(self) -> dict[str, int]:
         return {}
@@ -62,6 +77,12 @@ class SingleNode:
         return None
 
     def member_joined(self) -> None:
+        return None
+
+    def answer(self, action: str, handler: ClientAction) -> None:
+        return None
+
+    async def ask_others(self, action: str, client_id: str, first: str | None) -> int | None:
         return None
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:

@@ -209,14 +209,17 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
     async def release(self, key: str, owner: str) -> None:
         self._registry.release(key, owner)
 
-    async def add_wildcards(self, filters: Sequence[str]) -> int:
-        return self._registry.add_wildcards(filters)
+    async def add_wildcards(self, filters: Sequence[str], holder: str) -> int:
+        return self._registry.add_wildcards(filters, holder)
 
-    async def remove_wildcards(self, filters: Sequence[str]) -> int:
-        return self._registry.remove_wildcards(filters)
+    async def remove_wildcards(self, filters: Sequence[str], holder: str) -> int:
+        return self._registry.remove_wildcards(filters, holder)
+
+    async def release_wildcards(self, holder: str) -> int:
+        return self._registry.release_wildcards(holder)
 
     async def wildcards(self) -> tuple[int, frozenset[str]]:
-        return self._registry.wildcard_version, frozenset(self._registry.wildcard_counts)
+        return self._registry.wildcard_version, frozenset(self._registry.wildcard_holders)
 
     # --- durability -----------------------------------------------------------------------------------------
     async def sync(self) -> None:

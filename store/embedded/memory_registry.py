@@ -12,29 +12,30 @@ from collections.abc import Sequence
 
 class MemoryRegistry:
     def __init__(self) -> None:
-        self.wildcard_counts: dict[str, int] = {}
+        self.wildcard_holders: dict[str, set[str]] = {}  # filter -> the holders (node ids) that hold it
         self.wildcard_version = 0
         self._leases: dict[str, tuple[str, float, int]] = {}  # key -> (holder, until (monotonic), epoch)
 
-    def add_wildcards(self, filters: Sequence[str]) -> int:
-        counts = self.wildcard_counts
+    def add_wildcards(self, filters: Sequence[str], holder: str) -> int:
         for f in filters:
-            n = counts.get(f, 0)
-            counts[f] = n + 1
-            if not n:
+            holders = self.wildcard_holders.setdefault(f, set())
+            if not holders:
                 self.wildcard_version += 1
+            holders.add(holder)
         return self.wildcard_version
 
-    def remove_wildcards(self, filters: Sequence[str]) -> int:
-        counts = self.wildcard_counts
+    def remove_wildcards(self, filters: Sequence[str], holder: str) -> int:
         for f in filters:
-            n = counts.get(f, 0)
-            if n <= 1:
-                if counts.pop(f, None) is not None:
+            holders = self.wildcard_holders.get(f)
+            if holders is not None and holder in holders:
+                holders.discard(holder)
+                if not holders:
+                    del self.wildcard_holders[f]
                     self.wildcard_version += 1
-            else:
-                counts[f] = n - 1
         return self.wildcard_version
+
+    def release_wildcards(self, holder: str) -> int:
+        return self.remove_wildcards([f for f, h in self.wildcard_holders.items() if holder in h], holder)
 
     def lease(self, key: str, owner: str, ttl_ms: int) -> int:
         now = time.monotonic()

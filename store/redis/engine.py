@@ -408,13 +408,18 @@ class RedisStore(RedisGroups, RedisLog):
         self._conn.check()
 
     # --- the wildcard set -----------------------------------------------------------------------------------
-    async def add_wildcards(self, filters: Sequence[str]) -> int:
-        version = await self._meta.change_wildcards(filters, add=True)
+    async def add_wildcards(self, filters: Sequence[str], holder: str) -> int:
+        version = await self._meta.change_wildcards(filters, holder, add=True)
         await self._raise_versions(version)
         return version
 
-    async def remove_wildcards(self, filters: Sequence[str]) -> int:
-        version = await self._meta.change_wildcards(filters, add=False)
+    async def remove_wildcards(self, filters: Sequence[str], holder: str) -> int:
+        version = await self._meta.change_wildcards(filters, holder, add=False)
+        await self._raise_versions(version)
+        return version
+
+    async def release_wildcards(self, holder: str) -> int:
+        version = await self._meta.release_wildcards(holder)
         await self._raise_versions(version)
         return version
 

@@ -56,6 +56,7 @@ from tidewire.store.redis.scripts import (
     SET_RETAINED,
     WILDCARDS_CHANGE,
     WILDCARDS_GET,
+    WILDCARDS_RELEASE,
 )
 
 _GET = Script("get_session", GET_SESSION)
@@ -68,6 +69,7 @@ _SET_RETAINED = Script("set_retained", SET_RETAINED)
 _MATCH = Script("match_retained", MATCH_RETAINED)
 _WILDCARDS_CHANGE = Script("wildcards_change", WILDCARDS_CHANGE)
 _WILDCARDS_GET = Script("wildcards_get", WILDCARDS_GET)
+_WILDCARDS_RELEASE = Script("wildcards_release", WILDCARDS_RELEASE)
 _STATS = Script("meta_stats", META_STATS)
 _LEASE = Script("lease", LEASE)
 _RELEASE = Script("release", RELEASE)
@@ -117,6 +119,7 @@ class RedisMeta:
         self._k_will = k + "will"
         self._k_ret, self._k_levels, self._p_bucket = k + "ret", k + "rl", k + "rb:"
         self._wc_keys = [k + "wc", k + "wv"]
+        self._p_holds = k + "wch:"  # + holder: the set of filters that holder holds
         self._p_lease = k + "lease:"
         self._k_ban = k + "ban"
 
@@ -219,9 +222,13 @@ class RedisMeta:
         return bool(await self._conn.run((_DELETE_LAPSED_BAN, [self._k_ban], [field, repr(expired_before)])))
 
     # --- wildcard set ---------------------------------------------------------------------------------------
-    async def change_wildcards(self, filters: Sequence[str], add: bool) -> int:
-        return int(await self._conn.run((_WILDCARDS_CHANGE, self._wc_keys, [1 if add else -1, *filters]),
-                                        idempotent=False))
+    async def change_wildcards(self, filters: Sequence[str], holder: str, add: bool) -> int:
+        # Idempotent: a holder's filters are a set, so a resend after a lost reply counts once.
+        return int(await self._conn.run((_WILDCARDS_CHANGE, [*self._wc_keys, self._p_holds + holder],
+                                         [1 if add else -1, *filters])))
+
+    async def release_wildcards(self, holder: str) -> int:
+        return int(await self._conn.run((_WILDCARDS_RELEASE, [*self._wc_keys, self._p_holds + holder], [])))
 
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         version, filters = await self._conn.run((_WILDCARDS_GET, self._wc_keys, []))

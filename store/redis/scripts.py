@@ -244,21 +244,36 @@ return {redis.call('HLEN', KEYS[1]), tonumber(redis.call('GET', KEYS[2]) or '0')
 
 # --- meta scripts (hash tag {prefix}) ----------------------------------------------------------------------
 
-# KEYS: 1 filter -> holder count hash, 2 version. ARGV: 1 +1 or -1, 2.. filters. Returns the version (bumped
-# when a filter entered or left the set).
+# KEYS: 1 filter -> holder count hash, 2 version, 3 the holder's set of filters. ARGV: 1 +1 or -1, 2.. filters.
+# A filter counts once per holder (a repeated add or remove changes nothing). Returns the version (bumped when a
+# filter entered or left the set).
 WILDCARDS_CHANGE = """
 local changed = false
 local add = ARGV[1] == '1'
 for i = 2, #ARGV do
   local f = ARGV[i]
   if add then
-    if redis.call('HINCRBY', KEYS[1], f, 1) == 1 then changed = true end
-  else
+    if redis.call('SADD', KEYS[3], f) == 1 and redis.call('HINCRBY', KEYS[1], f, 1) == 1 then changed = true end
+  elseif redis.call('SREM', KEYS[3], f) == 1 then
     local n = tonumber(redis.call('HGET', KEYS[1], f) or '0')
     if n > 1 then redis.call('HINCRBY', KEYS[1], f, -1)
     elseif n == 1 then redis.call('HDEL', KEYS[1], f); changed = true end
   end
 end
+if changed then return redis.call('INCR', KEYS[2]) end
+return tonumber(redis.call('GET', KEYS[2]) or '0')
+"""
+
+# KEYS: as WILDCARDS_CHANGE. Every filter of the holder counts one holder less; its set is deleted. Returns the
+# version.
+WILDCARDS_RELEASE = """
+local changed = false
+for _, f in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local n = tonumber(redis.call('HGET', KEYS[1], f) or '0')
+  if n > 1 then redis.call('HINCRBY', KEYS[1], f, -1)
+  elseif n == 1 then redis.call('HDEL', KEYS[1], f); changed = true end
+end
+redis.call('DEL', KEYS[3])
 if changed then return redis.call('INCR', KEYS[2]) end
 return tonumber(redis.call('GET', KEYS[2]) or '0')
 """

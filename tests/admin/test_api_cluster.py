@@ -1,6 +1,6 @@
 """The admin API of two real nodes sharing one redis-server: status and nodes show the cluster, each node is
 ready once its lookup is complete, listeners include the backends (RocketMQ without a connection count), and a
-session online on the other node is not deleted from here (409)."""
+kick or session delete made on one node acts on the node that holds the client."""
 
 from __future__ import annotations
 
@@ -52,7 +52,8 @@ def test_status_nodes_and_readiness(two_nodes: Cluster) -> None:
         assert api.get("/api/v1/config").json()["cluster_secret"] == "******"
 
 
-def test_session_online_elsewhere_is_not_deleted_here(two_nodes: Cluster) -> None:
+def test_session_online_elsewhere_is_deleted_by_its_node(two_nodes: Cluster) -> None:
+    """DELETE /sessions on n1 of a client online on n2: n2 kicks it (0x98) and the session is gone everywhere."""
     n1, n2 = two_nodes.nodes
     device = PahoClient(n2.port, "cl-dev", 5, False)
     try:
@@ -62,11 +63,25 @@ def test_session_online_elsewhere_is_not_deleted_here(two_nodes: Cluster) -> Non
             on_n1 = api1.get("/api/v1/sessions/cl-dev")
             assert on_n1.status_code == 200 and on_n1.json()["online"] is True and on_n1.json()["node"] == "n2"
             assert api1.get("/api/v1/clients/cl-dev").status_code == 404  # not connected to this node
-            r = api1.delete("/api/v1/sessions/cl-dev")
-            assert r.status_code == 409 and "n2" in r.json()["error"]
-            assert api2.delete("/api/v1/sessions/cl-dev").status_code == 204
+            assert api1.delete("/api/v1/sessions/cl-dev").status_code == 204
             assert device.wait_disconnect() == 0x98
-            wait_until(lambda: api1.get("/api/v1/sessions/cl-dev").status_code == 404, what="session deleted")
+            for api in (api1, api2):
+                assert api.get("/api/v1/sessions/cl-dev").status_code == 404
+            assert api1.delete("/api/v1/sessions/cl-dev").status_code == 404
+    finally:
+        device.close()
+
+
+def test_kick_reaches_the_node_that_holds_the_client(two_nodes: Cluster) -> None:
+    """DELETE /clients on n1 of a client connected to n2: n2 disconnects it; an unknown client is 404 on both."""
+    n1, n2 = two_nodes.nodes
+    device = PahoClient(n2.port, "cl-kick", 5, True)
+    try:
+        device.connect()
+        with http(n1) as api1:
+            assert api1.delete("/api/v1/clients/cl-kick").status_code == 204
+            assert device.wait_disconnect() == 0x98
+            assert api1.delete("/api/v1/clients/cl-nobody").status_code == 404
     finally:
         device.close()
 

@@ -21,10 +21,15 @@ class Node:
     def __init__(self, redis: Any, node_id: str, **kw: Any) -> None:
         self.changes: list[tuple[int, dict[str, str]]] = []
         self.dead: list[list[str]] = []
+        self.dead_tokens: dict[str, str] = {}  # node id -> the token of its process declared dead
         self.expelled = 0
         self.m = Membership(redis, node_id, f"10.0.0.1:{len(node_id)}", interval=kw.pop("interval", INTERVAL),
                             ttl=kw.pop("ttl", TTL), on_change=lambda e, m: self.changes.append((e, m)),
-                            on_dead=self.dead.append, on_expelled=self._expel, **kw)
+                            on_dead=self._dead, on_expelled=self._expel, **kw)
+
+    def _dead(self, dead: dict[str, str]) -> None:
+        self.dead.append(list(dead))
+        self.dead_tokens.update(dead)
 
     def _expel(self) -> None:
         self.expelled += 1
@@ -77,6 +82,8 @@ async def test_a_dead_node_is_reaped_by_exactly_one_survivor(redis: Any) -> None
     await beats_by(*survivors)  # a second reaper would report n3 on one of these
     reports = [d for n in survivors for d in n.dead]
     assert reports == [["n3"]]
+    # the dead process's own token: a restarted n3 has another, so what the survivor releases is never its
+    assert [n.dead_tokens for n in survivors if n.dead] == [{"n3": nodes[3].m.token}]
     assert all(n.m.epoch == epoch + 1 for n in survivors)
     for n in survivors:
         await n.m.leave()

@@ -73,13 +73,16 @@ class DelayingStore:
     def last_seq(self) -> int:
         return self.inner.last_seq()
 
-    async def add_wildcards(self, filters: Sequence[str]) -> int:
+    async def add_wildcards(self, filters: Sequence[str], holder: str) -> int:
         batch = list(filters)
-        return await self._call(lambda: self.inner.add_wildcards(batch))
+        return await self._call(lambda: self.inner.add_wildcards(batch, holder))
 
-    async def remove_wildcards(self, filters: Sequence[str]) -> int:
+    async def remove_wildcards(self, filters: Sequence[str], holder: str) -> int:
         batch = list(filters)
-        return await self._call(lambda: self.inner.remove_wildcards(batch))
+        return await self._call(lambda: self.inner.remove_wildcards(batch, holder))
+
+    async def release_wildcards(self, holder: str) -> int:
+        return await self._call(lambda: self.inner.release_wildcards(holder))
 
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         return await self._call(self.inner.wildcards)

@@ -14,7 +14,8 @@ from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, Sess
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "online_sessions", "due_sessions", "subscription_filters",
                    "shared_members", "shared_groups", "set_offsets", "set_retained", "match_retained", "put_will",
-                   "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "wildcards", "lease", "release",
+                   "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "release_wildcards", "wildcards",
+                   "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
                    "set_visibility", "release_owner", "group_position", "fetch", "read_log", "hold_log",
                    "log_holds", "get_bans", "put_ban", "delete_ban"})
@@ -69,13 +70,17 @@ class FailingStore:
     def last_seq(self) -> int:
         return self.inner.last_seq()
 
-    async def add_wildcards(self, filters: Sequence[str]) -> int:
+    async def add_wildcards(self, filters: Sequence[str], holder: str) -> int:
         self._check("add_wildcards")
-        return await self.inner.add_wildcards(filters)
+        return await self.inner.add_wildcards(filters, holder)
 
-    async def remove_wildcards(self, filters: Sequence[str]) -> int:
+    async def remove_wildcards(self, filters: Sequence[str], holder: str) -> int:
         self._check("remove_wildcards")
-        return await self.inner.remove_wildcards(filters)
+        return await self.inner.remove_wildcards(filters, holder)
+
+    async def release_wildcards(self, holder: str) -> int:
+        self._check("release_wildcards")
+        return await self.inner.release_wildcards(holder)
 
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         self._check("wildcards")

@@ -70,19 +70,33 @@ async def test_wildcard_set_versions_and_stale_appends(engine: Engine) -> None:
     s = engine.store
     v0, filters = await s.wildcards()
     assert filters == frozenset()
-    v1 = await s.add_wildcards(["a/+"])
+    v1 = await s.add_wildcards(["a/+"], "n1")
     assert v1 > v0
-    assert await s.add_wildcards(["a/+"]) == v1  # a second holder: the set is unchanged
+    assert await s.add_wildcards(["a/+"], "n2") == v1  # a second holder: the set is unchanged
+    assert await s.add_wildcards(["a/+"], "n2") == v1  # a repeated add (a resend) counts once
     assert await s.wildcards() == (v1, frozenset({"a/+"}))
     with pytest.raises(StaleWildcards):
         await s.append([msg("a/b", "a/b")], wildcard_version=v0)
     assert (await s.read("a/b", 0, 10)).messages == []  # nothing of the refused batch was stored
     await s.append([msg("a/b", "a/b", "a/+")], wildcard_version=v1)
     await s.append([msg("a/c", "a/c")])  # -1: unchecked
-    assert await s.remove_wildcards(["a/+"]) == v1  # one holder left
-    v2 = await s.remove_wildcards(["a/+"])
+    assert await s.remove_wildcards(["a/+"], "n1") == v1  # one holder left
+    assert await s.remove_wildcards(["a/+"], "n1") == v1  # n1 held it once: n2 still does
+    v2 = await s.remove_wildcards(["a/+"], "n2")
     assert v2 > v1 and await s.wildcards() == (v2, frozenset())
-    assert await s.remove_wildcards(["never/+"]) == v2
+    assert await s.remove_wildcards(["never/+"], "n1") == v2
+
+
+async def test_released_holder_leaves_what_others_hold(engine: Engine) -> None:
+    """A node declared dead: what only it held leaves the set, what another node holds stays."""
+    s = engine.store
+    await s.add_wildcards(["dead/+", "both/#"], "n1")
+    v1 = await s.add_wildcards(["both/#"], "n2")
+    v2 = await s.release_wildcards("n1")
+    assert v2 > v1 and await s.wildcards() == (v2, frozenset({"both/#"}))
+    assert await s.release_wildcards("n1") == v2  # nothing left to release
+    assert await s.remove_wildcards(["both/#"], "n1") == v2  # released holds are gone for good
+    assert (await s.wildcards())[1] == frozenset({"both/#"})
 
 
 async def test_lease_has_one_holder_at_a_time(engine: Engine) -> None:

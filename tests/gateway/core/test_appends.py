@@ -147,7 +147,7 @@ async def test_a_failed_append_lands_again_in_its_place(redis_store: RedisStore)
 async def test_a_stale_append_in_flight_is_indexed_again_and_lands_in_its_place(redis_store: RedisStore) -> None:
     p = Pipeline(redis_store)
     await p.indexer.refresh_wildcards()
-    await redis_store.add_wildcards(["x/+"])  # another node changed the set: this indexer's version is stale
+    await redis_store.add_wildcards(["x/+"], "other")  # another node changed the set: this indexer's version is stale
     p.publish("a0")
     await p.step()
     p.publish("b0")

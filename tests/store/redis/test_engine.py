@@ -105,7 +105,7 @@ async def test_no_keyspace_scan_in_any_call(server: RedisServer, opened: OPEN) -
     await rs.put_will(WillRecord("c1", msg("w")))
     await rs.list_sessions()
     await rs.list_wills()
-    await rs.add_wildcards(["a/+"])
+    await rs.add_wildcards(["a/+"], "n")
     await rs.read("a/#", 0, 100)
     await rs.read("spread", 0, 100)
     assert await rs.enforce_retention() > 0
@@ -123,7 +123,7 @@ async def test_redis_down_raises_oserror_then_recovers(server: RedisServer, open
         lambda: rs.append([msg("u/2", "u")]), lambda: rs.read("u", 0, 10), lambda: rs.get_session("c"),
         lambda: rs.put_session(SessionRecord("c")), lambda: rs.set_offsets({"c": (1, 1, 0)}),
         lambda: rs.claim_session("c", "n"), lambda: rs.delete_session("c", 3), lambda: rs.wildcards(),
-        lambda: rs.add_wildcards(["x/+"]), lambda: rs.list_sessions(), lambda: rs.set_retained("u", msg("u")),
+        lambda: rs.add_wildcards(["x/+"], "n"), lambda: rs.list_sessions(), lambda: rs.set_retained("u", msg("u")),
         lambda: rs.match_retained("#"), lambda: rs.list_wills(), lambda: rs.delete_will("c"), rs.seal_now,
     ]
     for call in calls:
@@ -343,8 +343,8 @@ async def test_wildcard_versions_refcounts_and_stale_refusal_stores_nothing(targ
     a, b = await opened(target.url, partitions=P), await opened(target.url, partitions=P)
     v0, filters = await a.wildcards()
     assert (v0, filters) == (0, frozenset())
-    v1 = await a.add_wildcards(["s/+", "x/#"])
-    assert v1 > v0 and await b.add_wildcards(["s/+"]) == v1  # a second holder, on another node: no change
+    v1 = await a.add_wildcards(["s/+", "x/#"], "a")
+    assert v1 > v0 and await b.add_wildcards(["s/+"], "b") == v1  # a second holder, on another node: no change
     assert await b.wildcards() == (v1, frozenset({"s/+", "x/#"}))  # cluster-wide
     batch = [msg(f"s/{i}", f"s/{i}", "s/#") for i in range(20)]  # spans many partitions
     with pytest.raises(StaleWildcards):
@@ -355,8 +355,8 @@ async def test_wildcard_versions_refcounts_and_stale_refusal_stores_nothing(targ
     await b.append(indexed, wildcard_version=v1)
     got = await a.read("s/+", 0, 100, seal=max(m.seq for m in indexed))  # as a notify would tell it
     assert len(got.messages) == 20
-    assert await a.remove_wildcards(["s/+"]) == v1  # b still holds it
-    v2 = await b.remove_wildcards(["s/+", "never/+"])
+    assert await a.remove_wildcards(["s/+"], "a") == v1  # b still holds it
+    v2 = await b.remove_wildcards(["s/+", "never/+"], "b")
     assert v2 > v1 and await a.wildcards() == (v2, frozenset({"x/#"}))
     with pytest.raises(StaleWildcards):
         await a.append([msg("s/0")], wildcard_version=v1)
@@ -369,7 +369,7 @@ async def test_wildcard_versions_refcounts_and_stale_refusal_stores_nothing(targ
 
 async def test_an_append_overlapping_a_set_change_is_stored_whole(target: Target, opened: OPEN) -> None:
     s = await opened(target.url, partitions=P)
-    v = await s.add_wildcards(["o/+"])
+    v = await s.add_wildcards(["o/+"], "n")
     admin = target.admin()
     try:
         lagging = [p for p in range(P) if p % 2]

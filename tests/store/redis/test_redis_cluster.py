@@ -21,7 +21,7 @@ async def test_cluster_restart_with_aof_loses_no_acked_write(
     s = await opened(cluster.url, partitions=P)
     batch = [msg(t, t, "k/#") for t in topics_in(set(range(P)), "k/", 48)]
     await s.append(batch)
-    v = await s.add_wildcards(["k/+"])
+    v = await s.add_wildcards(["k/+"], "n")
     await s.put_session(SessionRecord("c1", offset=3))
     await s.set_retained("k/r", msg("k/r"))
     await s.sync()
