@@ -214,6 +214,9 @@ class StoreSettings(BaseModel):
     store_replica_timeout: float = Field(1.0, gt=0, description="s an acknowledgement waits for store_replicas "
                                          "replicas; with fewer the store counts as failing: nothing is "
                                          "acknowledged, the wait is retried")
+    store_replica_backlog: int = Field(100_000, ge=1, description="messages a node keeps, with store_replicas, "
+                                       "until replicas confirm them (to append again after a failover); beyond "
+                                       "it appends wait")
     data_dir: Path = Field(Path("data"), description="directory of the embedded store (and the admin token file)")
     fsync: Literal["batch", "interval", "never"] = Field(
         "batch", description="when appends reach the disk before they are acknowledged: `batch` (each write batch), "

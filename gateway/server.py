@@ -255,7 +255,8 @@ def build_store(settings: Settings) -> Store:
                               retention_seconds=settings.retention_seconds,
                               retention_ignores_holds=settings.retention_ignores_holds,
                               partitions=settings.store_partitions if "-cluster://" in url else 1,
-                              replicas=settings.store_replicas, replica_timeout=settings.store_replica_timeout)
+                              replicas=settings.store_replicas, replica_timeout=settings.store_replica_timeout,
+                              replica_backlog=settings.store_replica_backlog)
         except ValueError as exc:
             raise StartupError(f"store {url!r}: {exc}") from exc
     if url == "embedded":

@@ -22,6 +22,7 @@ from tidewire.store.redis.engine import RedisStore
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 0.3  # replica_timeout of these stores (s)
+BACKLOG = 2  # replica_backlog of these stores: messages appended and not yet confirmed
 
 
 @pytest.fixture
@@ -38,7 +39,8 @@ async def servers(tmp_path: Path) -> AsyncIterator[RedisSentinelServers]:
 
 @pytest.fixture
 async def store(servers: RedisSentinelServers) -> AsyncIterator[RedisStore]:
-    s = RedisStore(servers.url, replicas=1, replica_timeout=TIMEOUT, connect_timeout=0.5, socket_timeout=2.0)
+    s = RedisStore(servers.url, replicas=1, replica_timeout=TIMEOUT, replica_backlog=BACKLOG, connect_timeout=0.5,
+                   socket_timeout=2.0)
     await s.open()
     try:
         yield s
@@ -74,8 +76,12 @@ async def test_sync_refuses_until_the_replica_confirms(servers: RedisSentinelSer
     await store.append([msg("t/b")])  # the primary takes it
     with pytest.raises(RedisUnavailable, match="0 of 1 replicas"):
         await store.sync()  # never acknowledged as durable
+    await store.append([msg("t/c")])
+    with pytest.raises(RedisUnavailable, match="replica_backlog 2"):  # what it keeps to append again is bounded
+        await store.append([msg("t/d")])
     replica.resume()  # it reconnects and catches up
     await eventually(store.sync, 10.0)
+    await store.append([msg("t/d")])  # confirmed: room again
 
 
 async def test_failover_appends_again_what_only_the_old_primary_had(
