@@ -177,8 +177,7 @@ def plain_client(url: str, *, connect_timeout: float = 2.0, socket_timeout: floa
     if url.startswith(CLUSTER_SCHEMES):
         nodes, username, password, tls = parse_cluster_url(url)
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=username,
-                            password=password, ssl=tls, socket_connect_timeout=connect_timeout,
-                            socket_timeout=socket_timeout)
+                            password=password, ssl=tls)
     if url.startswith(SENTINEL_SCHEME):
         s = parse_sentinel_url(url)
         return Sentinel(s.sentinels, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout).master_for(

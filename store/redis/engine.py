@@ -55,16 +55,9 @@ replicas, a failover loses what the replica had not received yet (replication is
 `open()` reads the policy of every primary (`durable`: True, False, or None where CONFIG is denied) and warns
 unless `always`.
 
-**Replicas** (one Redis, usually behind Sentinel: `replicas` > 0). `sync()` returns once `replicas` replicas
-hold every write the primary had replied to (`RedisConn.wait_replicas`: INCR + WAIT on one connection), or
-raises `RedisUnavailable` when fewer answer within `replica_timeout`: the caller retries and acknowledges
-nothing meanwhile. Batches appended since the last such sync are kept (at most `replica_backlog` messages;
-appends beyond it raise `RedisUnavailable` until a sync succeeds), each with the count of primaries the
-sentinels had named when it began (`RedisConn.primary_changes`). A promoted replica has a new replication id:
-when `sync()` finds one, the kept batches begun before the current primary was named may have died with the
-old one, so they are appended again (copies, new seqs; the ones the replica had are then stored twice:
-at-least-once) before it waits; with no change of address seen, every kept batch is. Only messages are kept:
-an offset or session written just before a failover may still be lost (offsets: redelivery).
+**Replicas** (`replicas` > 0, one Redis, usually behind Sentinel): `sync()` waits until that many replicas
+hold every write, and after a failover appends again what only the old primary may have had
+(`store.redis.replicas`).
 
 **The log for readers** (`read_log`, one partition at a time in seq order, and holds) and **retention**
 (`enforce_retention`: the oldest batches past `retention_seconds` / `retention_bytes / P` per partition, removed
@@ -81,7 +74,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 import zlib
@@ -105,6 +97,7 @@ from tidewire.store.redis.groups import RedisGroups
 from tidewire.store.redis.log import PartitionKeys as _Partition
 from tidewire.store.redis.log import RedisLog
 from tidewire.store.redis.meta import RedisMeta
+from tidewire.store.redis.replicas import BACKLOG, ReplicaWaits
 from tidewire.store.redis.scripts import (
     APPEND,
     EPOCH_MS,
@@ -126,7 +119,6 @@ SEAL_INTERVAL = 0.1  # seconds between background seals of every partition
 SPREAD_CACHE = 10_000  # plain queue names remembered as spread / already marked
 APPEND_DEPTH = 2  # appends a caller may have in flight: the fence keeps them in call order
 FENCED = -2  # the append script's answer when the fence differs
-REPLICA_BACKLOG = 100_000  # messages appended and not yet confirmed on the replicas, with replicas > 0
 
 _APPEND = Script("append", APPEND)
 _READ = Script("read", READ)
@@ -134,11 +126,6 @@ _SEAL = Script("seal", SEAL)
 _MARK = Script("mark_spread", MARK_SPREAD)
 _RAISE = Script("raise_version", RAISE_VERSION)
 _PART_STATS = Script("part_stats", PART_STATS)
-
-
-def _copy(m: Message) -> Message:
-    """A message to append again: the original keeps its seq (a node's cache may hold it)."""
-    return dataclasses.replace(m, seq=-1, encoded=None)
 
 
 def _wild(queue: str) -> bool:
@@ -162,7 +149,7 @@ class RedisStore(RedisGroups, RedisLog):
         retention_ignores_holds: bool = False,
         replicas: int = 0,
         replica_timeout: float = 1.0,
-        replica_backlog: int = REPLICA_BACKLOG,
+        replica_backlog: int = BACKLOG,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': it becomes the hash tag")
@@ -172,12 +159,12 @@ class RedisStore(RedisGroups, RedisLog):
             raise ValueError(f"partitions must be from 1 to {MAX_PARTITIONS}")
         if seal_interval <= 0:
             raise ValueError("seal_interval must be > 0")
-        if replicas < 0 or replica_backlog < 1:
-            raise ValueError("replicas must be >= 0 and replica_backlog >= 1")
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
         if replicas and url.startswith(CLUSTER_SCHEMES):
             raise ValueError("replicas: a Redis Cluster store does not wait for replicas (one Redis or Sentinel)")
-        if not 0 < replica_timeout < socket_timeout:
-            raise ValueError(f"replica_timeout must be over 0 and under socket_timeout ({socket_timeout} s)")
+        if replica_timeout >= socket_timeout:
+            raise ValueError(f"replica_timeout must be under socket_timeout ({socket_timeout} s)")
         self.url = url
         self.partitions = partitions
         self.retention_bytes = retention_bytes
@@ -201,16 +188,8 @@ class RedisStore(RedisGroups, RedisLog):
         # nodes read back across the partitions (QoS 1 fan-in over 2 nodes: subscribers seconds behind).
         self.append_depth = APPEND_DEPTH if partitions == 1 else 1
         self.durable: bool | None = None  # set by open(): Redis fsyncs each write before replying
-        self.replicas = replicas
-        self.replica_timeout = replica_timeout
-        self.replica_backlog = replica_backlog
-        self._k_sync = self._meta.k_parts + ":sync"  # INCR'd before each WAIT (under the meta tag)
-        # Batches appended since the last sync the replicas confirmed, each with `primary_changes` at its start.
-        self._unsynced: list[tuple[int, list[Message]]] = []
-        self._unsynced_count = 0
-        self._replid = ""  # the primary's replication id at the last confirmed sync
-        self._replid_changes = 0  # `primary_changes` when that id was learnt
-        self._sync_lock = asyncio.Lock()
+        self._replicas = ReplicaWaits(self._conn, self._meta.k_parts + ":sync", replicas, replica_timeout,
+                                      replica_backlog) if replicas else None
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -224,9 +203,8 @@ class RedisStore(RedisGroups, RedisLog):
             if stored != self.partitions:
                 raise ValueError(f"the store under this prefix has {stored} partitions, not {self.partitions}")
             self.durable = await self._conn.durability()
-            if self.replicas:
-                _, self._replid = await self._conn.wait_replicas(self._k_sync, 0, 1)  # WAIT 0: no wait
-                self._replid_changes = self._conn.primary_changes
+            if self._replicas is not None:
+                await self._replicas.start()
             await self._meta.index_sessions()
             await self.seal_now()  # learn every counter,
             await self.seal_now()  # then seal them all to the highest: last_seq() starts at the store's end
@@ -288,14 +266,11 @@ class RedisStore(RedisGroups, RedisLog):
         if not messages:
             self._conn.check()
             return None
-        if self.replicas and self._unsynced_count >= self.replica_backlog:
-            raise RedisUnavailable(f"redis unavailable: {self._unsynced_count} messages appended are not yet "
-                                   f"confirmed by {self.replicas} replicas (replica_backlog {self.replica_backlog})")
-        began = self._conn.primary_changes
-        before = await self._append(list(messages), wildcard_version)  # keep nothing of the caller's list
-        if self.replicas:
-            self._unsynced.append((began, list(messages)))
-            self._unsynced_count += len(messages)
+        if self._replicas is None:
+            return await self._append(list(messages), wildcard_version)  # keep nothing of the caller's list
+        began = self._replicas.check_room()
+        before = await self._append(list(messages), wildcard_version)
+        self._replicas.appended(began, list(messages))
         return before
 
     async def _append(self, batch: list[Message], wildcard_version: int) -> int | None:
@@ -456,36 +431,8 @@ class RedisStore(RedisGroups, RedisLog):
     async def sync(self) -> None:
         # appendfsync always: every reply already followed its fsync (see the module docstring).
         self._conn.check()
-        if self.replicas:
-            async with self._sync_lock:
-                await self._sync_replicas()
-
-    async def _sync_replicas(self) -> None:
-        covered = len(self._unsynced)  # appended before this call: what its acknowledgement may cover
-        timeout_ms = max(1, round(self.replica_timeout * 1000))
-        while True:
-            acked, replid = await self._conn.wait_replicas(self._k_sync, self.replicas, timeout_ms)
-            changes = self._conn.primary_changes  # the WAIT talked to this primary or an earlier one
-            if replid != self._replid:
-                # A new primary: what the old one took since the last confirmed sync may be gone (appends that
-                # returned before now and began under a former primary went to it), so those are sent again.
-                covered = len(self._unsynced)
-                since = changes if changes > self._replid_changes else None  # None: no new address seen
-                lost = [batch for began, batch in self._unsynced[:covered] if since is None or began < since]
-                log.warning("store: the Redis primary changed (replication id %s -> %s): appending the %d "
-                            "messages not yet confirmed by replicas again", self._replid, replid,
-                            sum(len(b) for b in lost))
-                for batch in lost:
-                    await self._append([_copy(m) for m in batch], -1)
-                # Only now: a failure above sends them all again on the retry.
-                self._replid, self._replid_changes = replid, changes
-                continue  # WAIT again, now past the copies
-            if acked < self.replicas:
-                raise RedisUnavailable(f"redis unavailable: {acked} of {self.replicas} replicas confirmed the "
-                                       f"writes within {self.replica_timeout} s")
-            break
-        self._unsynced_count -= sum(len(b) for _, b in self._unsynced[:covered])
-        del self._unsynced[:covered]
+        if self._replicas is not None:
+            await self._replicas.sync(lambda batch: self._append(batch, -1))
 
     # --- the wildcard set -----------------------------------------------------------------------------------
     async def add_wildcards(self, filters: Sequence[str]) -> int:

@@ -67,7 +67,8 @@ def test_a_bad_sentinel_url_stops_the_node_with_a_clear_error() -> None:
         build_store(Settings(store="redis-sentinel://127.0.0.1:26379"))
 
 
-@pytest.mark.parametrize("kwargs", [{"replica_timeout": 0}, {"replica_timeout": 6.0}, {"replicas": -1}])
+@pytest.mark.parametrize("kwargs", [{"replicas": 1, "replica_timeout": 0}, {"replicas": 1, "replica_timeout": 6.0},
+                                    {"replicas": -1}, {"replicas": 1, "replica_backlog": 0}])
 def test_replica_settings_are_checked(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="replica"):
         RedisStore("redis-sentinel://127.0.0.1:26379/m", **kwargs)  # type: ignore[arg-type]
