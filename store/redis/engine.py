@@ -57,7 +57,7 @@ unless `always`.
 
 **Replicas** (`replicas` > 0, one Redis, usually behind Sentinel): `sync()` waits until that many replicas
 hold every write, and after a failover appends again what only the old primary may have had
-(`store.redis.replicas`).
+(`store/redis/replicas.py`).
 
 **The log for readers** (`read_log`, one partition at a time in seq order, and holds) and **retention**
 (`enforce_retention`: the oldest batches past `retention_seconds` / `retention_bytes / P` per partition, removed
