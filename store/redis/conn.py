@@ -157,11 +157,12 @@ class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionP
     (or a later) one, since idle connections are closed at a change and busy ones when they come back."""
 
     changes = 0
+    seen: Any = None  # the last address counted (compared after the await: lookups overlap)
 
     async def get_master_address(self) -> Any:
-        before = self.master_address
         address = await super().get_master_address()
-        if address != before:
+        if address != self.seen:
+            self.seen = address
             self.changes += 1
         return address
 
@@ -312,12 +313,20 @@ class RedisConn:
             with contextlib.suppress(Exception):  # no node answers: the retry reports it
                 await client.nodes_manager.initialize()
 
+    async def _rediscover(self) -> None:
+        """Behind sentinels: ask them for the primary now, so `primary_changes` counts a new one before the next
+        call begins (it would otherwise learn it only while connecting)."""
+        if isinstance(self._pool, _BlockingSentinelPool):
+            with contextlib.suppress(Exception):  # no primary named yet: the next connection asks again
+                await self._pool.get_master_address()
+
     async def _call(self, fn: Callable[[Any], Awaitable[T]], idempotent: bool) -> T:
         client = self.check()
         try:
             try:
                 return await fn(client)
             except rexc.ConnectionError:
+                await self._rediscover()
                 if not idempotent or self.cluster:  # the cluster client has retried already
                     raise
                 await self._recover(client, 1)
