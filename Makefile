@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 ARGS ?=
 
 # Debian packages the tests drive as real peers (mosquitto_passwd, mosquitto_pub/sub, the reference broker,
-# redis-server for the Redis store; tests start their own servers), Chromium and its driver for the dashboard's
-# browser test, and promtool (Debian's prometheus) to check /metrics.
+# redis-server for the Redis store and redis-sentinel for its failover; tests start their own servers), Chromium
+# and its driver for the dashboard's browser test, and promtool (Debian's prometheus) to check /metrics.
 SYSTEM_TOOLS := /usr/sbin/mosquitto /usr/bin/mosquitto_passwd /usr/bin/mosquitto_pub /usr/bin/redis-server \
-	/usr/bin/redis-cli /usr/bin/chromium /usr/bin/chromedriver /usr/bin/promtool
+	/usr/bin/redis-cli /usr/bin/redis-sentinel /usr/bin/chromium /usr/bin/chromedriver /usr/bin/promtool
 
 .PHONY: run test test-slow test-pure install dev system-deps java-deps lint typecheck bench bench-deps bench-backends clean
 
@@ -40,7 +40,7 @@ system-deps:
 	@missing=0; for t in $(SYSTEM_TOOLS); do [ -x $$t ] || missing=1; done; \
 	if [ $$missing = 1 ]; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients redis-server redis-tools \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq mosquitto mosquitto-clients redis-server redis-tools redis-sentinel \
 			chromium chromium-driver prometheus >/dev/null; \
 	fi
 

@@ -203,9 +203,20 @@ class StoreSettings(BaseModel):
     """
 
     store: str = Field("embedded", description="`embedded` (files in data_dir), `redis://HOST:PORT/DB`, "
-                       "`redis-cluster://HOST:PORT[,HOST:PORT...]`, or `package.module:factory[?key=value&...]`: an "
+                       "`redis-cluster://HOST:PORT[,HOST:PORT...]`, "
+                       "`redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]` (a primary with replicas, "
+                       "found through Redis Sentinel), or `package.module:factory[?key=value&...]`: an "
                        "engine not shipped with Tidewire, called with the settings and the query's keys")
     store_partitions: int = Field(16, ge=1, le=64, description="log partitions on Redis Cluster (1 on one Redis)")
+    store_replicas: int = Field(0, ge=0, description="replicas of the Redis primary that must hold a message "
+                                "before a publisher gets its acknowledgement (WAIT; one Redis or Sentinel, not "
+                                "Redis Cluster); 0: acknowledged once the primary has it")
+    store_replica_timeout: float = Field(1.0, gt=0, description="s an acknowledgement waits for store_replicas "
+                                         "replicas; with fewer the store counts as failing: nothing is "
+                                         "acknowledged, the wait is retried")
+    store_replica_backlog: int = Field(100_000, ge=1, description="messages a node keeps, with store_replicas, "
+                                       "until replicas confirm them (to append again after a failover); beyond "
+                                       "it appends wait")
     data_dir: Path = Field(Path("data"), description="directory of the embedded store (and the admin token file)")
     fsync: Literal["batch", "interval", "never"] = Field(
         "batch", description="when appends reach the disk before they are acknowledged: `batch` (each write batch), "

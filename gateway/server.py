@@ -218,7 +218,7 @@ class LakeRunner:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis-cluster://", "rediss-cluster://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis-cluster://", "rediss-cluster://", "redis-sentinel://")
 
 
 def build_fabric(settings: Settings) -> ClusterFabric | None:
@@ -239,16 +239,9 @@ def build_fabric(settings: Settings) -> ClusterFabric | None:
 
 def redis_client(url: str) -> Any:
     """A plain redis-py client for the membership (the store keeps its own connections)."""
-    import redis.asyncio as aioredis
-    from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from tidewire.store.redis.conn import plain_client
 
-    from tidewire.store.redis.conn import CLUSTER_SCHEMES, parse_cluster_url
-
-    if url.startswith(CLUSTER_SCHEMES):
-        nodes, username, password, tls = parse_cluster_url(url)
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=username,
-                            password=password, ssl=tls)
-    return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    return plain_client(url)
 
 
 def build_store(settings: Settings) -> Store:
@@ -257,9 +250,15 @@ def build_store(settings: Settings) -> Store:
     if url.startswith(REDIS_SCHEMES):
         from tidewire.store.redis.engine import RedisStore  # redis-py is an extra: imported only when asked for
 
-        return RedisStore(url, retention_bytes=settings.retention_bytes, retention_seconds=settings.retention_seconds,
-                          retention_ignores_holds=settings.retention_ignores_holds,
-                          partitions=settings.store_partitions if "-cluster://" in url else 1)
+        try:
+            return RedisStore(url, retention_bytes=settings.retention_bytes,
+                              retention_seconds=settings.retention_seconds,
+                              retention_ignores_holds=settings.retention_ignores_holds,
+                              partitions=settings.store_partitions if "-cluster://" in url else 1,
+                              replicas=settings.store_replicas, replica_timeout=settings.store_replica_timeout,
+                              replica_backlog=settings.store_replica_backlog)
+        except ValueError as exc:
+            raise StartupError(f"store {url!r}: {exc}") from exc
     if url == "embedded":
         return EmbeddedStore(
             settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,
@@ -273,7 +272,8 @@ def build_store(settings: Settings) -> Store:
     if "://" not in url and ":" in url:
         return _engine_from_import_string(settings, url)
     raise StartupError(f"unknown store {url!r} (embedded, redis://HOST:PORT/DB, "
-                       "redis-cluster://HOST:PORT[,HOST:PORT...] or package.module:factory)")
+                       "redis-cluster://HOST:PORT[,HOST:PORT...], redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME"
+                       "[/DB] or package.module:factory)")
 
 
 def _engine_from_import_string(settings: Settings, spec: str) -> Store:

@@ -83,6 +83,7 @@ class Server:
     tls_port: int | None = None
     security: Security = field(default_factory=Security)
     redis: RedisProc | None = None  # the private redis-server of a Redis store, stopped with the server
+    replica: RedisProc | None = None  # its replica (store "redis-replica-waitN"), stopped with the server
 
     @property
     def pid(self) -> int:
@@ -119,6 +120,8 @@ class Server:
         shutil.rmtree(self.workdir, ignore_errors=True)
         if self.redis is not None:
             self.redis.stop()
+        if self.replica is not None:
+            self.replica.stop()
 
     def __enter__(self) -> Server:
         return self
@@ -281,30 +284,54 @@ def start_bare(host: str = "127.0.0.1", port: int | None = None, *, core: int | 
     return _spawn("bare", cmd, host, port, workdir, "bare uvloop", env=env)
 
 
+REPLICA_SYNC_TIMEOUT = 20.0  # s until a new replica reports its link to the primary up
+REPLICA_WAIT_STORE = "redis-replica-wait"  # + N: a primary with one replica, acknowledgements wait for N replicas
+
+
 def start_tidewire_redis(host: str = "127.0.0.1", *, core: int | None = SERVER_CORE,
-                         redis_core: int | None = REDIS_CORE, security: Security | None = None) -> Server:
+                         redis_core: int | None = REDIS_CORE, security: Security | None = None,
+                         replica_waits: int | None = None) -> Server:
     """Tidewire on the Redis store: a private redis-server (AOF appendfsync always) pinned to `redis_core`,
-    stopped together with the node."""
+    stopped together with the node. `replica_waits` not None: the server gets a replica (AOF always too, on the
+    same core) and the node `store_replicas = replica_waits`."""
     redis = RedisProc(prefix=_pin_prefix(redis_core), host=host).start()
+    replica: RedisProc | None = None
     try:
-        server = start_tidewire(host, core=core, security=security, store=redis.url)
+        env: dict[str, str] = {}
+        if replica_waits is not None:
+            replica = RedisProc(prefix=_pin_prefix(redis_core), host=host, extra_args=(
+                "--replicaof", host, str(redis.port), "--repl-diskless-sync-delay", "0")).start()
+            deadline = time.monotonic() + REPLICA_SYNC_TIMEOUT
+            while replica.info("replication").get("master_link_status") != "up":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the replica did not sync with its primary")
+                time.sleep(0.05)
+            env["TIDEWIRE_STORE_REPLICAS"] = str(replica_waits)
+        server = start_tidewire(host, core=core, security=security, store=redis.url, extra_env=env)
     except BaseException:
         redis.stop()
+        if replica is not None:
+            replica.stop()
         raise
     server.redis = redis
-    server.label += "(store=redis)"
+    server.replica = replica
+    server.label += "(store=redis)" if replica_waits is None else f"(store=redis, replica, waits={replica_waits})"
     return server
 
 
 def start(name: str, *, host: str = "127.0.0.1", core: int | None = SERVER_CORE,
           fsync: str | None = None, security: Security | None = None, store: str = "embedded") -> Server:
-    """`store` applies to Tidewire only: `embedded` (default) or `redis` (a private redis-server on REDIS_CORE,
-    or unpinned when `core` is None)."""
+    """`store` applies to Tidewire only: `embedded` (default), `redis` (a private redis-server on REDIS_CORE,
+    or unpinned when `core` is None) or `redis-replica-waitN` (that server with one replica; acknowledgements
+    wait for N replicas)."""
     if name == "mosquitto":
         return start_mosquitto(host, core=core, security=security)
-    if name == "tidewire" and store == "redis":
+    if name == "tidewire" and (store == "redis" or store.startswith(REPLICA_WAIT_STORE)):
+        waits = store.removeprefix(REPLICA_WAIT_STORE)
+        if store != "redis" and not waits.isdigit():
+            raise ValueError(f"unknown store {store!r}: {REPLICA_WAIT_STORE}N, N the replicas a publish waits for")
         return start_tidewire_redis(host, core=core, redis_core=None if core is None else REDIS_CORE,
-                                    security=security)
+                                    security=security, replica_waits=int(waits) if store != "redis" else None)
     if name == "tidewire":
         return start_tidewire(host, core=core, fsync=fsync, security=security)
     raise ValueError(f"unknown target {name!r}")

@@ -228,4 +228,8 @@ def compare_stores(stores: list[str], measures: list[str], cfg: StoreConfig, run
         if m in RATIO_MEASURES and medians.get("embedded") and "redis" in medians:
             print(f"ratio        {m} redis/embedded = {medians['redis'] / medians['embedded']:.2f} (aim >= 0.5)",
                   flush=True)
+        waits = sorted(s for s in medians if s.startswith(servers.REPLICA_WAIT_STORE))
+        if len(waits) > 1 and medians[waits[0]]:  # what waiting for replicas costs, against the fewest waits
+            for store in waits[1:]:
+                print(f"ratio        {m} {store}/{waits[0]} = {medians[store] / medians[waits[0]]:.2f}", flush=True)
     return ok

@@ -3,6 +3,10 @@
 `redis://` / `rediss://` / `unix://` URLs use `redis.asyncio.Redis` over a blocking pool; `redis-cluster://`
 (`rediss-cluster://` for TLS) `[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]` uses `redis.asyncio.cluster.
 RedisCluster`, which follows MOVED/ASK redirections and reloads the slot table after a failover by itself.
+`redis-sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]` names Redis Sentinels (the
+credentials are the primary's): the same blocking pool, whose connections ask the sentinels for the primary
+each time they connect. A dropped connection, or READONLY from a primary demoted to a replica, closes the
+connection, so the retry reaches the primary the sentinels promoted, without a restart.
 
 Scripts run as EVALSHA; after NOSCRIPT (a restarted or new node) the same call is sent once as EVAL, which
 also caches the script on that node. `run_many` pipelines calls (on a cluster: one pipeline per node, the nodes
@@ -25,6 +29,7 @@ import hashlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -32,6 +37,7 @@ import redis.asyncio as aioredis
 import redis.exceptions as rexc
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 
 try:
@@ -46,6 +52,8 @@ log = logging.getLogger("tidewire.store")
 T = TypeVar("T")
 
 CLUSTER_SCHEMES = ("redis-cluster://", "rediss-cluster://")
+SENTINEL_SCHEME = "redis-sentinel://"
+SENTINEL_URL_FORM = "redis-sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER_NAME[/DB]"
 # Attempts of the cluster client after a connection error (each reloads the slot table), and their backoff.
 CLUSTER_RETRIES = 3
 CLUSTER_BACKOFF = (0.05, 0.5)  # base, cap (seconds)
@@ -92,10 +100,8 @@ class Script:
 Call = tuple[Script, Sequence[str | bytes], Sequence[str | bytes | int]]
 
 
-def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str | None, str | None, bool]:
-    """`redis-cluster://[user:password@]host:port[,host:port...]` -> (nodes, username, password, tls)."""
-    scheme, rest = url.split("://", 1)
-    rest = rest.split("/", 1)[0].split("?", 1)[0]
+def _hosts(rest: str, what: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    """`[user:password@]host:port[,host:port...]` -> (nodes, username, password)."""
     username = password = None
     if "@" in rest:
         creds, rest = rest.rsplit("@", 1)
@@ -104,10 +110,80 @@ def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str | None, str 
     nodes: list[tuple[str, int]] = []
     for part in rest.split(","):
         host, _, port = part.strip().rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError("redis-cluster URL: expected HOST:PORT[,HOST:PORT...]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{what}: expected HOST:PORT[,HOST:PORT...], got {part.strip()!r}")
         nodes.append((host.strip("[]"), int(port)))
+    return nodes, username, password
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str | None, str | None, bool]:
+    """`redis-cluster://[user:password@]host:port[,host:port...]` -> (nodes, username, password, tls)."""
+    scheme, rest = url.split("://", 1)
+    nodes, username, password = _hosts(rest.split("/", 1)[0].split("?", 1)[0], "redis-cluster URL")
     return nodes, username, password, scheme == "rediss-cluster"
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelURL:
+    sentinels: list[tuple[str, int]]
+    master: str  # the name the sentinels monitor the primary under
+    db: int
+    username: str | None  # the primary's (and its replicas') credentials; the sentinels take none
+    password: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """`redis-sentinel://[user:password@]host:port[,host:port...]/master_name[/db]`; a ValueError names the
+    part that is wrong."""
+    if not url.startswith(SENTINEL_SCHEME):
+        raise ValueError(f"not a sentinel URL: expected {SENTINEL_URL_FORM}")
+    rest = url.removeprefix(SENTINEL_SCHEME)
+    if "?" in rest or "#" in rest:
+        raise ValueError(f"redis-sentinel URL: no query or fragment is read: expected {SENTINEL_URL_FORM}")
+    hosts, _, path = rest.partition("/")
+    nodes, username, password = _hosts(hosts, "redis-sentinel URL")
+    parts = path.split("/") if path else []
+    if not parts or not parts[0]:
+        raise ValueError(f"redis-sentinel URL: the master name is missing: expected {SENTINEL_URL_FORM}")
+    if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+        raise ValueError(f"redis-sentinel URL: after the master name only a DB number: expected {SENTINEL_URL_FORM}")
+    return SentinelURL(nodes, unquote(parts[0]), int(parts[1]) if len(parts) == 2 else 0, username, password)
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """The primary's connections found through the sentinels, waiting for a free one as the plain pool does.
+
+    `changes` counts the primary addresses it has seen: a connection taken once the count is n talks to the n-th
+    (or a later) one, since idle connections are closed at a change and busy ones when they come back."""
+
+    changes = 0
+    seen: Any = None  # the last address counted (compared after the await: lookups overlap)
+
+    async def get_master_address(self) -> Any:
+        address = await super().get_master_address()
+        if address != self.seen:
+            self.seen = address
+            self.changes += 1
+        return address
+
+    async def release(self, connection: Any) -> None:
+        if self.master_address is not None and (connection.host, connection.port) != self.master_address:
+            await connection.disconnect()  # it talked to a former primary
+        await super().release(connection)
+
+
+def plain_client(url: str, *, connect_timeout: float = 2.0, socket_timeout: float = 5.0) -> Any:
+    """A redis-py client with its own retries for any of the URL forms (the cluster membership's; the store
+    keeps its own connections)."""
+    if url.startswith(CLUSTER_SCHEMES):
+        nodes, username, password, tls = parse_cluster_url(url)
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=username,
+                            password=password, ssl=tls)
+    if url.startswith(SENTINEL_SCHEME):
+        s = parse_sentinel_url(url)
+        return Sentinel(s.sentinels, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout).master_for(
+            s.master, db=s.db, username=s.username, password=s.password)
+    return aioredis.Redis.from_url(url, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout)
 
 
 def with_c_packing(connection_class: type[Any]) -> type[Any]:
@@ -138,19 +214,23 @@ class RedisConn:
             raise ValueError("max_connections must be >= 1")
         self.url = url
         self.cluster = url.startswith(CLUSTER_SCHEMES)
+        # A malformed URL fails at construction, not at open.
+        self.sentinel = parse_sentinel_url(url) if url.startswith(SENTINEL_SCHEME) else None
         if self.cluster:
-            parse_cluster_url(url)  # a malformed URL fails at construction, not at open
+            parse_cluster_url(url)
         self._connect_timeout = connect_timeout
         self._socket_timeout = socket_timeout
         self._max_connections = max_connections
         self._pool_timeout = pool_timeout
         self._client: Any = None  # aioredis.Redis or RedisCluster (their command APIs differ in typing only)
         self._pool: aioredis.BlockingConnectionPool | None = None
+        self._sentinels: Sentinel | None = None
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def open(self) -> None:
         if self._client is not None:
             return
+        pool: aioredis.BlockingConnectionPool | None
         if self.cluster:
             nodes, username, password, tls = parse_cluster_url(self.url)
             client: Any = RedisCluster(
@@ -159,6 +239,16 @@ class RedisConn:
                 max_connections=self._max_connections,
                 retry=Retry(ExponentialWithJitterBackoff(*CLUSTER_BACKOFF), CLUSTER_RETRIES))
             pool = None
+        elif self.sentinel is not None:
+            s = self.sentinel
+            self._sentinels = Sentinel(s.sentinels, socket_connect_timeout=self._connect_timeout,
+                                       socket_timeout=self._socket_timeout)
+            pool = _BlockingSentinelPool(
+                s.master, self._sentinels, max_connections=self._max_connections, timeout=self._pool_timeout,
+                connection_class=with_c_packing(SentinelManagedConnection), db=s.db, username=s.username,
+                password=s.password, socket_connect_timeout=self._connect_timeout,
+                socket_timeout=self._socket_timeout, retry=Retry(NoBackoff(), 0))
+            client = aioredis.Redis(connection_pool=pool)
         else:
             pool = aioredis.BlockingConnectionPool.from_url(
                 self.url, max_connections=self._max_connections, timeout=self._pool_timeout,
@@ -175,6 +265,7 @@ class RedisConn:
             await client.aclose()
             if pool is not None:
                 await pool.aclose()
+            await self._close_sentinels()
             if isinstance(exc, Exception) and _is_unavailable(exc):
                 raise _unavailable(exc) from exc
             raise
@@ -187,6 +278,18 @@ class RedisConn:
             await client.aclose()
         if pool is not None:
             await pool.aclose()
+        await self._close_sentinels()
+
+    async def _close_sentinels(self) -> None:
+        sentinels, self._sentinels = self._sentinels, None
+        if sentinels is not None:
+            await sentinels.aclose()
+
+    @property
+    def primary_changes(self) -> int:
+        """How many primary addresses the sentinels have named so far (0 without sentinels): an append begun at
+        count n wrote to the n-th primary or a later one."""
+        return self._pool.changes if isinstance(self._pool, _BlockingSentinelPool) else 0
 
     @property
     def is_open(self) -> bool:
@@ -210,12 +313,20 @@ class RedisConn:
             with contextlib.suppress(Exception):  # no node answers: the retry reports it
                 await client.nodes_manager.initialize()
 
+    async def _rediscover(self) -> None:
+        """Behind sentinels: ask them for the primary now, so `primary_changes` counts a new one before the next
+        call begins (it would otherwise learn it only while connecting)."""
+        if isinstance(self._pool, _BlockingSentinelPool):
+            with contextlib.suppress(Exception):  # no primary named yet: the next connection asks again
+                await self._pool.get_master_address()
+
     async def _call(self, fn: Callable[[Any], Awaitable[T]], idempotent: bool) -> T:
         client = self.check()
         try:
             try:
                 return await fn(client)
             except rexc.ConnectionError:
+                await self._rediscover()
                 if not idempotent or self.cluster:  # the cluster client has retried already
                     raise
                 await self._recover(client, 1)
@@ -283,6 +394,24 @@ class RedisConn:
         return list(await pipe.execute(raise_on_error=False))
 
     # --- durability ---------------------------------------------------------------------------------------
+    async def wait_replicas(self, key: str, replicas: int, timeout_ms: int) -> tuple[int, str]:
+        """How many replicas hold every write the primary had before this call, waiting up to `timeout_ms` for
+        `replicas` of them (WAIT), and the primary's replication id (a promoted replica has a new one).
+
+        WAIT covers the writes of its own connection only, so an INCR of `key` on that connection comes first:
+        its replication offset is past every write the primary replied to before, whichever connection sent it.
+        WAITAOF (Redis 7.2) would also wait for the replicas' fsync; WAIT is what Redis 7.0 has."""
+        async def go(c: Any) -> tuple[int, str]:
+            replies = await self._pipeline(c, [("INCR", key), ("WAIT", replicas, timeout_ms),
+                                               ("INFO", "replication")])
+            for r in replies:
+                if isinstance(r, Exception):
+                    raise r
+            info = replies[2]
+            return int(replies[1]), str(info.get("master_replid", "")) if isinstance(info, dict) else ""
+
+        return await self._call(go, True)
+
     async def durability(self) -> bool | None:
         """True when every primary runs `appendonly yes` + `appendfsync always`; None when CONFIG is denied."""
         client = self.check()

@@ -55,6 +55,10 @@ replicas, a failover loses what the replica had not received yet (replication is
 `open()` reads the policy of every primary (`durable`: True, False, or None where CONFIG is denied) and warns
 unless `always`.
 
+**Replicas** (`replicas` > 0, one Redis, usually behind Sentinel): `sync()` waits until that many replicas
+hold every write, and after a failover appends again what only the old primary may have had
+(`store/redis/replicas.py`).
+
 **The log for readers** (`read_log`, one partition at a time in seq order, and holds) and **retention**
 (`enforce_retention`: the oldest batches past `retention_seconds` / `retention_bytes / P` per partition, removed
 from their queues too, never above a reader's hold unless `retention_ignores_holds`; sessions, retained and
@@ -93,6 +97,7 @@ from tidewire.store.redis.groups import RedisGroups
 from tidewire.store.redis.log import PartitionKeys as _Partition
 from tidewire.store.redis.log import RedisLog
 from tidewire.store.redis.meta import RedisMeta
+from tidewire.store.redis.replicas import BACKLOG, ReplicaWaits
 from tidewire.store.redis.scripts import (
     APPEND,
     EPOCH_MS,
@@ -142,6 +147,9 @@ class RedisStore(RedisGroups, RedisLog):
         pool_timeout: float = 5.0,
         seal_interval: float = SEAL_INTERVAL,
         retention_ignores_holds: bool = False,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
+        replica_backlog: int = BACKLOG,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': it becomes the hash tag")
@@ -151,6 +159,12 @@ class RedisStore(RedisGroups, RedisLog):
             raise ValueError(f"partitions must be from 1 to {MAX_PARTITIONS}")
         if seal_interval <= 0:
             raise ValueError("seal_interval must be > 0")
+        if replicas < 0:
+            raise ValueError("replicas must be >= 0")
+        if replicas and url.startswith(CLUSTER_SCHEMES):
+            raise ValueError("replicas: a Redis Cluster store does not wait for replicas (one Redis or Sentinel)")
+        if replica_timeout >= socket_timeout:
+            raise ValueError(f"replica_timeout must be under socket_timeout ({socket_timeout} s)")
         self.url = url
         self.partitions = partitions
         self.retention_bytes = retention_bytes
@@ -174,6 +188,8 @@ class RedisStore(RedisGroups, RedisLog):
         # nodes read back across the partitions (QoS 1 fan-in over 2 nodes: subscribers seconds behind).
         self.append_depth = APPEND_DEPTH if partitions == 1 else 1
         self.durable: bool | None = None  # set by open(): Redis fsyncs each write before replying
+        self._replicas = ReplicaWaits(self._conn, self._meta.k_parts + ":sync", replicas, replica_timeout,
+                                      replica_backlog) if replicas else None
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def open(self) -> None:
@@ -187,6 +203,8 @@ class RedisStore(RedisGroups, RedisLog):
             if stored != self.partitions:
                 raise ValueError(f"the store under this prefix has {stored} partitions, not {self.partitions}")
             self.durable = await self._conn.durability()
+            if self._replicas is not None:
+                await self._replicas.start()
             await self._meta.index_sessions()
             await self.seal_now()  # learn every counter,
             await self.seal_now()  # then seal them all to the highest: last_seq() starts at the store's end
@@ -248,7 +266,14 @@ class RedisStore(RedisGroups, RedisLog):
         if not messages:
             self._conn.check()
             return None
-        batch = list(messages)  # keep nothing of the caller's list
+        if self._replicas is None:
+            return await self._append(list(messages), wildcard_version)  # keep nothing of the caller's list
+        began = self._replicas.check_room()
+        before = await self._append(list(messages), wildcard_version)
+        self._replicas.appended(began, list(messages))
+        return before
+
+    async def _append(self, batch: list[Message], wildcard_version: int) -> int | None:
         now_ms = int(time.time() * 1000)
         P = self.partitions
         groups: dict[int, list[int]] = {}
@@ -406,6 +431,8 @@ class RedisStore(RedisGroups, RedisLog):
     async def sync(self) -> None:
         # appendfsync always: every reply already followed its fsync (see the module docstring).
         self._conn.check()
+        if self._replicas is not None:
+            await self._replicas.sync(lambda batch: self._append(batch, -1))
 
     # --- the wildcard set -----------------------------------------------------------------------------------
     async def add_wildcards(self, filters: Sequence[str], holder: str) -> int:

@@ -2,7 +2,8 @@
 sharing one redis-server (AOF `appendfsync always`), with fast membership timings.
 
 `cluster(n=3, env=None, store="redis")` -> a started `Cluster`: `.nodes` (n1, n2, ... in order), `.redis` (a
-`RedisServer`, or with store="redis-cluster" a 3-master `RedisClusterServers`), `.store_url`;
+`RedisServer`, with store="redis-cluster" a 3-master `RedisClusterServers`, with store="redis-sentinel" a
+primary, a replica and 3 sentinels: `RedisSentinelServers`), `.store_url`;
 `kill9(node)`, `stop(node)`, `restart(node)`, `wait_members(ids)`, `wait_gone(id)`, `members()`, `logs()`.
 Everything is killed at teardown. `paho_factory` is the integration suite's fixture.
 """
@@ -21,7 +22,7 @@ import pytest
 
 from tests.integration.conftest import Gateway, free_port, paho_factory  # noqa: F401 - paho_factory: a fixture
 from tests.store import redis_server
-from tests.store.redis_server import RedisClusterServers, RedisServer
+from tests.store.redis_server import RedisClusterServers, RedisSentinelServers, RedisServer
 from tests.waiting import wait_until
 
 HEARTBEAT = 0.2  # s between membership heartbeats
@@ -75,11 +76,15 @@ class Cluster:
 
     def __init__(self, workdir: Path, n: int = 3, env: dict[str, str] | None = None, store: str = "redis") -> None:
         self.store = store
-        self.redis: RedisServer | RedisClusterServers
+        self.redis: RedisServer | RedisClusterServers | RedisSentinelServers
         if store == "redis-cluster":
             if not redis_server.cluster_available():
                 pytest.skip("redis-cli is not installed")
             self.redis = RedisClusterServers(workdir / "redis-cluster")
+        elif store == "redis-sentinel":
+            if not redis_server.sentinel_available():
+                pytest.skip("redis-sentinel is not installed")
+            self.redis = RedisSentinelServers(workdir / "redis-sentinel")
         else:
             assert store == "redis", store
             self.redis = RedisServer(workdir / "redis")
@@ -95,6 +100,12 @@ class Cluster:
     def single_redis(self) -> RedisServer:
         """The one redis-server (for kill/restart); not on a Redis Cluster store."""
         assert isinstance(self.redis, RedisServer), "a single-Redis test"
+        return self.redis
+
+    @property
+    def sentinel_redis(self) -> RedisSentinelServers:
+        """The primary, its replica and the sentinels; only with store="redis-sentinel"."""
+        assert isinstance(self.redis, RedisSentinelServers), "a Sentinel test"
         return self.redis
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -135,6 +146,9 @@ class Cluster:
         if isinstance(self.redis, RedisClusterServers):
             return RedisCluster(startup_nodes=[RedisClusterNode("127.0.0.1", p) for p in self.redis.ports],
                                 socket_timeout=2, socket_connect_timeout=2)
+        if isinstance(self.redis, RedisSentinelServers):
+            return redis.Redis(host="127.0.0.1", port=self.redis.primary_port(), socket_timeout=2,
+                               socket_connect_timeout=2)
         return redis.Redis(host="127.0.0.1", port=self.redis.port, socket_timeout=2, socket_connect_timeout=2)
 
     def members(self) -> dict[str, str]:
@@ -207,7 +221,8 @@ ClusterFactory = Callable[..., Cluster]
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ClusterFactory]:
     """`cluster(n=3, env=None, store="redis")` -> a started Cluster; every process is killed at teardown.
-    store: "redis" (one redis-server) or "redis-cluster" (a 3-master Redis Cluster)."""
+    store: "redis" (one redis-server), "redis-cluster" (a 3-master Redis Cluster) or "redis-sentinel" (a primary
+    with a replica behind 3 sentinels)."""
     made: list[Cluster] = []
 
     def make(n: int = 3, env: dict[str, str] | None = None, store: str = "redis") -> Cluster:

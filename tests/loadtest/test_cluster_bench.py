@@ -51,6 +51,17 @@ def test_store_runs_report_redis_commands_per_message() -> None:
     assert "store=redis" in redis["fanin"].result.server
 
 
+@pytest.mark.slow  # two nodes, three redis-servers: ~17 s
+def test_a_store_with_a_replica_waits_for_it_and_says_so() -> None:
+    cfg = store_bench.StoreConfig(seconds=0.5, publishers=2, window=10, drain=2.0)
+    for waits in (0, 1):
+        runs = store_bench.store_run(f"redis-replica-wait{waits}", ["fanin"], cfg, pin=False)
+        assert runs["fanin"].messages() > 0 and runs["fanin"].result.lost == 0
+        assert f"replica, waits={waits}" in runs["fanin"].result.server
+    with pytest.raises(ValueError, match="redis-replica-waitN"):
+        store_bench.store_run("redis-replica-waitx", ["fanin"], cfg, pin=False)
+
+
 async def test_stats_monitor_sees_a_nodes_counters_grow() -> None:
     with Cluster(1, store="embedded", node_core=None, redis_core=None, sys_interval=0.2) as cluster:
         monitor = await StatsMonitor(0.2).open(cluster.nodes)
