@@ -236,6 +236,8 @@ class ClusterSettings(BaseModel):
     cluster_port: Port = Field(None, ge=0, le=65535, description="internal port for the other nodes; set "
                                      "to join a cluster (Redis store only)")
     cluster_host: str | None = Field(None, description="address the other nodes reach this one at; default: host")
+    cluster_advertise_port: Port = Field(None, ge=1, le=65535, description="port the other nodes reach this one at "
+                                         "(NAT, a port mapping, a proxy); default: the cluster port as bound")
     cluster_secret: str | None = Field(None, description="shared secret every node of the cluster proves")
     cluster_heartbeat: float = Field(0.5, gt=0, description="s between membership heartbeats")
     cluster_member_ttl: float = Field(3.0, gt=0, description="s without a heartbeat before a node is dead")

@@ -234,7 +234,8 @@ def build_fabric(settings: Settings) -> ClusterFabric | None:
     return ClusterFabric(settings.node_id, redis_client(settings.store), host=settings.host,
                          cluster_port=settings.cluster_port, secret=settings.cluster_secret,
                          heartbeat_interval=settings.cluster_heartbeat, member_ttl=settings.cluster_member_ttl,
-                         advertise_host=settings.cluster_host, notify_lease=settings.cluster_notify_lease)
+                         advertise_host=settings.cluster_host,
+                         advertise_port=settings.cluster_advertise_port, notify_lease=settings.cluster_notify_lease)
 
 
 def redis_client(url: str) -> Any:

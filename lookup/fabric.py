@@ -1,6 +1,7 @@
 """The cluster fabric of one node: RPC, membership, slot table, sharded lookup and cluster notify, wired.
 
-Start order: bind the cluster port, join the membership (its address is the bound port), then every new epoch
+Start order: bind the cluster port, join the membership (its address is the advertised host and port, by
+default the bound port), then every new epoch
 goes to the RPC (peer addresses) and to the lookup (new slot table, full resync). Stop leaves the membership
 first, so the others re-balance at once instead of waiting for the TTL.
 """
@@ -28,8 +29,9 @@ class ClusterFabric:
 
     def __init__(self, node_id: str, redis_client: Any, *, host: str = "127.0.0.1", cluster_port: int = 0,
                  secret: bytes | str, heartbeat_interval: float = 0.5, member_ttl: float = 3.0, prefix: str = "tw",
-                 advertise_host: str | None = None, call_timeout: float = 2.0, max_frame: int = DEFAULT_MAX_FRAME,
-                 merge_delay: float = DEFAULT_MERGE_DELAY, notify_lease: float = DEFAULT_LEASE) -> None:
+                 advertise_host: str | None = None, advertise_port: int | None = None, call_timeout: float = 2.0,
+                 max_frame: int = DEFAULT_MAX_FRAME, merge_delay: float = DEFAULT_MERGE_DELAY,
+                 notify_lease: float = DEFAULT_LEASE) -> None:
         self.node_id = node_id
         self.rpc = RpcNode(node_id, host, cluster_port, secret, call_timeout=call_timeout, max_frame=max_frame)
         self.lookup = ShardedLookup(node_id, self.rpc)
@@ -37,6 +39,7 @@ class ClusterFabric:
         self.membership: Membership | None = None
         self._redis = redis_client
         self._host = advertise_host or host
+        self._port = advertise_port  # None: the bound port
         self._interval = heartbeat_interval
         self._ttl = member_ttl
         self._prefix = prefix
@@ -74,9 +77,9 @@ class ClusterFabric:
         if host in ("", "0.0.0.0", "::"):
             host = socket.gethostname()  # a wildcard bind cannot be dialled: advertise our name
             log.info("cluster node %s advertises %s (set an advertise host to change it)", self.node_id, host)
-        self.membership = Membership(self._redis, self.node_id, f"{host}:{self.rpc.port}", interval=self._interval,
-                                     ttl=self._ttl, prefix=self._prefix, on_change=self._on_change,
-                                     on_dead=self._on_dead, on_expelled=self._on_expelled)
+        self.membership = Membership(self._redis, self.node_id, f"{host}:{self._port or self.rpc.port}",
+                                     interval=self._interval, ttl=self._ttl, prefix=self._prefix,
+                                     on_change=self._on_change, on_dead=self._on_dead, on_expelled=self._on_expelled)
         try:
             await self.membership.start()
         except BaseException:
