@@ -412,15 +412,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    if fabric is not None:
-        def expelled() -> None:
-            # The others declared this node dead (a long stall): its clients may already be served elsewhere and
-            # its writes are fenced. Stop, so that a supervisor starts a fresh member.
-            log.error("cluster.expelled")
-            assert stop is not None
-            stop.set()
-
-        fabric.on_expelled(expelled)
     loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
     log.info("stopping")

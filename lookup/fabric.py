@@ -45,6 +45,7 @@ class ClusterFabric:
         self._prefix = prefix
         self._dead: list[Callable[[list[str]], None]] = []
         self._expelled: list[Callable[[], None]] = []
+        self._beat: list[Callable[[Exception | None], None]] = []
         self._kick: KickHandler | None = None
         self.counters = {"kicks_targeted": 0, "kicks_broadcast": 0, "kicks_received": 0}
         self.lookup.on_future_epoch = self._catch_up
@@ -67,6 +68,10 @@ class ClusterFabric:
         """`callback()` if the others declared this node dead (a long stall): it must drop its clients."""
         self._expelled.append(callback)
 
+    def on_beat(self, callback: Callable[[Exception | None], None]) -> None:
+        """`callback(error)` after each periodic heartbeat (None: it reached the store)."""
+        self._beat.append(callback)
+
     def on_kick(self, callback: KickHandler) -> None:
         """`callback(client_id, epoch)` when another node took the client over."""
         self._kick = callback
@@ -79,12 +84,19 @@ class ClusterFabric:
             log.info("cluster node %s advertises %s (set an advertise host to change it)", self.node_id, host)
         self.membership = Membership(self._redis, self.node_id, f"{host}:{self._port or self.rpc.port}",
                                      interval=self._interval, ttl=self._ttl, prefix=self._prefix,
-                                     on_change=self._on_change, on_dead=self._on_dead, on_expelled=self._on_expelled)
+                                     on_change=self._on_change, on_dead=self._on_dead, on_expelled=self._on_expelled,
+                                     on_beat=self._on_beat)
         try:
             await self.membership.start()
         except BaseException:
             await self.rpc.close()
             raise
+
+    async def rejoin(self) -> None:
+        """Join again after the others declared this node dead (`on_expelled`); raises if the store is unreachable
+        (then try again)."""
+        if self.membership is not None:
+            await self.membership.rejoin()
 
     async def stop(self) -> None:
         """Leave gracefully, then close the cluster port."""
@@ -140,6 +152,13 @@ class ClusterFabric:
                 callback()
             except Exception:
                 log.exception("cluster expelled callback failed")
+
+    def _on_beat(self, error: Exception | None) -> None:
+        for callback in self._beat:
+            try:
+                callback(error)
+            except Exception:
+                log.exception("cluster heartbeat callback failed")
 
     def _catch_up(self) -> None:
         if self.membership is not None:

@@ -12,9 +12,13 @@ duplicated or refused.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from typing import Any
 
-from tests.cluster.conftest import Cluster, ClusterFactory
+import httpx
+
+from tests.cluster.conftest import MEMBER_TTL, Cluster, ClusterFactory, ClusterNode
 from tests.integration.conftest import PahoClient, PahoFactory, Received
 from tests.waiting import wait_until
 
@@ -101,3 +105,118 @@ def _publish_and_count(pub: PahoClient, sub: PahoClient, topics: list[tuple[str,
                what=lambda: f"{len(want)} messages: lost {len(lost())} ({sorted(lost())[:8]})\n{c.logs()}")
     duplicated = [p for p, n in Counter(m.payload for m in got).items() if n > 1]
     assert not duplicated, f"duplicated {len(duplicated)}: {duplicated[:10]}"
+
+
+STORE_CUT_TTL = 8.0  # s member TTL of the short-cut test: the cut node is not declared dead meanwhile
+DETECT = 3.0  # s for a cut-off node to notice (heartbeats every conftest HEARTBEAT s; each fails at once)
+RESUME = 5.0  # s for it to serve again once the store is back
+
+
+def _ready(node: ClusterNode) -> tuple[int, dict[str, Any]]:
+    answer = httpx.get(f"http://127.0.0.1:{node.admin_port}/readyz", timeout=5.0)
+    return answer.status_code, answer.json()
+
+
+def _metric(node: ClusterNode, name: str) -> float | None:
+    text = httpx.get(f"http://127.0.0.1:{node.admin_port}/metrics", timeout=5.0).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def test_node_cut_off_the_store_refuses_new_clients_and_resumes(cluster: ClusterFactory,
+                                                                paho_factory: PahoFactory) -> None:
+    """n1 loses Redis (its proxy resets every connection and refuses new ones) for less than the member TTL:
+    within `DETECT` s its /readyz answers 503 naming the store, the store gauge reads 0, and a new client gets
+    CONNACK 0x88 (5.0) / 3 (3.1.1). Its connected publisher's QoS 1 messages are not acked while the store is
+    down. Once the store is back n1 serves again by itself (readyz 200, CONNACK 0) within `RESUME` s, and every
+    acked message reaches a subscriber on n2: none lost, none twice."""
+    c: Cluster = cluster(n=2, proxied=True, env={"TIDEWIRE_CLUSTER_MEMBER_TTL": str(STORE_CUT_TTL)})
+    n1, n2 = c.nodes
+    sub = paho_factory(n2.port, "store-sub")
+    sub.connect()
+    assert sub.subscribe("store/+", 1) == [1]
+    pub = paho_factory(n1.port, "store-pub")
+    pub.connect()
+    assert pub.publish("store/0", b"0", qos=1) == 0
+    assert _ready(n1)[0] == 200 and _metric(n1, "tidewire_store_up") == 1
+
+    c.store_proxy["n1"].cut()
+    wait_until(lambda: _ready(n1)[0] == 503, DETECT, what=lambda: f"n1 not ready: {_ready(n1)}\n{c.logs()}")
+    body = _ready(n1)[1]
+    assert any("store" in reason for reason in body["reasons"]), body
+    assert _metric(n1, "tidewire_store_up") == 0
+    assert "event=store.unreachable" in n1.stderr
+    refused = 0
+    for version in (5, 4):  # paho 2 reports 3.1.1's return code 3 (server unavailable) as 0x88 too
+        fresh = paho_factory(n1.port, f"store-new-{version}", version=version)
+        assert fresh.connect(check=False, timeout=5.0).reason_code == 0x88, f"MQTT {version}"
+        refused += 1
+    during = [pub.publish(f"store/{i}", str(i).encode(), qos=1, wait=False) for i in range(1, 21)]
+    time.sleep(0.5)  # no PUBACK may come while n1 cannot store: a wait for nothing to happen
+    unacked_while_cut = [mid for mid in during if mid not in pub.acks_snapshot()]
+    assert unacked_while_cut == during, "a PUBACK while the store was unreachable"
+
+    c.store_proxy["n1"].heal()
+    wait_until(lambda: _ready(n1)[0] == 200, RESUME, what=lambda: f"n1 ready again: {_ready(n1)}\n{c.logs()}")
+    later = paho_factory(n1.port, "store-later")
+    assert later.connect(timeout=5.0).reason_code == 0
+    assert _metric(n1, "tidewire_store_up") == 1 and "event=store.reachable" in n1.stderr
+    wait_until(lambda: all(mid in pub.acks_snapshot() for mid in during), RESUME,
+               what=lambda: f"every publish acked after healing\n{c.logs()}")
+    want = {str(i).encode() for i in range(1, 21)}
+    got: list[Received] = []
+    _drain(sub, got)
+    wait_until(lambda: _drain(sub, got) and want <= {m.payload for m in got}, RESUME,
+               what=lambda: f"acked messages delivered: lost {sorted(want - {m.payload for m in got})}")
+    duplicated = [p for p, n in Counter(m.payload for m in got).items() if n > 1]
+    assert not duplicated, f"duplicated {duplicated}"
+    assert refused == 2
+
+
+LONG_MESSAGES = 20  # published on n2 while n1 is cut off the store and declared dead
+FENCE = MEMBER_TTL + 3.0  # s: n1 closes its clients once a member TTL passed without a heartbeat (plus slack)
+
+
+def test_node_cut_off_the_store_past_the_ttl_hands_its_clients_over_and_rejoins(
+        cluster: ClusterFactory, paho_factory: PahoFactory) -> None:
+    """n1 loses Redis for longer than the member TTL: n2 declares it dead; n1 closes its persistent client
+    (DISCONNECT 0x9C Use another server) by then, so the session is never served by both; the client resumes on
+    n2 and gets every message acked meanwhile (none lost, none twice). When Redis is back n1 joins again by
+    itself (a member, /readyz 200, new clients accepted) instead of exiting."""
+    c: Cluster = cluster(n=2, proxied=True)
+    n1, n2 = c.nodes
+    dev = paho_factory(n1.port, "long-dev", clean=False)
+    dev.connect(session_expiry=300)
+    assert dev.subscribe("long/+", 1) == [1]
+    pub = paho_factory(n2.port, "long-pub")
+    pub.connect()
+    assert pub.publish("long/0", b"0", qos=1) == 0
+    assert dev.get(timeout=CUT_DELIVERY).payload == b"0"
+
+    c.store_proxy["n1"].cut()
+    c.wait_gone("n1")
+    assert dev.wait_disconnect(timeout=FENCE) == 0x9C, "n1 kept serving a session the others may hand over"
+    assert n1.alive
+    for i in range(1, LONG_MESSAGES + 1):
+        assert pub.publish("long/x", str(i).encode(), qos=1) == 0
+    dev.port = n2.port
+    assert dev.connect(clean_start=False, session_expiry=300).session_present
+    want = {str(i).encode() for i in range(1, LONG_MESSAGES + 1)}
+    got: list[Received] = []
+    wait_until(lambda: _drain(dev, got) and want <= {m.payload for m in got}, CUT_DELIVERY,
+               what=lambda: f"acked messages after the move: lost {sorted(want - {m.payload for m in got})}")
+    duplicated = [p for p, n in Counter(m.payload for m in got).items() if n > 1]
+    assert not duplicated, f"duplicated {duplicated}"
+
+    c.store_proxy["n1"].heal()
+    c.wait_members(["n1", "n2"])
+    wait_until(lambda: _ready(n1)[0] == 200, RESUME, what=lambda: f"n1 ready again: {_ready(n1)}\n{c.logs()}")
+    assert n1.alive and "event=cluster.rejoined" in n1.stderr
+    fresh = paho_factory(n1.port, "long-fresh")
+    assert fresh.connect(timeout=5.0).reason_code == 0
+    assert fresh.subscribe("long/+", 1) == [1]
+    assert pub.publish("long/y", b"after", qos=1) == 0
+    assert fresh.get(timeout=CUT_DELIVERY).payload == b"after"
+    assert dev.get(timeout=CUT_DELIVERY).payload == b"after"
