@@ -48,7 +48,7 @@ class StoreHealth:
         return self._clock.monotonic() - self._since if self._failing else 0.0
 
     def reason(self) -> str | None:
-        """Why the store counts as down, for /readyz and the CONNACK's reason string; None while it is up."""
+        """Why the store counts as down, for /readyz; None while it is up."""
         if not self._failing:
             return None
         what, error = next(iter(self._failing.items()))

@@ -68,8 +68,8 @@ class Admission:
         """Why a new connection on `listener` must be refused, or None (then it takes a rate token)."""
         if self.draining:  # a client that got in before the listener closed: let it go to another node now
             return AdmissionRefusal("stopping", "the node is stopping")
-        if self.store is not None and (unreachable := self.store.reason()) is not None:
-            return AdmissionRefusal("unavailable", unreachable)
+        if self.store is not None and self.store.down:  # the details (addresses, errors) are for /readyz, not clients
+            return AdmissionRefusal("unavailable", "the store is unreachable")
         if self.overloaded:
             return AdmissionRefusal("busy", f"overloaded (event loop lag {self.lag_ms:.0f} ms)")
         if self.pending >= self.max_pending:
