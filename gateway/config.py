@@ -206,6 +206,9 @@ class StoreSettings(BaseModel):
                        "`redis-cluster://HOST:PORT[,HOST:PORT...]`, or `package.module:factory[?key=value&...]`: an "
                        "engine not shipped with Tidewire, called with the settings and the query's keys")
     store_partitions: int = Field(16, ge=1, le=64, description="log partitions on Redis Cluster (1 on one Redis)")
+    store_timeout: float = Field(5.0, gt=0, description="s a Redis store call or heartbeat may wait for an answer: "
+                                 "how long a silent store takes to count as unreachable (then new clients are "
+                                 "refused)")
     data_dir: Path = Field(Path("data"), description="directory of the embedded store (and the admin token file)")
     fsync: Literal["batch", "interval", "never"] = Field(
         "batch", description="when appends reach the disk before they are acknowledged: `batch` (each write batch), "

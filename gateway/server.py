@@ -231,15 +231,16 @@ def build_fabric(settings: Settings) -> ClusterFabric | None:
         raise StartupError("cluster_port needs cluster_secret: every node must prove it to the others")
     from tidewire.lookup.fabric import ClusterFabric
 
-    return ClusterFabric(settings.node_id, redis_client(settings.store), host=settings.host,
+    return ClusterFabric(settings.node_id, redis_client(settings.store, settings.store_timeout), host=settings.host,
                          cluster_port=settings.cluster_port, secret=settings.cluster_secret,
                          heartbeat_interval=settings.cluster_heartbeat, member_ttl=settings.cluster_member_ttl,
                          advertise_host=settings.cluster_host,
                          advertise_port=settings.cluster_advertise_port, notify_lease=settings.cluster_notify_lease)
 
 
-def redis_client(url: str) -> Any:
-    """A plain redis-py client for the membership (the store keeps its own connections)."""
+def redis_client(url: str, timeout: float = 5.0) -> Any:
+    """A plain redis-py client for the membership (the store keeps its own connections); `timeout`: s a call may
+    wait for an answer."""
     import redis.asyncio as aioredis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
@@ -248,8 +249,9 @@ def redis_client(url: str) -> Any:
     if url.startswith(CLUSTER_SCHEMES):
         nodes, username, password, tls = parse_cluster_url(url)
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=username,
-                            password=password, ssl=tls)
-    return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+                            password=password, ssl=tls, socket_connect_timeout=min(2.0, timeout),
+                            socket_timeout=timeout)
+    return aioredis.Redis.from_url(url, socket_connect_timeout=min(2.0, timeout), socket_timeout=timeout)
 
 
 def build_store(settings: Settings) -> Store:
@@ -260,7 +262,8 @@ def build_store(settings: Settings) -> Store:
 
         return RedisStore(url, retention_bytes=settings.retention_bytes, retention_seconds=settings.retention_seconds,
                           retention_ignores_holds=settings.retention_ignores_holds,
-                          partitions=settings.store_partitions if "-cluster://" in url else 1)
+                          partitions=settings.store_partitions if "-cluster://" in url else 1,
+                          connect_timeout=min(2.0, settings.store_timeout), socket_timeout=settings.store_timeout)
     if url == "embedded":
         return EmbeddedStore(
             settings.data_dir, fsync=settings.fsync, fsync_interval_ms=settings.fsync_interval_ms,

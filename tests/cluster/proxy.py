@@ -4,7 +4,9 @@ ports) and heal it, without touching either side.
 `TcpProxy(target_port)`: listens on `.port` and forwards every connection to `127.0.0.1:target_port`.
 `cut()` closes every forwarded connection at once and, until `heal()`, closes each new one as soon as it is
 accepted: both sides see the link fail fast (a reset or EOF), as after a network partition noticed by TCP, rather
-than waiting out their timeouts. `heal()` forwards again. Threads: one acceptor, two pumps per connection.
+than waiting out their timeouts. `stall()` is the silent partition: connections stay open (new ones are accepted)
+but no byte crosses until `heal()`, so each side notices only by its own timeouts. `heal()` forwards again.
+Threads: one acceptor, two pumps per connection.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._cut = False
+        self._flowing = threading.Event()  # cleared while stalled
+        self._flowing.set()
         self._closed = False
         self.refused = 0  # connections closed on accept while cut
         self.accepted = 0
@@ -42,13 +46,19 @@ class TcpProxy:
         for sock in doomed:
             _kill(sock)
 
+    def stall(self) -> None:
+        """Keep every connection open but forward nothing until `heal`."""
+        self._flowing.clear()
+
     def heal(self) -> None:
         with self._lock:
             self._cut = False
+        self._flowing.set()
 
     def close(self) -> None:
         self.cut()
         self._closed = True
+        self._flowing.set()  # stalled pumps end on their closed sockets
         with contextlib.suppress(OSError):
             self._listener.close()
 
@@ -85,6 +95,7 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(CHUNK):
+                self._flowing.wait()
                 dst.sendall(data)
         except OSError:
             pass

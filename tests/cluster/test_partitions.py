@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.cluster.conftest import MEMBER_TTL, Cluster, ClusterFactory, ClusterNode
 from tests.integration.conftest import PahoClient, PahoFactory, Received
@@ -108,7 +109,9 @@ def _publish_and_count(pub: PahoClient, sub: PahoClient, topics: list[tuple[str,
 
 
 STORE_CUT_TTL = 8.0  # s member TTL of the short-cut test: the cut node is not declared dead meanwhile
-DETECT = 3.0  # s for a cut-off node to notice (heartbeats every conftest HEARTBEAT s; each fails at once)
+STORE_TIMEOUT = 1.0  # s a store call may wait for an answer (store_timeout): how a silent store is noticed
+DETECT = 3.0  # s for a cut-off node to notice: a heartbeat (conftest HEARTBEAT s apart) or housekeeping call
+# (about every second) fails at once on a reset link, after STORE_TIMEOUT on a silent one
 RESUME = 5.0  # s for it to serve again once the store is back
 
 
@@ -125,14 +128,17 @@ def _metric(node: ClusterNode, name: str) -> float | None:
     return None
 
 
-def test_node_cut_off_the_store_refuses_new_clients_and_resumes(cluster: ClusterFactory,
-                                                                paho_factory: PahoFactory) -> None:
-    """n1 loses Redis (its proxy resets every connection and refuses new ones) for less than the member TTL:
-    within `DETECT` s its /readyz answers 503 naming the store, the store gauge reads 0, and a new client gets
+@pytest.mark.parametrize("how", ["cut", "stall"])
+def test_node_cut_off_the_store_refuses_new_clients_and_resumes(cluster: ClusterFactory, paho_factory: PahoFactory,
+                                                                how: str) -> None:
+    """n1 loses Redis for less than the member TTL, by a reset of every connection (`cut`) or by silence
+    (`stall`: nothing crosses, noticed only by the `store_timeout` of its calls and heartbeats): within `DETECT`
+    s its /readyz answers 503 naming the store, the store gauge reads 0, and a new client gets
     CONNACK 0x88 (5.0) / 3 (3.1.1). Its connected publisher's QoS 1 messages are not acked while the store is
     down. Once the store is back n1 serves again by itself (readyz 200, CONNACK 0) within `RESUME` s, and every
     acked message reaches a subscriber on n2: none lost, none twice."""
-    c: Cluster = cluster(n=2, proxied=True, env={"TIDEWIRE_CLUSTER_MEMBER_TTL": str(STORE_CUT_TTL)})
+    c: Cluster = cluster(n=2, proxied=True, env={"TIDEWIRE_CLUSTER_MEMBER_TTL": str(STORE_CUT_TTL),
+                                                 "TIDEWIRE_STORE_TIMEOUT": str(STORE_TIMEOUT)})
     n1, n2 = c.nodes
     sub = paho_factory(n2.port, "store-sub")
     sub.connect()
@@ -142,7 +148,7 @@ def test_node_cut_off_the_store_refuses_new_clients_and_resumes(cluster: Cluster
     assert pub.publish("store/0", b"0", qos=1) == 0
     assert _ready(n1)[0] == 200 and _metric(n1, "tidewire_store_up") == 1
 
-    c.store_proxy["n1"].cut()
+    getattr(c.store_proxy["n1"], how)()
     wait_until(lambda: _ready(n1)[0] == 503, DETECT, what=lambda: f"n1 not ready: {_ready(n1)}\n{c.logs()}")
     body = _ready(n1)[1]
     assert any("store" in reason for reason in body["reasons"]), body
