@@ -6,6 +6,9 @@ things fast: it tells the previous owner to close its connection, and it names t
 after a node declared dead (marks its clients' sessions offline, publishes their wills). A notify lost with a
 node is made up for by re-reading every locally read queue every `resync_interval` seconds. A shared group is
 served by one node at a time: the holder of its lease, renewed while the node has online members of it.
+
+A node whose heartbeats have not reached the store for a member TTL closes its clients (the others may declare it
+dead and hand their sessions on); declared dead after all, it joins again as a new member once the store answers.
 """
 
 from __future__ import annotations

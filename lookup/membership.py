@@ -110,7 +110,7 @@ class _Result:
 class Membership:
     """This node's registration. `on_change(epoch, members)` on every new epoch (and once on start);
     `on_dead(ids)` in the one survivor that removed them; `on_expelled()` if this process was declared dead
-    (its heartbeats stop: the node must drop its clients and start again); `on_beat(error)` after each periodic
+    (its heartbeats stop: the node must drop its clients and `rejoin`); `on_beat(error)` after each periodic
     heartbeat, None when it went through (how the node knows it can reach the store while idle)."""
 
     def __init__(self, redis: Any, node_id: str, address: str, *, interval: float = 0.5, ttl: float = 3.0,
