@@ -85,8 +85,8 @@ def readiness(node: Node) -> list[str]:
     reasons: list[str] = []
     if node.draining:
         reasons.append("draining")
-    if node.store_down:
-        reasons.append("store unavailable")
+    if (unreachable := node.store_health.reason()) is not None:
+        reasons.append(unreachable)
     topology = node.topology
     if topology.shared:
         if node.node_id not in topology.members or not topology.stats().get("lookup_complete", 1):

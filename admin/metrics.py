@@ -131,6 +131,8 @@ class NodeCollector(Collector):
         yield GaugeMetricFamily(f"{PREFIX}_inflight", "QoS 1/2 messages sent to MQTT clients and not acknowledged.",
                                 value=sum(len(s.inflight) for s in sessions))
         yield GaugeMetricFamily(f"{PREFIX}_draining", "1 while the node is stopping (drain).", value=int(node.draining))
+        yield GaugeMetricFamily(f"{PREFIX}_store_up", "0 while the node cannot reach its store (it refuses new "
+                                "clients), else 1.", value=int(not node.store_health.down))
         topology = node.topology
         members = len(topology.members) if topology.shared else 1
         epoch = int(topology.stats().get("epoch", 0))

@@ -6,6 +6,9 @@ things fast: it tells the previous owner to close its connection, and it names t
 after a node declared dead (marks its clients' sessions offline, publishes their wills). A notify lost with a
 node is made up for by re-reading every locally read queue every `resync_interval` seconds. A shared group is
 served by one node at a time: the holder of its lease, renewed while the node has online members of it.
+
+A node whose heartbeats have not reached the store for a member TTL closes its clients (the others may declare it
+dead and hand their sessions on); declared dead after all, it joins again as a new member once the store answers.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ class Fabric(Protocol):
 
     def on_dead(self, callback: Callable[[dict[str, str]], None]) -> None: ...
 
+    def on_beat(self, callback: Callable[[Exception | None], None]) -> None: ...
+
+    def on_expelled(self, callback: Callable[[], None]) -> None: ...
+
+    async def rejoin(self) -> None: ...
+
     def stats(self) -> dict[str, int]: ...
 
 
@@ -63,9 +72,13 @@ class ClusterRole:
         self.resync_interval = resync_interval
         self.lease_ttl = lease_ttl
         self._leases_wanted = asyncio.Event()
-        self._retry = Backoff("dead-node cleanup", node.clock)
+        self._retry = Backoff("dead-node cleanup", node.clock, node.store_health)
         fabric.on_kick(self._on_kick)
         fabric.on_dead(self._on_dead)
+        self._beat_ok_at = node.clock.monotonic()  # the last heartbeat that reached the store
+        self._fenced = False  # this outage's clients are closed already
+        fabric.on_beat(self._on_beat)
+        fabric.on_expelled(self._on_expelled)
 
     @property
     def members(self) -> Mapping[str, str]:
@@ -130,6 +143,56 @@ class ClusterRole:
         node.wills.cancel(client_id)
         if session is not None:
             node.subscriptions.forget(session.record)  # its new node holds it now
+
+    def _on_beat(self, error: Exception | None) -> None:
+        node = self.node
+        node.store_health.report("cluster heartbeat", error)
+        now = node.clock.monotonic()
+        if error is None:
+            self._beat_ok_at = now
+            self._fenced = False
+        elif not self._fenced and now - self._beat_ok_at >= self.lease_ttl:
+            self._fenced = True
+            self.fence(f"no heartbeat reached the store for {now - self._beat_ok_at:.1f} s")
+
+    def fence(self, detail: str) -> None:
+        """The others may declare this node dead now (a member TTL without a heartbeat) and hand its clients'
+        sessions to other nodes: close every client here (MQTT 5: DISCONNECT 0x9C), so that none is served by two
+        nodes at once and each reconnects where the store is reachable. Their wills are the survivors' to publish."""
+        node = self.node
+        conns = list(node.connections.values())
+        log.error("cluster.fenced", extra={"reason": detail, "clients": len(conns)})
+        for conn in conns:
+            session = conn.fence("this node lost its store")
+            if session is not None:
+                node.subscriptions.forget(session.record)  # its next node holds it
+
+    def _on_expelled(self) -> None:
+        """The others declared this node dead (the store was out of reach, or the node stalled, for a member TTL):
+        its clients may be served elsewhere and its session writes are fenced off by their epochs. Close what is
+        left here and join again as a new member, as soon as the store answers."""
+        log.error("cluster.expelled")
+        if not self._fenced:
+            self._fenced = True
+            self.fence("the other nodes declared this one dead")
+        self.node.spawn(self._rejoin())
+
+    async def _rejoin(self) -> None:
+        retry = Backoff("cluster rejoin", self.node.clock, self.node.store_health)
+        while True:
+            try:
+                await self.fabric.rejoin()
+                # A new membership token: the survivor that declared this process dead released what it held
+                # under the old one, so whatever is still held here is held again under the new.
+                await self.node.subscriptions.hold_again()
+                break
+            except OSError as exc:
+                stop_if_cancelled()
+                await asyncio.sleep(retry.failed(exc))
+        retry.succeeded()
+        self._beat_ok_at = self.node.clock.monotonic()
+        self._fenced = False
+        log.warning("cluster.rejoined", extra={"node": self.node.node_id})
 
     def _on_dead(self, dead: dict[str, str]) -> None:
         self.node.spawn(self._clean_up_after(dead))

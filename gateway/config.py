@@ -217,6 +217,9 @@ class StoreSettings(BaseModel):
     store_replica_backlog: int = Field(100_000, ge=1, description="messages a node keeps, with store_replicas, "
                                        "until replicas confirm them (to append again after a failover); beyond "
                                        "it appends wait")
+    store_timeout: float = Field(5.0, gt=0, description="s a Redis store call or heartbeat may wait for an answer: "
+                                 "how long a silent store takes to count as unreachable (then new clients are "
+                                 "refused)")
     data_dir: Path = Field(Path("data"), description="directory of the embedded store (and the admin token file)")
     fsync: Literal["batch", "interval", "never"] = Field(
         "batch", description="when appends reach the disk before they are acknowledged: `batch` (each write batch), "
@@ -247,6 +250,8 @@ class ClusterSettings(BaseModel):
     cluster_port: Port = Field(None, ge=0, le=65535, description="internal port for the other nodes; set "
                                      "to join a cluster (Redis store only)")
     cluster_host: str | None = Field(None, description="address the other nodes reach this one at; default: host")
+    cluster_advertise_port: Port = Field(None, ge=1, le=65535, description="port the other nodes reach this one at "
+                                         "(NAT, a port mapping, a proxy); default: the cluster port as bound")
     cluster_secret: str | None = Field(None, description="shared secret every node of the cluster proves")
     cluster_heartbeat: float = Field(0.5, gt=0, description="s between membership heartbeats")
     cluster_member_ttl: float = Field(3.0, gt=0, description="s without a heartbeat before a node is dead")

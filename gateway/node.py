@@ -35,6 +35,7 @@ from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.publish_hooks import PublishHooks
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.shared import SharedGroup
+from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
 from tidewire.gateway.core.topology import SingleNode, Topology
 from tidewire.gateway.core.writes import RecordWrites
@@ -75,6 +76,7 @@ class Node:
         self.enhanced_auth = enhanced_auth
         self.auth = auth if auth is not None else AuthChain((), allow_anonymous=True)
         self.admission = Admission(settings)
+        self.store_health = self.admission.store = StoreHealth(clock)  # new clients are refused while it is down
         self.node_id = settings.node_id
         self.store = store
         self.lookup = lookup
@@ -114,8 +116,8 @@ class Node:
         self._ack_wanted = asyncio.Event()
         self._held: set[DurableSink] = set()  # publishers not read while the batch is over max_pending
         self._dropping = False  # a drop streak is logged once
-        self._flush_retry = Backoff("flush", clock)
-        self._sync_retry = Backoff("sync", clock)
+        self._flush_retry = Backoff("flush", clock, self.store_health)
+        self._sync_retry = Backoff("sync", clock, self.store_health)
         self._dirty: set[Session | SharedGroup] = set()
         self._flush_wanted = asyncio.Event()
         self.appends = Appends(store, self.subscriptions, clock.monotonic, self._flush_wanted.set)
@@ -170,8 +172,8 @@ class Node:
 
     @property
     def store_down(self) -> bool:
-        """The publish pipeline's last store call failed (appends or syncs are being retried)."""
-        return bool(self._flush_retry.failures or self._sync_retry.failures)
+        """A loop's last store call failed (`store_health`: appends, syncs, housekeeping, heartbeats retried)."""
+        return self.store_health.down
 
     async def stop(self, reason: int = ReasonCode.SERVER_SHUTTING_DOWN, properties: dict[int, Any] | None = None,
                    *, timeout: float = 10.0) -> None:

@@ -231,17 +231,19 @@ def build_fabric(settings: Settings) -> ClusterFabric | None:
         raise StartupError("cluster_port needs cluster_secret: every node must prove it to the others")
     from tidewire.lookup.fabric import ClusterFabric
 
-    return ClusterFabric(settings.node_id, redis_client(settings.store), host=settings.host,
+    return ClusterFabric(settings.node_id, redis_client(settings.store, settings.store_timeout), host=settings.host,
                          cluster_port=settings.cluster_port, secret=settings.cluster_secret,
                          heartbeat_interval=settings.cluster_heartbeat, member_ttl=settings.cluster_member_ttl,
-                         advertise_host=settings.cluster_host, notify_lease=settings.cluster_notify_lease)
+                         advertise_host=settings.cluster_host,
+                         advertise_port=settings.cluster_advertise_port, notify_lease=settings.cluster_notify_lease)
 
 
-def redis_client(url: str) -> Any:
-    """A plain redis-py client for the membership (the store keeps its own connections)."""
+def redis_client(url: str, timeout: float = 5.0) -> Any:
+    """A plain redis-py client for the membership (the store keeps its own connections); `timeout`: s a call may
+    wait for an answer."""
     from tidewire.store.redis.conn import plain_client
 
-    return plain_client(url)
+    return plain_client(url, connect_timeout=min(2.0, timeout), socket_timeout=timeout)
 
 
 def build_store(settings: Settings) -> Store:
@@ -256,7 +258,8 @@ def build_store(settings: Settings) -> Store:
                               retention_ignores_holds=settings.retention_ignores_holds,
                               partitions=settings.store_partitions if "-cluster://" in url else 1,
                               replicas=settings.store_replicas, replica_timeout=settings.store_replica_timeout,
-                              replica_backlog=settings.store_replica_backlog)
+                              replica_backlog=settings.store_replica_backlog,
+                              connect_timeout=min(2.0, settings.store_timeout), socket_timeout=settings.store_timeout)
         except ValueError as exc:
             raise StartupError(f"store {url!r}: {exc}") from exc
     if url == "embedded":
@@ -411,15 +414,6 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    if fabric is not None:
-        def expelled() -> None:
-            # The others declared this node dead (a long stall): its clients may already be served elsewhere and
-            # its writes are fenced. Stop, so that a supervisor starts a fresh member.
-            log.error("cluster.expelled")
-            assert stop is not None
-            stop.set()
-
-        fabric.on_expelled(expelled)
     loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()
     log.info("stopping")

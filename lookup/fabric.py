@@ -1,6 +1,7 @@
 """The cluster fabric of one node: RPC, membership, slot table, sharded lookup and cluster notify, wired.
 
-Start order: bind the cluster port, join the membership (its address is the bound port), then every new epoch
+Start order: bind the cluster port, join the membership (its address is the advertised host and port, by
+default the bound port), then every new epoch
 goes to the RPC (peer addresses) and to the lookup (new slot table, full resync). Stop leaves the membership
 first, so the others re-balance at once instead of waiting for the TTL.
 """
@@ -28,8 +29,9 @@ class ClusterFabric:
 
     def __init__(self, node_id: str, redis_client: Any, *, host: str = "127.0.0.1", cluster_port: int = 0,
                  secret: bytes | str, heartbeat_interval: float = 0.5, member_ttl: float = 3.0, prefix: str = "tw",
-                 advertise_host: str | None = None, call_timeout: float = 2.0, max_frame: int = DEFAULT_MAX_FRAME,
-                 merge_delay: float = DEFAULT_MERGE_DELAY, notify_lease: float = DEFAULT_LEASE) -> None:
+                 advertise_host: str | None = None, advertise_port: int | None = None, call_timeout: float = 2.0,
+                 max_frame: int = DEFAULT_MAX_FRAME, merge_delay: float = DEFAULT_MERGE_DELAY,
+                 notify_lease: float = DEFAULT_LEASE) -> None:
         self.node_id = node_id
         self.rpc = RpcNode(node_id, host, cluster_port, secret, call_timeout=call_timeout, max_frame=max_frame)
         self.lookup = ShardedLookup(node_id, self.rpc)
@@ -37,11 +39,13 @@ class ClusterFabric:
         self.membership: Membership | None = None
         self._redis = redis_client
         self._host = advertise_host or host
+        self._port = advertise_port  # None: the bound port
         self._interval = heartbeat_interval
         self._ttl = member_ttl
         self._prefix = prefix
         self._dead: list[Callable[[dict[str, str]], None]] = []
         self._expelled: list[Callable[[], None]] = []
+        self._beat: list[Callable[[Exception | None], None]] = []
         self._kick: KickHandler | None = None
         self.counters = {"kicks_targeted": 0, "kicks_broadcast": 0, "kicks_received": 0}
         self.lookup.on_future_epoch = self._catch_up
@@ -70,6 +74,10 @@ class ClusterFabric:
         """`callback()` if the others declared this node dead (a long stall): it must drop its clients."""
         self._expelled.append(callback)
 
+    def on_beat(self, callback: Callable[[Exception | None], None]) -> None:
+        """`callback(error)` after each periodic heartbeat (None: it reached the store)."""
+        self._beat.append(callback)
+
     def on_kick(self, callback: KickHandler) -> None:
         """`callback(client_id, epoch)` when another node took the client over."""
         self._kick = callback
@@ -80,14 +88,21 @@ class ClusterFabric:
         if host in ("", "0.0.0.0", "::"):
             host = socket.gethostname()  # a wildcard bind cannot be dialled: advertise our name
             log.info("cluster node %s advertises %s (set an advertise host to change it)", self.node_id, host)
-        self.membership = Membership(self._redis, self.node_id, f"{host}:{self.rpc.port}", interval=self._interval,
-                                     ttl=self._ttl, prefix=self._prefix, on_change=self._on_change,
-                                     on_dead=self._on_dead, on_expelled=self._on_expelled)
+        self.membership = Membership(self._redis, self.node_id, f"{host}:{self._port or self.rpc.port}",
+                                     interval=self._interval, ttl=self._ttl, prefix=self._prefix,
+                                     on_change=self._on_change, on_dead=self._on_dead, on_expelled=self._on_expelled,
+                                     on_beat=self._on_beat)
         try:
             await self.membership.start()
         except BaseException:
             await self.rpc.close()
             raise
+
+    async def rejoin(self) -> None:
+        """Join again after the others declared this node dead (`on_expelled`); raises if the store is unreachable
+        (then try again)."""
+        if self.membership is not None:
+            await self.membership.rejoin()
 
     async def stop(self) -> None:
         """Leave gracefully, then close the cluster port."""
@@ -151,6 +166,13 @@ class ClusterFabric:
                 callback()
             except Exception:
                 log.exception("cluster expelled callback failed")
+
+    def _on_beat(self, error: Exception | None) -> None:
+        for callback in self._beat:
+            try:
+                callback(error)
+            except Exception:
+                log.exception("cluster heartbeat callback failed")
 
     def _catch_up(self) -> None:
         if self.membership is not None:

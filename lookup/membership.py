@@ -88,6 +88,7 @@ return redis.call('INCR', KEYS[5])
 
 ChangeCallback = Callable[[int, dict[str, str]], None]
 DeadCallback = Callable[[dict[str, str]], None]  # node id -> the token of its process declared dead
+BeatCallback = Callable[[Exception | None], None]
 
 
 class NodeIdTaken(ClusterError, RuntimeError):
@@ -110,12 +111,14 @@ class _Result:
 class Membership:
     """This node's registration. `on_change(epoch, members)` on every new epoch (and once on start);
     `on_dead({id: token})` in the one survivor that removed them (`token`: the dead process's, as `token` is
-    this one's); `on_expelled()` if this process was declared dead
-    (its heartbeats stop: the node must drop its clients and start again)."""
+    this one's); `on_expelled()` if this process was declared dead (its heartbeats stop: the node must drop its
+    clients and `rejoin`); `on_beat(error)` after each periodic heartbeat, None when it went through (how the node
+    knows it can reach the store while idle)."""
 
     def __init__(self, redis: Any, node_id: str, address: str, *, interval: float = 0.5, ttl: float = 3.0,
                  prefix: str = "tw", on_change: ChangeCallback | None = None, on_dead: DeadCallback | None = None,
-                 on_expelled: Callable[[], None] | None = None, autobeat: bool = True) -> None:
+                 on_expelled: Callable[[], None] | None = None, on_beat: BeatCallback | None = None,
+                 autobeat: bool = True) -> None:
         if not 0 < interval * 2 <= ttl:
             raise ValueError("the member TTL must be at least twice the heartbeat interval")
         self.node_id = node_id
@@ -125,6 +128,7 @@ class Membership:
         self.on_change = on_change
         self.on_dead = on_dead
         self.on_expelled = on_expelled
+        self.on_beat = on_beat
         self.autobeat = autobeat  # False: no background heartbeat, the caller calls beat() (tests)
         self.epoch = 0
         self.members: dict[str, str] = {}
@@ -174,6 +178,20 @@ class Membership:
             if self.on_expelled is not None:
                 self.on_expelled()
 
+    async def rejoin(self) -> None:
+        """After an expulsion: join again as a new process (a new token, a new entry; the others learn of it by
+        the epoch it bumps), and beat on. Raises as `start` does; then call again."""
+        if not self.expelled or self._stopped:
+            return
+        self.token = os.urandom(16).hex()
+        self.expelled = False
+        self.members = {}  # the next answer is applied whatever its epoch
+        try:
+            await self.start()
+        except BaseException:
+            self.expelled = True
+            raise
+
     def refresh(self) -> None:
         """Beat soon, at most one extra beat in flight."""
         if self._task is None or self.expelled or self._stopped:
@@ -210,16 +228,20 @@ class Membership:
         # A cancel swallowed by the Redis client still shows in cancelling(): end the loop anyway.
         while not self.expelled and not self._stopped and not (me is not None and me.cancelling()):
             await asyncio.sleep(self.interval)
+            error: Exception | None = None
             try:
                 await self.beat()
                 failing = False
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                error = exc
                 self.beat_errors += 1
                 if not failing:  # one line per outage, not one per beat
                     log.warning("cluster heartbeat of %s failed: %s", self.node_id, type(exc).__name__)
                 failing = True
+            if self.on_beat is not None and not self._stopped:
+                self.on_beat(error)
 
     async def _quiet_beat(self) -> None:
         with contextlib.suppress(Exception):

@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 from tidewire.gateway.core.clock import Clock
+from tidewire.gateway.core.store_health import StoreHealth
 
 log = logging.getLogger("tidewire.node")
 
@@ -18,11 +19,12 @@ STORE_RETRY_S = 0.2  # a session's failed store read is tried again after this (
 class Backoff:
     """Exponential backoff for one background loop's store calls, logged once per failure streak."""
 
-    __slots__ = ("clock", "delay", "failures", "since", "what")
+    __slots__ = ("clock", "delay", "failures", "health", "since", "what")
 
-    def __init__(self, what: str, clock: Clock) -> None:
+    def __init__(self, what: str, clock: Clock, health: StoreHealth | None = None) -> None:
         self.what = what
         self.clock = clock  # how long a streak lasted (logged when it ends)
+        self.health = health  # told of every failure and of the success that ends a streak
         self.delay = 0.0
         self.failures = 0
         self.since = 0.0
@@ -34,11 +36,15 @@ class Backoff:
             log.error("store.failing", extra={"loop": self.what, "error": f"{type(exc).__name__}: {exc}"},
                       exc_info=exc)
         self.failures += 1
+        if self.health is not None:
+            self.health.report(self.what, exc)
         self.delay = min(RETRY_MAX_S, self.delay * 2 if self.delay else RETRY_FIRST_S)
         return self.delay
 
     def succeeded(self) -> None:
         if self.failures:
+            if self.health is not None:
+                self.health.report(self.what, None)
             log.warning("store.recovered", extra={"loop": self.what, "failures": self.failures,
                                                   "down_s": round(self.clock.monotonic() - self.since, 3)})
             self.failures = 0

@@ -195,6 +195,14 @@ class SubscriptionRegistry:
             self._add_wildcard(topic_filter, None)
         await self.wildcards_registered(wanted)
 
+    async def hold_again(self) -> None:
+        """Register every wildcard filter held here again, under `topology.holder` as it is now (a node that
+        rejoined the cluster holds under a new name, and its old name's holds were released)."""
+        held = list(self._holders.keys() | self._stored)
+        if held:
+            await self.store.add_wildcards(held, self.topology.holder)
+            await self.refresh_wildcards()
+
     async def wildcards_registered(self, filters: list[str]) -> None:
         """Wait until the store has every wildcard among `filters` (before SUBACK: a message published after it
         must be indexed into the new subscription's queue on every node)."""

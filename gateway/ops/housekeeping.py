@@ -22,7 +22,7 @@ async def housekeeping_loop(node: Node) -> None:
     clock = node.clock
     retention_due = 0.0
     stats_due = clock.monotonic() + node.settings.sys_interval
-    retry = Backoff("housekeeping", clock)
+    retry = Backoff("housekeeping", clock, node.store_health)  # about every second: how an idle node notices
     while True:
         # Wake for the stats when they are due: a fixed 1 s nap that wakes a hair early skips a whole period.
         await asyncio.sleep(max(0.01, min(1.0, stats_due - clock.monotonic())))

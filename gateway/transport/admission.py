@@ -1,8 +1,9 @@
 """Whether a new connection may proceed, for every protocol: refused cleanly (MQTT: a CONNACK with a reason;
 AMQP: Connection.Close; RocketMQ: TOO_MANY_REQUESTS; never a reset) when its listener is full, the listener's
 connect rate is exceeded, too many connects are already waiting for authentication, the event loop is
-overloaded, or the node is stopping; clients already connected are served as before. `Admission.refusal` says
-which, in neutral terms; each protocol answers it with its own code.
+overloaded, the node cannot reach its store (`gateway.core.store_health`), or the node is stopping; clients
+already connected are served as before. `Admission.refusal` says which, in neutral terms; each protocol answers
+it with its own code.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from typing import Literal
 
 from tidewire.extensions.authentication import AuthChain, AuthRequest, Identity, Refused
 from tidewire.gateway.config import Settings
+from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.transport.listeners import Listener
 
-AdmissionKind = Literal["stopping", "busy", "rate"]
+AdmissionKind = Literal["stopping", "unavailable", "busy", "rate"]
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionRefusal:
-    """Why a new connection is turned away: the node is `stopping` (go to another node), `busy` (full,
+    """Why a new connection is turned away: the node is `stopping` (go to another node), `unavailable` (it cannot
+    reach its store: go to another node, or come back later), `busy` (full,
     overloaded, too many in authentication) or over its connect `rate`; `detail` for the log and the client."""
 
     kind: AdmissionKind
@@ -30,10 +33,11 @@ class AdmissionRefusal:
 class Admission:
     """Node-wide admission state shared by the listeners."""
 
-    __slots__ = ("_sourceless", "draining", "lag_ms", "max_lag_ms", "max_pending", "pending")
+    __slots__ = ("_sourceless", "draining", "lag_ms", "max_lag_ms", "max_pending", "pending", "store")
 
     def __init__(self, settings: Settings) -> None:
         self.draining = False  # the node is stopping: /readyz answers 503 and new CONNECTs are refused
+        self.store: StoreHealth | None = None  # the node's: while its store is down, new CONNECTs are refused
         self.pending = 0  # CONNECTs being authenticated right now
         self.max_pending = settings.max_pending_connects
         self.max_lag_ms = settings.overload_loop_lag_ms
@@ -64,6 +68,8 @@ class Admission:
         """Why a new connection on `listener` must be refused, or None (then it takes a rate token)."""
         if self.draining:  # a client that got in before the listener closed: let it go to another node now
             return AdmissionRefusal("stopping", "the node is stopping")
+        if self.store is not None and self.store.down:  # the details (addresses, errors) are for /readyz, not clients
+            return AdmissionRefusal("unavailable", "the store is unreachable")
         if self.overloaded:
             return AdmissionRefusal("busy", f"overloaded (event loop lag {self.lag_ms:.0f} ms)")
         if self.pending >= self.max_pending:

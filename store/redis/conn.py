@@ -178,7 +178,8 @@ def plain_client(url: str, *, connect_timeout: float = 2.0, socket_timeout: floa
     if url.startswith(CLUSTER_SCHEMES):
         nodes, username, password, tls = parse_cluster_url(url)
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], username=username,
-                            password=password, ssl=tls)
+                            password=password, ssl=tls, socket_connect_timeout=connect_timeout,
+                            socket_timeout=socket_timeout)
     if url.startswith(SENTINEL_SCHEME):
         s = parse_sentinel_url(url)
         return Sentinel(s.sentinels, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout).master_for(

@@ -1,9 +1,9 @@
 """Fixtures for end-to-end tests of a cluster: N real gateway processes (`tests.integration.conftest.Gateway`)
 sharing one redis-server (AOF `appendfsync always`), with fast membership timings.
 
-`cluster(n=3, env=None, store="redis")` -> a started `Cluster`: `.nodes` (n1, n2, ... in order), `.redis` (a
-`RedisServer`, with store="redis-cluster" a 3-master `RedisClusterServers`, with store="redis-sentinel" a
-primary, a replica and 3 sentinels: `RedisSentinelServers`), `.store_url`;
+`cluster(n=3, env=None, store="redis", proxied=False)` -> a started `Cluster`: `.nodes` (n1, n2, ... in order),
+`.redis` (a `RedisServer`, with store="redis-cluster" a 3-master `RedisClusterServers`, with store="redis-sentinel"
+a primary, a replica and 3 sentinels: `RedisSentinelServers`), `.store_url`;
 `kill9(node)`, `stop(node)`, `restart(node)`, `wait_members(ids)`, `wait_gone(id)`, `members()`, `logs()`.
 Everything is killed at teardown. `paho_factory` is the integration suite's fixture.
 """
@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.cluster.proxy import TcpProxy
 from tests.integration.conftest import Gateway, free_port, paho_factory  # noqa: F401 - paho_factory: a fixture
 from tests.store import redis_server
 from tests.store.redis_server import RedisClusterServers, RedisSentinelServers, RedisServer
@@ -52,7 +53,8 @@ class ClusterNode(Gateway):
     """One member: a `Gateway` whose node id, cluster port and secret come from the environment and whose
     store is the cluster's shared Redis (never a private one, whatever TIDEWIRE_TEST_STORE says)."""
 
-    def __init__(self, workdir: Path, node_id: str, store_url: str, secret: str, env: dict[str, str]) -> None:
+    def __init__(self, workdir: Path, node_id: str, store_url: str, secret: str, env: dict[str, str],
+                 admin: bool = False, backends: bool = True) -> None:
         self.node_id = node_id
         self.cluster_port = free_port()
         node_env = {
@@ -64,7 +66,8 @@ class ClusterNode(Gateway):
             "TIDEWIRE_CLUSTER_RESYNC_INTERVAL": str(RESYNC_INTERVAL),
             **env,
         }
-        super().__init__(workdir, env=node_env, amqp=True, rocketmq=True, extra_args=["--store", store_url])
+        super().__init__(workdir, env=node_env, amqp=backends, rocketmq=backends, admin=admin,
+                         extra_args=["--store", store_url])
         self.redis = None  # the shared store server belongs to the Cluster, not to one node
 
     def __repr__(self) -> str:
@@ -72,9 +75,15 @@ class ClusterNode(Gateway):
 
 
 class Cluster:
-    """`n` nodes n1..nN on one redis-server. Node helpers take the node object (`cluster.nodes[1]` is n2)."""
+    """`n` nodes n1..nN on one redis-server. Node helpers take the node object (`cluster.nodes[1]` is n2).
 
-    def __init__(self, workdir: Path, n: int = 3, env: dict[str, str] | None = None, store: str = "redis") -> None:
+    `proxied`: every node reaches Redis through its own `TcpProxy` (`store_proxy[node_id]`) and is reached by the
+    others through one on its cluster port (`link_proxy[node_id]`, advertised by `cluster_advertise_port`), so a
+    test can cut a node off the store or off the other nodes; nodes then get their admin port (/readyz) and no AMQP
+    or RocketMQ listener (a faster start)."""
+
+    def __init__(self, workdir: Path, n: int = 3, env: dict[str, str] | None = None, store: str = "redis",
+                 proxied: bool = False) -> None:
         self.store = store
         self.redis: RedisServer | RedisClusterServers | RedisSentinelServers
         if store == "redis-cluster":
@@ -89,8 +98,23 @@ class Cluster:
             assert store == "redis", store
             self.redis = RedisServer(workdir / "redis")
         self.secret = secrets.token_hex(16)
-        self.nodes = [ClusterNode(workdir / f"n{i + 1}", f"n{i + 1}", self.redis.url, self.secret, env or {})
-                      for i in range(n)]
+        self.store_proxy: dict[str, TcpProxy] = {}
+        self.link_proxy: dict[str, TcpProxy] = {}
+        self.nodes = []
+        for i in range(n):
+            node_id, url, node_env = f"n{i + 1}", self.redis.url, dict(env or {})
+            if proxied:
+                assert isinstance(self.redis, RedisServer), "a proxied cluster has one redis-server"
+                # A refusal these tests count is the partition's, never a loaded test machine's (0x89 busy).
+                node_env.setdefault("TIDEWIRE_OVERLOAD_LOOP_LAG_MS", "0")
+                proxy = self.store_proxy[node_id] = TcpProxy(self.redis.port)
+                url = f"redis://127.0.0.1:{proxy.port}/0"
+            node = ClusterNode(workdir / node_id, node_id, url, self.secret, node_env, admin=proxied,
+                               backends=not proxied)
+            if proxied:
+                link = self.link_proxy[node_id] = TcpProxy(node.cluster_port)
+                node.env["TIDEWIRE_CLUSTER_ADVERTISE_PORT"] = str(link.port)
+            self.nodes.append(node)
 
     @property
     def store_url(self) -> str:
@@ -135,6 +159,8 @@ class Cluster:
     def close(self) -> None:
         for node in self.nodes:
             node.kill9()
+        for proxy in [*self.store_proxy.values(), *self.link_proxy.values()]:
+            proxy.close()
         self.redis.stop()
 
     # -- membership as stored in Redis -----------------------------------------------------------------
@@ -220,13 +246,13 @@ ClusterFactory = Callable[..., Cluster]
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[ClusterFactory]:
-    """`cluster(n=3, env=None, store="redis")` -> a started Cluster; every process is killed at teardown.
-    store: "redis" (one redis-server), "redis-cluster" (a 3-master Redis Cluster) or "redis-sentinel" (a primary
-    with a replica behind 3 sentinels)."""
+    """`cluster(n=3, env=None, store="redis", proxied=False)` -> a started Cluster; every process is killed at
+    teardown. store: "redis" (one redis-server), "redis-cluster" (a 3-master Redis Cluster) or "redis-sentinel" (a
+    primary with a replica behind 3 sentinels); proxied: see `Cluster`."""
     made: list[Cluster] = []
 
-    def make(n: int = 3, env: dict[str, str] | None = None, store: str = "redis") -> Cluster:
-        c = Cluster(tmp_path / f"cluster{len(made)}", n, env, store)
+    def make(n: int = 3, env: dict[str, str] | None = None, store: str = "redis", proxied: bool = False) -> Cluster:
+        c = Cluster(tmp_path / f"cluster{len(made)}", n, env, store, proxied)
         made.append(c)
         try:
             c.start()

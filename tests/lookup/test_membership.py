@@ -136,7 +136,7 @@ async def test_a_stall_of_everyone_declares_no_one_dead(redis: Any) -> None:
     assert a.dead == [["b"]]
 
 
-async def test_a_node_declared_dead_learns_it_was_expelled(redis: Any) -> None:
+async def test_a_node_declared_dead_learns_it_was_expelled_and_can_rejoin(redis: Any) -> None:
     a, b = Node(redis, "a"), Node(redis, "b", autobeat=False)
     await a.m.start()
     await b.m.start()
@@ -147,6 +147,13 @@ async def test_a_node_declared_dead_learns_it_was_expelled(redis: Any) -> None:
     await b.m.beat()
     assert b.expelled == 1  # once
     assert set(a.m.members) == {"a"}
+    epoch = a.m.epoch
+    await b.m.rejoin()  # a new process's token: a live member again, the others see its join
+    assert not b.m.expelled and set(b.m.members) == {"a", "b"} and b.m.epoch > epoch
+    assert b.changes[-1] == (b.m.epoch, {"a": "10.0.0.1:1", "b": "10.0.0.1:1"})
+    await b.m.beat()
+    assert b.expelled == 1 and not b.m.expelled
+    await until(lambda: set(a.m.members) == {"a", "b"})
     await a.m.leave()
 
 

@@ -41,7 +41,8 @@ TICK_S = 1.0  # heartbeat / handshake checks (a quarter of the heartbeat when th
 REFUSED_TEXT = "Login was refused using authentication mechanism PLAIN. For details see the broker logfile."
 # How AMQP answers an admission refusal (gateway.transport.admission.AdmissionRefusal), decided at Start-Ok and
 # sent at Connection.Open: RabbitMQ's codes for a node that is shutting down and for a connection limit.
-ADMISSION_CODES = {"stopping": CONNECTION_FORCED, "busy": NOT_ALLOWED, "rate": NOT_ALLOWED}
+ADMISSION_CODES = {"stopping": CONNECTION_FORCED, "unavailable": CONNECTION_FORCED, "busy": NOT_ALLOWED,
+                   "rate": NOT_ALLOWED}
 
 
 class AmqpConnection(asyncio.Protocol):

@@ -63,6 +63,7 @@ class Terms:
 # How MQTT answers an admission refusal (gateway.transport.admission.AdmissionRefusal): 3.1.1 code, 5.0 code.
 ADMISSION_CODES: dict[str, tuple[int, int]] = {
     "stopping": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_UNAVAILABLE),
+    "unavailable": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_UNAVAILABLE),
     "busy": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.SERVER_BUSY),
     "rate": (ConnackCode311.SERVER_UNAVAILABLE, ReasonCode.CONNECTION_RATE_EXCEEDED),
 }

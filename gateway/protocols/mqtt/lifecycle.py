@@ -226,6 +226,17 @@ class ChannelBase:
         self._closed(will=True, reason="session taken over", transfer=True)
         return session
 
+    def fence(self, detail: str) -> Session | None:
+        """This node has not reached the store for a member TTL: the others may have declared it dead and will
+        hand the session to whichever node the client reaches next (and publish its will from the store). 5.0
+        gets DISCONNECT 0x9C Use another server (0x88 is a CONNACK code only); no will here, the session is not
+        parked (the store is out of reach, and no longer this node's to write)."""
+        session = self.session
+        if self.level >= 5 and self._state == CONNECTED:
+            self._send(Disconnect(ReasonCode.USE_ANOTHER_SERVER, {PropertyId.REASON_STRING: detail[:200]}))
+        self._closed(will=False, keep_will=True, reason=detail, transfer=True)
+        return session
+
     def _will_delay(self) -> int:
         """The will's delay, never past the session's end (MQTT 5 3.1.3.2.2)."""
         return min(self.will_delay, self.expiry) if self.expiry < NEVER_EXPIRES else self.will_delay

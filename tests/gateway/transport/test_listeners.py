@@ -13,6 +13,7 @@ import pytest
 from tests.gateway.fakeclock import FakeClock
 from tests.waiting import until
 from tidewire.gateway.config import Settings
+from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.transport.admission import Admission, AdmissionRefusal
 from tidewire.gateway.transport.listeners import Listener, make_listeners
 from tidewire.gateway.transport.tls import tls_context
@@ -64,6 +65,12 @@ def test_admission_refuses_each_limit_with_its_kind() -> None:
     assert overloaded.kind == "busy" and "overloaded" in overloaded.detail
     admission.lag_ms = 0
     _admitted(admission, listener, 6.0, True)
+    admission.store = health = StoreHealth(FakeClock())
+    health.report("housekeeping", ConnectionError("refused by 10.0.0.5:6379"))
+    unreachable = _refusal(admission, listener, 6.5, True)  # the node can open no session: even a reconnect
+    assert unreachable.kind == "unavailable" and "10.0.0.5" not in unreachable.detail  # details: /readyz only
+    health.report("housekeeping", None)
+    _admitted(admission, listener, 6.6, True)
     admission.draining = True  # the node stops: even a reconnecting client goes elsewhere
     assert _refusal(admission, listener, 7.0, True).kind == "stopping"
 
