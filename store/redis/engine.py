@@ -163,7 +163,7 @@ class RedisStore(RedisGroups, RedisLog):
             raise ValueError("replicas must be >= 0")
         if replicas and url.startswith(CLUSTER_SCHEMES):
             raise ValueError("replicas: a Redis Cluster store does not wait for replicas (one Redis or Sentinel)")
-        if replica_timeout >= socket_timeout:
+        if replicas and replica_timeout >= socket_timeout:
             raise ValueError(f"replica_timeout must be under socket_timeout ({socket_timeout} s)")
         self.url = url
         self.partitions = partitions

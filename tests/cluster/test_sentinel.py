@@ -25,7 +25,10 @@ LAG_S = 0.5  # how long the replica is paused before the primary dies: acks of t
 
 def test_primary_kill9_mid_stream_failover_loses_no_acked_message(
         cluster: ClusterFactory, paho_factory: PahoFactory) -> None:
-    c = cluster(n=2, store="redis-sentinel", env={"TIDEWIRE_STORE_REPLICAS": "1"})
+    # A member TTL longer than the failover, as docs/cluster.md asks: a node that cannot reach the store for a whole
+    # TTL closes its clients (the others may declare it dead), and this test counts a stream that goes on.
+    c = cluster(n=2, store="redis-sentinel",
+                env={"TIDEWIRE_STORE_REPLICAS": "1", "TIDEWIRE_CLUSTER_MEMBER_TTL": "20"})
     n1, n2 = c.nodes
     redis = c.sentinel_redis
     sub = Inbox(connect(n1, paho_factory, "ha-sub", 5, persistent=True, subscribe=["ha/#"]), "ha/#")
