@@ -361,7 +361,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
         joined = fabric
 
         def role(node: Node) -> ClusterRole:
-            return ClusterRole(node, joined, settings.cluster_resync_interval, settings.cluster_member_ttl)
+            return ClusterRole(node, joined, settings.cluster_resync_interval)
 
     node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
                 security.chain, max_pending=settings.max_pending_publishes, clock=clock, topology=role,
