@@ -101,16 +101,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-async def _run(args: argparse.Namespace, cluster: Cluster) -> list[Step]:
-    return [await run_step(cluster, k, args.members, args.publishers, args.window, args.seconds, args.payload)
-            for k in (1, 2, 3)]
+def measure(members: int = 6, publishers: int = 6, window: int = 100, seconds: float = 5.0, payload: int = 64,
+            node_core: int | None = None, redis_core: int | None = None) -> list[Step]:
+    """A fresh 3-node cluster; the group's steps with members on 1, 2, 3 nodes."""
+    async def steps(cluster: Cluster) -> list[Step]:
+        return [await run_step(cluster, k, members, publishers, window, seconds, payload) for k in (1, 2, 3)]
+
+    with Cluster(3, node_core=node_core, redis_core=redis_core) as cluster:
+        return asyncio.run(steps(cluster))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     print(f"# python -m loadtest.shared_bench {' '.join(sys.argv[1:] if argv is None else argv)}", flush=True)
-    with Cluster(3, node_core=args.node_core, redis_core=args.redis_core) as cluster:
-        steps = asyncio.run(_run(args, cluster))
+    steps = measure(args.members, args.publishers, args.window, args.seconds, args.payload, args.node_core,
+                    args.redis_core)
     for s in steps:
         spread = " ".join(f"{n}={c}" for n, c in s.per_node.items())
         print(f"members on {s.member_nodes} node(s): {s.msgs_per_s:8.0f} msg/s   per node {spread}   "
