@@ -5,7 +5,9 @@
 the first k nodes, and `--publishers` closed-loop QoS 1 publishers (`--window` unacknowledged each) spread over
 all 3 nodes, so the publishing side is the same for every k and only where the group is served changes. Each
 step runs `--seconds` after a warm-up; it prints the rate the members received at, then stops the publishers and
-counts what was lost (acknowledged to a publisher, never received) and received more than once.
+counts what was lost (acknowledged to a publisher, never received) and received more than once, and what Redis
+did per delivered message (scripts, round trips) and the CPU the nodes and Redis used per message: the costs that
+do not depend on the machine's other load, as the rate does.
 
 The nodes are unpinned by default (they share the machine's cores with redis-server and this load generator):
 on a 2-core machine the group's rate grows with its nodes only while one node's core, not the machine, is the
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 
 from loadtest.client import Counters, MqttConn, Publisher
 from loadtest.cluster_procs import Cluster
+from loadtest.redis_proc import RedisProc, delta
+from loadtest.servers import cpu_seconds
 
 WARMUP_S = 1.0  # s of load before the measured window: members joined, group claims flowing
 DRAIN_QUIET_S = 2.0  # s without a new delivery after the publishers stop: everything owed has arrived
@@ -38,6 +42,10 @@ class Step:
     received: int  # deliveries to the members
     lost: int  # acknowledged, never delivered (acked - received, if positive)
     extra: int  # delivered more than once (received - acked, if positive)
+    scripts_per_msg: float  # Redis EVALSHA calls per delivered message over the step (appends, claims, settles)
+    round_trips_per_msg: float  # Redis read events per delivered message: what the store's load follows
+    node_cpu_us_per_msg: float  # CPU of the 3 nodes (publishing and delivering) per delivered message
+    redis_cpu_us_per_msg: float
 
 
 async def _member(cluster: Cluster, node: int, name: str, share: str, counters: Counters) -> MqttConn:
@@ -50,6 +58,10 @@ async def _member(cluster: Cluster, node: int, name: str, share: str, counters: 
 
 async def run_step(cluster: Cluster, k: int, members: int, publishers: int, window: int, seconds: float,
                    payload: int) -> Step:
+    assert isinstance(cluster.redis, RedisProc)
+    redis_before = cluster.redis.counters()
+    pids = [node.proc.pid for node in cluster.nodes if node.proc is not None]
+    cpu_before = sum(map(cpu_seconds, pids)), cpu_seconds(cluster.redis.pid)
     topic = f"bench/{k}/t"
     share = f"$share/b{k}/{topic}"
     node_counters = {f"n{i}": Counters() for i in range(1, k + 1)}
@@ -85,8 +97,12 @@ async def run_step(cluster: Cluster, k: int, members: int, publishers: int, wind
     for conn in [*pubs, *subs]:
         conn.close()
     got, acked = received(), pub_counters.acked
+    redis = delta(redis_before, cluster.redis.counters())
+    node_cpu, redis_cpu = sum(map(cpu_seconds, pids)) - cpu_before[0], cpu_seconds(cluster.redis.pid) - cpu_before[1]
+    per = max(got, 1)
     return Step(k, rate, {n: c.received for n, c in node_counters.items()}, acked, got, max(0, acked - got),
-                max(0, got - acked))
+                max(0, got - acked), redis.calls.get("evalsha", 0) / per, redis.reads / per, node_cpu * 1e6 / per,
+                redis_cpu * 1e6 / per)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -119,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s in steps:
         spread = " ".join(f"{n}={c}" for n, c in s.per_node.items())
         print(f"members on {s.member_nodes} node(s): {s.msgs_per_s:8.0f} msg/s   per node {spread}   "
-              f"acked {s.acked}  received {s.received}  lost {s.lost}  extra {s.extra}", flush=True)
+              f"acked {s.acked}  received {s.received}  lost {s.lost}  extra {s.extra}   Redis per message: "
+              f"{s.scripts_per_msg:.2f} scripts, {s.round_trips_per_msg:.2f} round trips; CPU per message: nodes "
+              f"{s.node_cpu_us_per_msg:.0f} us, Redis {s.redis_cpu_us_per_msg:.0f} us", flush=True)
     return 0 if all(s.lost == 0 for s in steps) else 1
 
 

@@ -93,7 +93,7 @@ def group_record(key: str) -> GroupRecord:
 class SharedGroup:
     """This node's members of one `$share` group: one `Consumer` of the store's group `key`."""
 
-    __slots__ = ("_flush_handle", "_giving_back", "_rr", "_settling", "_sticky", "consuming", "groups", "key",
+    __slots__ = ("_flushing", "_giving_back", "_rr", "_settling", "_sticky", "consuming", "groups", "key",
                  "members", "name", "opened", "pull_batch", "queue", "refs", "strategy", "tokens", "visibility_ms",
                  "waiting")
 
@@ -112,9 +112,9 @@ class SharedGroup:
         self.waiting: deque[Delivery] = deque()  # claimed for this node, no member could take it yet
         self.opened = False  # the store group is declared (`open`): claims can be made
         self.consuming = False  # registered with `groups` as a consumer
-        self._settling: list[tuple[int, int]] = []  # acknowledged, to settle in the store (one call per tick)
+        self._settling: list[tuple[int, int]] = []  # acknowledged, to settle in the store
         self._giving_back: list[tuple[int, int]] = []  # returned by a member that left, to make visible again
-        self._flush_handle: asyncio.Handle | None = None
+        self._flushing = False  # a store call of `_flush` is under way
         self._rr = 0
         self._sticky = ""
 
@@ -216,17 +216,22 @@ class SharedGroup:
             self._sticky = session.client_id
 
     def _schedule_flush(self) -> None:
-        if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+        if not self._flushing:
+            self._flushing = True
+            self.groups.spawn(self._flush())
 
-    def _flush(self) -> None:
-        self._flush_handle = None
-        if self._settling:
-            handles, self._settling = self._settling, []
-            self.groups.spawn(self._store_call(handles, settle=True))
-        if self._giving_back:
-            handles, self._giving_back = self._giving_back, []
-            self.groups.spawn(self._store_call(handles, settle=False))
+    async def _flush(self) -> None:
+        """One store call at a time: what is acknowledged or given back meanwhile goes in the next one."""
+        try:
+            while self._settling or self._giving_back:
+                if self._giving_back:
+                    handles, self._giving_back = self._giving_back, []
+                    await self._store_call(handles, settle=False)
+                if self._settling:
+                    handles, self._settling = self._settling, []
+                    await self._store_call(handles, settle=True)
+        finally:
+            self._flushing = False
 
     async def _store_call(self, handles: list[tuple[int, int]], settle: bool) -> None:
         while True:
