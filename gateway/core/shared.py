@@ -146,10 +146,10 @@ class SharedGroup:
             del self.members[session.client_id]
             if not self.members:
                 self._consume()
-                while self.waiting:  # nobody here to take them: to the members on other nodes now
-                    claim = self.waiting.popleft().claim
-                    self._giving_back.append((claim.seq, claim.token))
-                self._schedule_flush()
+                if self.waiting:  # nobody here to take them: to the members on other nodes now
+                    self._giving_back += [(d.claim.seq, d.claim.token) for d in self.waiting]
+                    self.waiting.clear()
+                    self._schedule_flush()
 
     def leave_all(self) -> None:
         """No session here holds the group any more."""
