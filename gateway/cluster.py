@@ -4,8 +4,8 @@ The store is the authority: a session claimed by a node carries that node as own
 fences off every earlier owner's writes. The fabric (membership, lookup, notify; `lookup.fabric`) only makes
 things fast: it tells the previous owner to close its connection, and it names the one survivor that cleans up
 after a node declared dead (marks its clients' sessions offline, publishes their wills). A notify lost with a
-node is made up for by re-reading every locally read queue every `resync_interval` seconds. A shared group is
-served by one node at a time: the holder of its lease, renewed while the node has online members of it.
+node is made up for by re-reading every locally read queue every `resync_interval` seconds. What a dead node
+had claimed of a consumer group (AMQP, RocketMQ, `$share`) goes to the other nodes' consumers.
 
 A node whose heartbeats have not reached the store for a member TTL closes its clients (the others may declare it
 dead and hand their sessions on); declared dead after all, it joins again as a new member once the store answers.
@@ -14,7 +14,6 @@ dead and hand their sessions on); declared dead after all, it joins again as a n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,10 +21,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tidewire.errors import ClusterError
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.topology import ClientAction
-from tidewire.store.base import SessionRecord
 
 if TYPE_CHECKING:
-    from tidewire.gateway.core.shared import SharedGroup
     from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.cluster")
@@ -66,12 +63,12 @@ class ClusterRole:
 
     shared = True
 
-    def __init__(self, node: Node, fabric: Fabric, resync_interval: float, lease_ttl: float) -> None:
+    def __init__(self, node: Node, fabric: Fabric, resync_interval: float, member_ttl: float) -> None:
+        """`member_ttl`: s without a heartbeat before the others may declare this node dead."""
         self.node = node
         self.fabric = fabric
         self.resync_interval = resync_interval
-        self.lease_ttl = lease_ttl
-        self._leases_wanted = asyncio.Event()
+        self.member_ttl = member_ttl
         self._retry = Backoff("dead-node cleanup", node.clock, node.store_health)
         fabric.on_kick(self._on_kick)
         fabric.on_dead(self._on_dead)
@@ -88,7 +85,7 @@ class ClusterRole:
         return self.fabric.stats()
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:
-        return [self.resync_loop(), self.lease_loop()]
+        return [self.resync_loop()]
 
     @property
     def holder(self) -> str:
@@ -151,7 +148,7 @@ class ClusterRole:
         if error is None:
             self._beat_ok_at = now
             self._fenced = False
-        elif not self._fenced and now - self._beat_ok_at >= self.lease_ttl:
+        elif not self._fenced and now - self._beat_ok_at >= self.member_ttl:
             self._fenced = True
             self.fence(f"no heartbeat reached the store for {now - self._beat_ok_at:.1f} s")
 
@@ -224,7 +221,7 @@ class ClusterRole:
             if will.owner in gone:
                 await store.delete_will(will.client_id)
                 node.publish(will.message)
-        for owner in gone:  # what their AMQP/RocketMQ consumers held unacked goes to the others now
+        for owner in gone:  # what their consumers (AMQP, RocketMQ, $share) held unacked goes to the others
             await node.groups.owner_gone(owner)
         # Their wildcard holds would keep their filters indexed forever. Sessions they parked (before this node
         # started, so not counted here) may still need them: this node holds every stored session's filters
@@ -233,18 +230,6 @@ class ClusterRole:
         for token in dead.values():
             if token:
                 await store.release_wildcards(token)
-
-    async def lease_loop(self) -> None:
-        """Serve the shared groups this node has online members of, one node per group at a time."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._leases_wanted.wait(), self.lease_ttl / 3)
-            self._leases_wanted.clear()
-            try:
-                for key, group in list(self.node.subscriptions.groups.items()):
-                    await self._lease_group(key, group)
-            except OSError as exc:  # the store is failing: a lease not renewed lapses, another node serves
-                log.warning("cluster.lease_failed", extra={"error": str(exc)})
 
     def gauges(self) -> dict[str, int]:
         """The fabric's counters for `$SYS/brokers/<node>/stats/...`."""
@@ -259,40 +244,6 @@ class ClusterRole:
         out = {name: stats[key] for key, name in names.items() if key in stats}
         out["cluster/members"] = len(self.fabric.members)
         return out
-
-    def member_joined(self) -> None:
-        """A group got an online member here: try for its lease now rather than at the next renewal."""
-        self._leases_wanted.set()
-
-    async def _lease_group(self, key: str, group: SharedGroup) -> None:
-        node = self.node
-        store = node.store
-        if not group.members:
-            if group.serving:
-                group.stop_serving()
-                await store.release(key, node.node_id)
-            return
-        held = await store.lease(key, node.node_id, int(self.lease_ttl * 1000))
-        if not held:
-            if group.serving:
-                group.stop_serving()
-            return
-        if group.serving:
-            return
-        record, epoch = await store.claim_session(key, node.node_id)
-        if record is None:
-            # The group's first server. Its record, saved at subscribe time, may have lost the race with this
-            # claim (fenced off by the new epoch), and offsets are only ever written to an existing record: store
-            # it now, from where this node's members subscribed, or a kill before then loses what they were owed.
-            start = group.record.offset
-            record = SessionRecord(key, offset=start, sent_upto=start)
-            record.owner, record.epoch = node.node_id, epoch
-            if not await store.put_session(record):
-                return  # another node claimed it meanwhile
-        record.owner, record.epoch = node.node_id, epoch
-        if node.subscriptions.groups.get(key) is group:
-            group.serve(record)
-            log.info("cluster.group_served", extra={"group": key})
 
     async def resync_loop(self) -> None:
         """Lost notifies delay but never lose: every locally read queue is refreshed now and then."""

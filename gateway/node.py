@@ -34,7 +34,6 @@ from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.publish_hooks import PublishHooks
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
-from tidewire.gateway.core.shared import SharedGroup
 from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
 from tidewire.gateway.core.topology import SingleNode, Topology
@@ -118,7 +117,7 @@ class Node:
         self._dropping = False  # a drop streak is logged once
         self._flush_retry = Backoff("flush", clock, self.store_health)
         self._sync_retry = Backoff("sync", clock, self.store_health)
-        self._dirty: set[Session | SharedGroup] = set()
+        self._dirty: set[Session] = set()
         self._flush_wanted = asyncio.Event()
         self.appends = Appends(store, self.subscriptions, clock.monotonic, self._flush_wanted.set)
         self.dispatcher = Dispatcher(self.subscriptions.readers, self._p2p_reader, self.cache, clock)
@@ -273,7 +272,7 @@ class Node:
             if live:
                 session.send_retained(live, qos, sub_id)
 
-    def session_dirty(self, session: Session | SharedGroup) -> None:
+    def session_dirty(self, session: Session) -> None:
         if session.persistent:
             self._dirty.add(session)
 

@@ -27,7 +27,8 @@ def p2p_queue(client_id: str) -> str:
     return P2P_PREFIX + client_id
 
 
-# A shared group's record is stored like a session under its subscription, `$share/<group>/<filter>`.
+# A shared subscription, `$share/<group>/<filter>`: its group is the consumer group of that name. (Before, a
+# group's offset was a session record under that client id: the engines still leave such records out of counts.)
 SHARED_PREFIX = "$share/"
 
 
@@ -288,9 +289,6 @@ class Store(Protocol):
 
     async def shared_members(self, group_key: str) -> list[str]:
         """Client ids of the stored sessions subscribed to `$share/<group>/<filter>`."""
-
-    async def shared_groups(self) -> list[SessionRecord]:
-        """The records of shared groups (client id `$share/<group>/<filter>`: their offsets)."""
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         """Batched update of `(offset, sent_upto, epoch)` per client id (a no-op for unknown sessions and for

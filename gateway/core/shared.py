@@ -1,13 +1,17 @@
-"""Shared subscriptions: `$share/<group>/<filter>` reads the filter's queue with one cursor for the group and
-hands each message to exactly one online member, chosen by the group's strategy among members with credit.
+"""Shared subscriptions: `$share/<group>/<filter>` is a consumer group of the store (`gateway.core.consumers`)
+named after the subscription; on every node its members there are one competing consumer of that group.
 
-A member's unacknowledged messages return to the group when it disconnects and go to the others first; with
-every member offline the group keeps its offset (persisted like a session) and resumes when one returns.
+The group's messages are claimed in the store, each seq by one node, so members on every node receive and each
+message goes to exactly one of them. A node claims as much as its members have credit for and hands each
+message to one member, chosen by the group's strategy among this node's members. A member's PUBACK (QoS 1) or
+PUBREC (QoS 2) settles the claim; a QoS 0 delivery settles at once. A member that disconnects gives its
+unacknowledged messages back: visible again at once, they are reclaimed before anything new, by the members
+still connected here or elsewhere. A node that dies keeps its claims until the cluster declares it dead
+(`ConsumerGroups.owner_gone`), or until it restarts (`ConsumerGroups.load`); then they go to the others.
 
-In a cluster one node at a time serves a group (`serving`): the holder of the group's lease in the store,
-taken by a node with online members (`gateway.cluster`). It claims the group's record, so a former server's
-late offset writes are fenced off, and resumes from the committed offset: what was in flight on a node that
-died is delivered again, to the members of the new one.
+MQTT has no visibility timeout: a claim stays with its node as long as the node lives (`HOLD_MS`), however slow
+the member. With every member offline nobody claims: the group keeps its position (its `GroupRecord` cursor)
+and resumes when one returns.
 
 Members are whatever satisfies `GroupMember` (MQTT sessions, `gateway.sessions.session.Session`): a group knows
 nothing of a protocol.
@@ -24,13 +28,17 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Protocol
 
 from tidewire.gateway.core.retry import STORE_RETRY_S
-from tidewire.store.base import Message, SessionRecord, SubscriptionRecord
+from tidewire.store.base import GroupRecord, Message, SubscriptionRecord
 
 if TYPE_CHECKING:
-    from tidewire.cache.queue_cache import QueueCache
-    from tidewire.store.base import Store
+    from tidewire.gateway.core.consumers import ConsumerGroups, Delivery
 
 STRATEGIES = ("least_inflight", "round_robin", "random", "sticky", "hash_clientid", "hash_topic")
+
+# How long a claim handed to a member stays hidden from the other consumers: for as long as its node lives. A
+# node's claims are released when it restarts or is declared dead, a member's when it disconnects: MQTT has no
+# visibility timeout, so a slow but connected member is never overtaken by a redelivery to another.
+HOLD_MS = 10 * 365 * 24 * 3600 * 1000
 
 
 class MemberLink(Protocol):
@@ -75,146 +83,168 @@ def strategy_for(group: str, default: str, per_pattern: dict[str, str]) -> str:
     return default
 
 
-class GroupOwner(Protocol):
-    cache: QueueCache
-    store: Store
-
-    def session_dirty(self, session: SharedGroup) -> None: ...
+def group_record(key: str) -> GroupRecord:
+    """The store's consumer group of subscription `key` (`$share/<group>/<filter>`), as first declared."""
+    parsed = parse_shared(key)
+    assert parsed is not None
+    return GroupRecord(key, [parsed[1]], durable=True, attrs={"mqtt_shared": True})
 
 
 class SharedGroup:
-    __slots__ = ("_pull_handle", "_reading", "_rr", "_sticky", "client_id", "cursor", "members", "name", "owner",
-                 "persistent", "pull_batch", "queue", "record", "redeliver", "refs", "serving", "strategy", "unacked")
+    """This node's members of one `$share` group: one `Consumer` of the store's group `key`."""
 
-    def __init__(self, owner: GroupOwner, name: str, topic_filter: str, strategy: str, record: SessionRecord,
-                 pull_batch: int) -> None:
-        self.owner = owner
-        self.name = name
-        self.queue = topic_filter
-        self.client_id = record.client_id  # "$share/<group>/<filter>": its store key, like a session's
-        self.record = record
+    __slots__ = ("_flushing", "_giving_back", "_rr", "_settling", "_sticky", "consuming", "groups", "key",
+                 "members", "name", "opened", "pull_batch", "queue", "refs", "strategy", "tokens", "visibility_ms",
+                 "waiting")
+
+    def __init__(self, groups: ConsumerGroups, key: str, strategy: str, pull_batch: int) -> None:
+        parsed = parse_shared(key)
+        assert parsed is not None
+        self.groups = groups
+        self.key = key  # "$share/<group>/<filter>": the store group's name
+        self.name, self.queue = parsed
         self.strategy = strategy
         self.pull_batch = pull_batch
-        self.persistent = True
-        self.cursor = record.offset
-        self.members: dict[str, Member] = {}  # online members
-        self.refs: set[str] = set()  # client ids with this subscription, online or in a stored session
-        self.redeliver: deque[Message] = deque()  # back from a member that left: delivered before new ones
-        self.unacked: set[int] = set()
-        self.serving = True  # False on a node of a cluster until it holds the group's lease
+        self.visibility_ms = HOLD_MS
+        self.members: dict[str, Member] = {}  # online members on this node
+        self.refs: set[str] = set()  # client ids here with this subscription, online or in a stored session
+        self.tokens: dict[int, int] = {}  # seq -> claim token of what a member here has unacknowledged
+        self.waiting: deque[Delivery] = deque()  # claimed for this node, no member could take it yet
+        self.opened = False  # the store group is declared (`open`): claims can be made
+        self.consuming = False  # registered with `groups` as a consumer
+        self._settling: list[tuple[int, int]] = []  # acknowledged, to settle in the store
+        self._giving_back: list[tuple[int, int]] = []  # returned by a member that left, to make visible again
+        self._flushing = False  # a store call of `_flush` is under way
         self._rr = 0
         self._sticky = ""
-        self._reading = False
-        self._pull_handle: asyncio.Handle | None = None
+
+    # --- the store group ----------------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Declare the store group unless it exists (a new one starts at the log's end), then consume it."""
+        await self.groups.declare(group_record(self.key))
+        self.opened = True
+        self._consume()
+
+    def _consume(self) -> None:
+        want = self.opened and bool(self.members)
+        if want and not self.consuming:
+            self.consuming = self.groups.consume(self.key, self)
+        elif not want and self.consuming:
+            self.consuming = False
+            self.groups.cancel(self.key, self)
 
     # --- membership -----------------------------------------------------------------------------------
     def join(self, session: GroupMember, sub: SubscriptionRecord) -> None:
         self.refs.add(session.client_id)
         self.members[session.client_id] = (session, sub)
+        self._consume()
         self.schedule_pull()
 
     def leave(self, session: GroupMember) -> None:
         member = self.members.get(session.client_id)
         if member is not None and member[0] is session:
             del self.members[session.client_id]
+            if not self.members:
+                self._consume()
+                if self.waiting:  # nobody here to take them: to the members on other nodes now
+                    self._giving_back += [(d.claim.seq, d.claim.token) for d in self.waiting]
+                    self.waiting.clear()
+                    self._schedule_flush()
 
-    def committed_offset(self) -> int:
-        low = self.cursor
-        for seq in self.unacked:
-            if seq <= low:
-                low = seq - 1
-        for message in self.redeliver:
-            if message.seq <= low:
-                low = message.seq - 1
-        return low
+    def leave_all(self) -> None:
+        """No session here holds the group any more."""
+        for session, _ in list(self.members.values()):
+            self.leave(session)
+
+    # --- the `Consumer` of `gateway.core.consumers` --------------------------------------------------------
+    def credit(self) -> int:
+        """What this node's members can take now (a QoS 0 member: a batch), less what waits for them already."""
+        total = 0
+        for session, sub in self.members.values():
+            conn = session.conn
+            if conn is None or conn.paused:
+                continue
+            total += session.credit() if sub.qos else self.pull_batch
+            if total >= self.pull_batch:
+                total = self.pull_batch
+                break
+        return total - len(self.waiting)
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        self.waiting.extend(deliveries)
+        self._hand_out()
 
     # --- callbacks from members ----------------------------------------------------------------------
     def acked(self, seq: int) -> None:
-        self.unacked.discard(seq)
-        self.owner.session_dirty(self)
+        token = self.tokens.pop(seq, None)
+        if token is not None:
+            self._settling.append((seq, token))
+            self._schedule_flush()
         self.schedule_pull()
 
     def returned(self, message: Message) -> None:
-        self.unacked.discard(message.seq)
-        self.redeliver.append(message)
-        self.schedule_pull()
+        token = self.tokens.pop(message.seq, None)
+        if token is not None:
+            self._giving_back.append((message.seq, token))
+            self._schedule_flush()
 
     # --- delivery -----------------------------------------------------------------------------------
     def schedule_pull(self) -> None:
-        if self._pull_handle is None:
-            self._pull_handle = asyncio.get_running_loop().call_soon(self._scheduled_pull)
+        """A member may take more: what waits here first, then what the group has for this node."""
+        if self.waiting:
+            self._hand_out()
+        if self.consuming:
+            self.groups.wake(self.key)
 
-    def _scheduled_pull(self) -> None:
-        self._pull_handle = None
-        self.pull()
+    def _hand_out(self) -> None:
+        waiting = self.waiting
+        while waiting:
+            delivery = waiting[0]
+            message = delivery.message
+            member = _CHOOSERS[self.strategy](self, message)
+            if member is None:
+                return  # it waits (claimed by this node) for a member with credit
+            waiting.popleft()
+            session, sub = member
+            qos = message.qos if message.qos < sub.qos else sub.qos
+            claim = delivery.claim
+            if session.push_shared(message, qos, sub.subscription_id, self) and qos:
+                self.tokens[claim.seq] = claim.token
+            else:  # sent at QoS 0, or skipped (expired, too large for that member): done with
+                self._settling.append((claim.seq, claim.token))
+                self._schedule_flush()
+            self._sticky = session.client_id
 
-    def serve(self, record: SessionRecord) -> None:
-        """This node serves the group from now on, from the record it claimed."""
-        self.record = record
-        self.cursor = record.offset
-        self.redeliver.clear()
-        self.unacked.clear()
-        self.serving = True
-        self.schedule_pull()
+    def _schedule_flush(self) -> None:
+        if not self._flushing:
+            self._flushing = True
+            self.groups.spawn(self._flush())
 
-    def stop_serving(self) -> None:
-        """Another node serves the group: hand out nothing more (what is in flight is acked or redelivered there)."""
-        self.serving = False
-        self.redeliver.clear()
-        self.unacked.clear()
-
-    def pull(self) -> None:
-        if not self.members or self._reading or not self.serving:
-            return
-        redeliver = self.redeliver
-        while redeliver:
-            if not self._deliver(redeliver[0]):
-                return
-            redeliver.popleft()
-        got = self.owner.cache.get(self.queue, self.cursor, self.pull_batch)
-        if got is None:
-            self._reading = True
-            asyncio.get_running_loop().create_task(self._pull_from_store())
-            return
-        self._push(got[0])
-
-    async def _pull_from_store(self) -> None:
+    async def _flush(self) -> None:
+        """One store call at a time: what is acknowledged or given back meanwhile goes in the next one."""
         try:
-            messages, _ = await self.owner.store.read(self.queue, self.cursor, self.pull_batch)
-        except OSError:  # the store is failing (the node's loops log it): try the same read again later
-            asyncio.get_running_loop().call_later(STORE_RETRY_S, self.schedule_pull)
-            return
+            while self._settling or self._giving_back:
+                if self._giving_back:
+                    handles, self._giving_back = self._giving_back, []
+                    await self._store_call(handles, settle=False)
+                if self._settling:
+                    handles, self._settling = self._settling, []
+                    await self._store_call(handles, settle=True)
         finally:
-            self._reading = False
-        self._push(messages)
+            self._flushing = False
 
-    def _push(self, messages: list[Message]) -> None:
-        cursor = self.cursor
-        for message in messages:
-            if message.seq <= cursor:
-                continue  # already handed out while the store read was in progress
-            if not self._deliver(message):
-                break
-            cursor = message.seq
-        if cursor != self.cursor:
-            self.cursor = cursor
-            self.owner.session_dirty(self)
-        if len(messages) == self.pull_batch and cursor == messages[-1].seq:
-            self.schedule_pull()
+    async def _store_call(self, handles: list[tuple[int, int]], settle: bool) -> None:
+        while True:
+            try:
+                if settle:
+                    await self.groups.ack(self.key, handles)
+                else:
+                    await self.groups.requeue(self.key, handles)
+                return
+            except OSError:  # the store is failing (the node's loops log it): the claims stay ours meanwhile
+                await asyncio.sleep(STORE_RETRY_S)
 
-    def _deliver(self, message: Message) -> bool:
-        """Hand the message to one member; False when no member can take it now (it waits in the store)."""
-        member = _CHOOSERS[self.strategy](self, message)
-        if member is None:
-            return False
-        session, sub = member
-        qos = message.qos if message.qos < sub.qos else sub.qos
-        if session.push_shared(message, qos, sub.subscription_id, self) and qos:
-            self.unacked.add(message.seq)
-        self._sticky = session.client_id
-        return True  # sent, or skipped as expired / too large for that member
-
-    # --- strategies ---------------------------------------------------------------------------------
+    # --- strategies: among this node's members --------------------------------------------------------------
     def _ready(self, message: Message) -> list[Member]:
         ready: list[Member] = []
         for member in self.members.values():

@@ -22,13 +22,14 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from tidewire.extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
-from tidewire.gateway.core.shared import GroupMember, GroupOwner, SharedGroup, parse_shared, strategy_for
+from tidewire.gateway.core.shared import GroupMember, SharedGroup, parse_shared, strategy_for
 from tidewire.gateway.core.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
 from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
     from tidewire.cache.queue_cache import QueueCache
     from tidewire.gateway.config import MqttSettings
+    from tidewire.gateway.core.consumers import ConsumerGroups
     from tidewire.gateway.core.topology import Topology
     from tidewire.gateway.core.writes import RecordWrites
     from tidewire.lookup.base import Lookup
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidewire.subscriptions")
 
 _TOPIC_CACHE = 65536
+SHARE_WRITE = "share:"  # the ordered writes (declare, delete) of a `$share` group's store group
 
 
 def p2p_target(topic: str) -> str | None:
@@ -100,12 +102,19 @@ class Refusal(StrEnum):
     NOT_AUTHORIZED = "not authorized"  # the ACL denies it
 
 
+class GroupsOwner(Protocol):
+    """Who holds the node's consumer groups, which its `$share` groups are (made after the registry)."""
+
+    @property
+    def groups(self) -> ConsumerGroups: ...
+
+
 class SubscriptionRegistry:
     """Which local readers read which queues, the wildcard set appends are indexed with, and the node's `$share`
     groups. It gets the few parts it uses, not the node."""
 
     def __init__(self, node_id: str, settings: MqttSettings, store: Store, writes: RecordWrites, lookup: Lookup,
-                 cache: QueueCache, authorizer: Authorizer, topology: Topology, group_owner: GroupOwner) -> None:
+                 cache: QueueCache, authorizer: Authorizer, topology: Topology, group_owner: GroupsOwner) -> None:
         self.node_id = node_id
         self.settings = settings
         self.store = store
@@ -114,7 +123,7 @@ class SubscriptionRegistry:
         self.cache = cache
         self.authorizer = authorizer
         self.topology = topology
-        self.group_owner = group_owner  # what a `$share` group hands its messages and dirty state to
+        self.group_owner = group_owner  # whose consumer groups the `$share` groups are
         self.readers: dict[str, set[Puller]] = {}
         self.groups: dict[str, SharedGroup] = {}
         self._holders: dict[str, set[str]] = {}  # wildcard filter → ids of local sessions/groups that need it
@@ -204,10 +213,12 @@ class SubscriptionRegistry:
             await self.refresh_wildcards()
 
     async def wildcards_registered(self, filters: list[str]) -> None:
-        """Wait until the store has every wildcard among `filters` (before SUBACK: a message published after it
-        must be indexed into the new subscription's queue on every node)."""
+        """Wait until the store has every wildcard among `filters`, and every `$share` group among them (before
+        SUBACK: a message published after it must be indexed into the new subscription's queue on every node,
+        and be the group's)."""
         for topic_filter in filters:
-            await self.writes.settled("wildcard:" + topic_filter)
+            prefix = SHARE_WRITE if topic_filter.startswith(SHARED_PREFIX) else "wildcard:"
+            await self.writes.settled(prefix + topic_filter)
 
     async def refresh_wildcards(self) -> None:
         """Read the store's wildcard set and index with it (plus what local holders are registering)."""
@@ -282,24 +293,17 @@ class SubscriptionRegistry:
         return False
 
     # --- shared groups --------------------------------------------------------------------------------------
-    def group(self, key: str, record: SessionRecord | None = None) -> SharedGroup:
+    def group(self, key: str) -> SharedGroup:
+        """This node's part of `$share` group `key`; made (and its store group declared) when first needed."""
         group = self.groups.get(key)
         if group is None:
             parsed = parse_shared(key)
             assert parsed is not None
-            name, topic_filter = parsed
             settings = self.settings
-            if record is None:
-                last = self.store.last_seq()
-                record = SessionRecord(key, offset=last, sent_upto=last)
-                self.writes.save_session(record)
             group = self.groups[key] = SharedGroup(
-                self.group_owner, name, topic_filter, strategy_for(name, settings.shared_strategy,
-                                                            settings.shared_strategies),
-                record, settings.pull_batch)
-            group.serving = not self.topology.shared  # shared: once this node holds the group's lease
-            self._register(group, topic_filter)
-            self._add_wildcard(topic_filter, key)
+                self.group_owner.groups, key, strategy_for(parsed[0], settings.shared_strategy,
+                                                           settings.shared_strategies), settings.pull_batch)
+            self.writes.write(SHARE_WRITE + key, group.open)
         return group
 
     def _release_group(self, key: str, client_id: str) -> None:
@@ -309,24 +313,34 @@ class SubscriptionRegistry:
         group.refs.discard(client_id)
         if not group.refs:
             del self.groups[key]
-            self._unregister(group, group.queue)
-            self._remove_wildcard(group.queue, key)
-            self.writes.drop_session(key)
+            group.leave_all()
+            self.writes.write(SHARE_WRITE + key, lambda: self._drop_group(key, group.queue))
+
+    async def _drop_group(self, key: str, queue: str) -> None:
+        """No session here holds `$share` group `key`: delete its store group unless a stored session or
+        another node's reader of its queue may still be a member (an unused group costs its wildcard's index)."""
+        if key in self.groups or await self.store.shared_members(key):
+            return
+        if self.topology.shared:
+            nodes = self.lookup.nodes_for_queue(queue)
+            if nodes is None or set(nodes) - {self.node_id}:
+                return
+        await self.group_owner.groups.delete(key)
 
     # --- sessions ---------------------------------------------------------------------------------------------
     async def load(self, store: Store) -> None:
         """At startup: the wildcard set and shared groups of the stored sessions, from the store's counts (not
         every session: memory and time follow what is online)."""
-        groups = {r.client_id: r for r in await store.shared_groups()}
         for topic_filter in await store.subscription_filters():
             if topic_filter.startswith(SHARED_PREFIX):
                 if parse_shared(topic_filter) is not None:
-                    self.group(topic_filter, groups.get(topic_filter)).refs.update(
-                        await store.shared_members(topic_filter))
+                    self.group(topic_filter).refs.update(await store.shared_members(topic_filter))
             else:
                 self._add_wildcard(topic_filter, None)
-        for key in groups.keys() - self.groups.keys():
-            self.writes.drop_session(key)  # no member left
+        if not self.topology.shared:  # alone, this node knows every member: a group without one is gone
+            for record in await store.list_groups():
+                if record.name.startswith(SHARED_PREFIX) and record.name not in self.groups:
+                    await store.delete_group(record.name)
 
     def park(self, record: SessionRecord) -> None:
         """A persistent session went offline: its wildcards stay indexed, held as a stored session's."""
@@ -350,7 +364,6 @@ class SubscriptionRegistry:
         for topic_filter, sub in session.subscriptions.items():
             if topic_filter.startswith(SHARED_PREFIX):
                 self.group(topic_filter).join(session, sub)
-                self.topology.member_joined()
             elif not topic_filter.startswith(P2P_PREFIX):  # the P2P queue is read by the session on notice
                 self._register(session, topic_filter)
                 # the ACL may have changed while the client was away
@@ -386,8 +399,8 @@ class SubscriptionRegistry:
     def subscribe(self, session: Subscriber, client: ClientInfo, requests: Sequence[FilterRequest],
                   sub_id: int) -> tuple[list[int | Refusal], list[tuple[str, int, int]], list[str]]:
         """Returns per request the granted QoS or why it is refused, the (filter, qos, subscription id) whose
-        retained messages to send, and the wildcard filters being added to the store's set (the answer to the
-        client waits for them)."""
+        retained messages to send, and what the answer to the client waits for: the wildcard filters being added
+        to the store's set and the `$share` groups being declared (`registered`)."""
         authorizer: Authorizer = self.authorizer
         settings = self.settings
         codes: list[int | Refusal] = []
@@ -418,10 +431,9 @@ class SubscriptionRegistry:
             sub = session.record.subscriptions[key] = SubscriptionRecord(
                 key, qos, request.no_local, request.retain_as_published, request.retain_handling, sub_id, since)
             if shared is not None:
-                if key not in self.groups and self._is_wildcard_queue(topic_filter):
-                    registering.append(topic_filter)
+                if key not in self.groups:
+                    registering.append(key)  # its store group's filter is held as a wildcard when declared
                 self.group(key).join(session, sub)  # retained messages are not sent to shared subscriptions
-                self.topology.member_joined()
             else:
                 self._set_access(session, client, key, access)
                 if existing is None:

@@ -3,8 +3,8 @@ instead of testing for a cluster. `SingleNode` is the embedded default; `gateway
 
 `shared` is the one fact the parts read: other nodes may serve this node's clients and read what it wrote. Then
 what such a node would read (a will, a persistent session's record) is in the store before the client is
-answered, a clean session cannot be opened without asking the store, and a shared group is served by the holder
-of its lease. The rest are actions a single node has no use for (they do nothing there).
+answered, and a clean session cannot be opened without asking the store. The rest are actions a single node
+has no use for (they do nothing there).
 """
 
 from __future__ import annotations
@@ -43,9 +43,6 @@ class Topology(Protocol):
     async def kick_elsewhere(self, client_id: str, epoch: int) -> None:
         """Tell the node that held the client to close its connection (alone: there is none)."""
 
-    def member_joined(self) -> None:
-        """A shared group got an online member here."""
-
     def answer(self, action: str, handler: ClientAction) -> None:
         """Do `action` on this node's clients when another node asks (an operator's request made there)."""
 
@@ -74,9 +71,6 @@ class SingleNode:
         return True
 
     async def kick_elsewhere(self, client_id: str, epoch: int) -> None:
-        return None
-
-    def member_joined(self) -> None:
         return None
 
     def answer(self, action: str, handler: ClientAction) -> None:

@@ -26,7 +26,7 @@ from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.gateway.ops.logs import Sampled
 from tidewire.pipeline.lake.event_names import SUBSCRIBED, UNSUBSCRIBED
-from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_NAMES, PROTOCOL_ROCKETMQ, Claim, Message
+from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_NAMES, PROTOCOL_ROCKETMQ, SHARED_PREFIX, Claim, Message
 
 EVENTS = ("connected", "disconnected", "subscribed", "unsubscribed", "takeover")
 # Connect and disconnect lines: this many per second at info; past that, counted in a `clients.activity` line
@@ -130,8 +130,12 @@ class Counters:
         self.drops[reason] = self.drops.get(reason, 0) + n
 
     def consumed(self, group: str, deliveries: Sequence[tuple[Message, Claim]]) -> None:
-        """A consumer of `group` (an AMQP queue `amqp/...`, else a RocketMQ group) was handed `deliveries` (one
-        call per batch, `gateway.core.consumers`); a claim handed out before counts as a retry."""
+        """A consumer of `group` (an AMQP queue `amqp/...`, an MQTT `$share/...` group, else a RocketMQ group) was
+        handed `deliveries` (one call per batch, `gateway.core.consumers`); a claim handed out before counts as a
+        retry. An MQTT member counts the PUBLISH packets it writes itself (`count_out`): here only retries."""
+        if group.startswith(SHARED_PREFIX):
+            self.retries += sum(claim.deliveries > 1 for _, claim in deliveries)
+            return
         protocol = PROTOCOL_AMQP if group.startswith("amqp/") else PROTOCOL_ROCKETMQ
         nbytes = retried = 0
         for message, claim in deliveries:

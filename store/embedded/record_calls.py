@@ -56,9 +56,6 @@ class RecordCalls:
     async def shared_members(self, group_key: str) -> list[str]:
         return self._meta.shared_members(group_key)
 
-    async def shared_groups(self) -> list[SessionRecord]:
-        return [record for batch in self._meta.iter_sessions(prefix=SHARED_PREFIX) for record in batch]
-
     # --- retained -------------------------------------------------------------------------------------------
     async def set_retained(self, topic: str, message: Message | None) -> None:
         self._meta.set_retained(topic, message)

@@ -510,9 +510,6 @@ class RedisStore(RedisGroups, RedisLog):
         return [r.client_id for r in await self._meta.list_sessions()
                 if group_key in r.subscriptions and not r.client_id.startswith(SHARED_PREFIX)]
 
-    async def shared_groups(self) -> list[SessionRecord]:
-        return [r for r in await self._meta.list_sessions() if r.client_id.startswith(SHARED_PREFIX)]
-
     async def set_retained(self, topic: str, message: Message | None) -> None:
         await self._meta.set_retained(topic, message)
 

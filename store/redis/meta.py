@@ -9,7 +9,7 @@ Layout (every key under `{prefix}`, so each multi-key script is valid on Redis C
     :ret    hash  topic -> retained body;  :rl  set of first levels;  :rb:<level>  set of retained topics
     :on     set   client ids of sessions online       :exp   zset  client id by expiry deadline (ms, offline only)
     :wc     hash  wildcard filter -> holders;  :wv  the wildcard set version (copied into each partition)
-    :lease:<key>  hash  {owner, until (server ms), epoch}: one holder at a time (a shared group's serving node)
+    :lease:<key>  hash  {owner, until (server ms), epoch}: one holder at a time (a bridge's node)
     :ban    hash  <kind> 0x00 <who> -> ban JSON (`store.base.encode_ban`)
 
 A session record's `epoch` and `owner` come from `:ep` / `:own` (the JSON keeps what the last put carried), so

@@ -17,8 +17,9 @@ from collections.abc import Iterable
 import paho.mqtt.client as mqtt
 import pytest
 
-from tests.cluster.conftest import MEMBER_TTL, Cluster, ClusterFactory, ClusterNode
+from tests.cluster.conftest import Cluster, ClusterFactory, ClusterNode
 from tests.integration.conftest import PahoClient, PahoFactory, Received
+from tests.integration.test_shared import publish_numbered, raw_drain, raw_member
 from tests.waiting import wait_until
 from tidewire.lookup.slots import SlotTable, route_key
 
@@ -228,29 +229,43 @@ def test_shared_group_over_two_nodes_delivers_each_message_to_exactly_one_member
     assert sum(got.values()) == stream.n
 
 
-def test_shared_group_continues_on_another_node_when_its_serving_node_dies(
+def test_shared_group_members_on_every_node_receive_and_a_dead_nodes_unacked_go_to_the_others(
         cluster: ClusterFactory, paho_factory: PahoFactory) -> None:
-    """One node serves a group at a time; kill it and the members on another node get every acked message."""
+    """Members on all three nodes receive (none idles), each message once; then a node whose member holds
+    messages unacknowledged is killed -9: once the cluster declares it dead, they go to the other nodes' members.
+    Counts what the survivors lost and got twice."""
     c = cluster()
-    n1, n2, n3 = c.nodes
-    share = "$share/fo/jobs/#"
-    first = Inbox(connect(n1, paho_factory, "fo-1", subscribe=[share]), "jobs/#")
-    second = Inbox(connect(n2, paho_factory, "fo-2", subscribe=[share]), "jobs/#")
-    pub = connect(n3, paho_factory, "fo-pub")
-    stream = Stream(pub, ["jobs/a", "jobs/b"], 400, interval=0.003)
-    stream.start()
-    # Whichever node took the group's lease serves it: wait for its member's first message, then kill that node.
-    wait_until(lambda: bool(first.received() or second.received()), timeout=10, what="the group served")
-    served_by_n1 = len(first.received()) > 0
-    c.kill9(n1 if served_by_n1 else n2)
-    survivor = second if served_by_n1 else first
-    stream.wait_all_acked(10.0)
-    acked = stream.acked()
-    dead = first if served_by_n1 else second
-    before = set(dead.received())
-    # Everything acked reaches the survivor unless the dead member had it (a message in flight on the dead node
-    # may reach both: at-least-once across a failure).
-    survivor.wait_for(sorted(set(acked) - before, key=lambda k: k[1]), MEMBER_TTL + 10.0, c)
+    nodes = c.nodes
+    # 1. Two acking members per node; 600 messages published on n1.
+    members = {(node.node_id, k): raw_member(node, f"ev-{node.node_id}-{k}", "$share/ev/ev/t", receive_max=10)
+               for node in nodes for k in range(2)}
+    publish_numbered(nodes[0], paho_factory, "ev/t", 600)
+    got = {key: [int(p.payload) for p in raw_drain(raw, quiet=1.5)] for key, raw in members.items()}
+    flat = Counter(x for g in got.values() for x in g)
+    per_node: Counter[str] = Counter()
+    for key, g in got.items():
+        per_node[key[0]] += len(g)
+    lost = sorted(set(range(600)) - set(flat))
+    duplicated = sorted(x for x, n in flat.items() if n > 1)
+    assert not lost and not duplicated, f"lost {len(lost)} {lost[:5]}, duplicated {len(duplicated)} {duplicated[:5]}"
+    assert all(per_node[node.node_id] for node in nodes), f"members of a node idled: per node {dict(per_node)}"
+    # 2. A member on n3 holds 5 unacknowledged (its Receive Maximum); the rest go to members on n1 and n2.
+    doomed_node = nodes[2]
+    doomed = raw_member(doomed_node, "kd-doomed", "$share/kd/kd/t", receive_max=5)
+    publish_numbered(nodes[0], paho_factory, "kd/t", 60)
+    held = [int(p.payload) for p in raw_drain(doomed, quiet=1.0, ack=False)]
+    assert len(held) == 5, f"the doomed member holds {held}, its receive maximum is 5"
+    alive = [raw_member(node, f"kd-{node.node_id}", "$share/kd/kd/t", receive_max=50) for node in nodes[:2]]
+    first = [[int(p.payload) for p in raw_drain(a, quiet=1.0)] for a in alive]
+    assert sorted(x for g in first for x in g) == sorted(set(range(60)) - set(held)), "the rest, to the others"
+    c.kill9(doomed_node)
+    c.wait_gone(doomed_node.node_id)
+    after = [[int(p.payload) for p in raw_drain(a, quiet=2.0)] for a in alive]
+    survivors = Counter(x for g in first + after for x in g)
+    lost = sorted(set(range(60)) - set(survivors))
+    duplicated = sorted(x for x, n in survivors.items() if n > 1)
+    assert not lost and not duplicated, (f"after kill -9 of {doomed_node.node_id} (it held {held}): lost {lost}, "
+                                         f"duplicated {duplicated}\n{c.logs()}")
 
 
 # --- 3. kill -9 of a node with persistent clients ---------------------------------------------------------------

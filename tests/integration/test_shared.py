@@ -139,6 +139,19 @@ def test_killed_member_unacked_messages_go_to_the_others(gateway: Gateway, paho_
         f"duplicates {[k for k, v in Counter(flat).items() if v > 1]}; missing {set(range(30)) - set(flat)}")
 
 
+@pytest.mark.slow  # waits out several of the groups' reclaim rounds (1 s)
+def test_slow_but_connected_member_keeps_its_unacked_messages(gateway: Gateway, paho_factory: PahoFactory) -> None:
+    """MQTT has no visibility timeout: what a connected member holds unacknowledged for longer than the groups'
+    reclaim rounds stays its own; no other member gets it."""
+    slow = raw_member(gateway, "shs-slow", "$share/gs/shs/t", receive_max=5)
+    publish_numbered(gateway, paho_factory, "shs/t", 20)
+    held = [int(p.payload) for p in raw_drain(slow, quiet=0.5, ack=False)]
+    assert len(held) == 5, f"the slow member holds {held}, its receive maximum is 5"
+    fast = raw_member(gateway, "shs-fast", "$share/gs/shs/t", receive_max=50)
+    got = [int(p.payload) for p in raw_drain(fast, quiet=3.5)]
+    assert sorted(got) == sorted(set(range(20)) - set(held)), f"the fast member got {sorted(got)}, held {held}"
+
+
 @dataclass(slots=True)
 class SpeedMember:
     """A raw member acking each message `delay` seconds after it arrived, counting its own unacked ones."""

@@ -126,9 +126,6 @@ class DelayingStore:
     async def shared_members(self, group_key: str) -> list[str]:
         return await self._call(lambda: self.inner.shared_members(group_key))
 
-    async def shared_groups(self) -> list[SessionRecord]:
-        return await self._call(self.inner.shared_groups)
-
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         snapshot = dict(offsets)  # the caller may keep filling its dict for the next batch
         await self._call(lambda: self.inner.set_offsets(snapshot))

@@ -13,7 +13,7 @@ from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, Sess
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "online_sessions", "due_sessions", "subscription_filters",
-                   "shared_members", "shared_groups", "set_offsets", "set_retained", "match_retained", "put_will",
+                   "shared_members", "set_offsets", "set_retained", "match_retained", "put_will",
                    "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "release_wildcards", "wildcards",
                    "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
@@ -132,10 +132,6 @@ class FailingStore:
     async def shared_members(self, group_key: str) -> list[str]:
         self._check("shared_members")
         return await self.inner.shared_members(group_key)
-
-    async def shared_groups(self) -> list[SessionRecord]:
-        self._check("shared_groups")
-        return await self.inner.shared_groups()
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         self._check("set_offsets")

@@ -347,9 +347,10 @@ class MqttChannel(Handshake):
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
         if session.persistent:
             node.writes.save_session(session.snapshot())
-        # In a cluster, SUBACK waits for what it acknowledges to be in the store: a new wildcard in the store's
-        # set (what is published after it, on any node, is then indexed into the subscription's queue), and a
-        # persistent session's record (a takeover by another node reads it from there). SUBACKs keep their order.
+        # SUBACK waits for what it acknowledges to be in the store: a new wildcard in the store's set (what is
+        # published after it, on any node, is then indexed into the subscription's queue), a new `$share` group
+        # (what is published after it is the group's) and, in a cluster, a persistent session's record (a
+        # takeover by another node reads it from there). SUBACKs keep their order.
         saved = session.persistent and node.topology.shared
         suback = Suback(packet.packet_id, suback_codes(granted, session.level))
         if registering or saved or self._subacks is not None:
