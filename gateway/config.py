@@ -206,6 +206,9 @@ class StoreSettings(BaseModel):
                        "`redis-cluster://HOST:PORT[,HOST:PORT...]`, or `package.module:factory[?key=value&...]`: an "
                        "engine not shipped with Tidewire, called with the settings and the query's keys")
     store_partitions: int = Field(16, ge=1, le=64, description="log partitions on Redis Cluster (1 on one Redis)")
+    store_epoch_ttl: float = Field(3600.0, gt=0, description="Redis store: seconds a client id without a stored "
+                                   "session keeps its fencing epoch (a stale node stays fenced off after that too, by "
+                                   "the epoch floor; a new session not written within this after its claim is refused)")
     data_dir: Path = Field(Path("data"), description="directory of the embedded store (and the admin token file)")
     fsync: Literal["batch", "interval", "never"] = Field(
         "batch", description="when appends reach the disk before they are acknowledged: `batch` (each write batch), "

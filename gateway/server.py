@@ -258,7 +258,7 @@ def build_store(settings: Settings) -> Store:
         from tidewire.store.redis.engine import RedisStore  # redis-py is an extra: imported only when asked for
 
         return RedisStore(url, retention_bytes=settings.retention_bytes, retention_seconds=settings.retention_seconds,
-                          retention_ignores_holds=settings.retention_ignores_holds,
+                          retention_ignores_holds=settings.retention_ignores_holds, epoch_ttl=settings.store_epoch_ttl,
                           partitions=settings.store_partitions if "-cluster://" in url else 1)
     if url == "embedded":
         return EmbeddedStore(
