@@ -3,7 +3,8 @@
 Every script touches the keys of ONE hash tag, so each is valid on Redis Cluster: the partition scripts
 (`APPEND`, `READ`, `SEAL`, `MARK_SPREAD`, `RAISE_VERSION`, `RETENTION`, `PART_STATS`) work inside one partition
 `{prefix:p}`; the others inside the meta tag `{prefix}`. Keys are declared in KEYS except the ones an index
-names (`MATCH_RETAINED` buckets, queues in `RETENTION`), built from a prefix in ARGV under the same tag.
+names (`MATCH_RETAINED` buckets, queues in `RETENTION`, shared members in the session scripts), built from a
+prefix in ARGV under the same tag.
 
 Numbers: Lua numbers are doubles, exact for integers below 2**53, and seqs stay below that (the append script
 refuses past it). Redis converts a number argument of `redis.call` exactly ('%.17g'), but Lua's own `tostring`

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
 import redis.asyncio as aioredis
 
 from tests.store.redis.redis_cluster_support import OPEN, opened, server  # noqa: F401 - fixtures by name
@@ -115,6 +116,7 @@ def _info(port: int, section: str) -> dict[str, str]:
     return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
 
 
+@pytest.mark.slow  # 20,000 sessions written
 async def test_a_start_reads_what_is_online_not_what_is_stored(server: RedisServer) -> None:
     async def fill(first: int, n: int) -> None:
         async with RedisStore(server.url) as s:
