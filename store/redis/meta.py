@@ -69,22 +69,24 @@ from tidewire.store.records import (
 )
 from tidewire.store.redis.conn import RedisConn, Script
 from tidewire.store.redis.scripts import (
+    LEASE,
+    MATCH_RETAINED,
+    META_STATS,
+    RELEASE,
+    SET_RETAINED,
+    WILDCARDS_CHANGE,
+    WILDCARDS_GET,
+)
+from tidewire.store.redis.session_scripts import (
     CLAIM_SESSION,
     DELETE_SESSION,
     GET_SESSION,
     GET_SESSIONS,
     INDEX_SESSIONS,
-    LEASE,
     LIST_SESSIONS,
-    MATCH_RETAINED,
-    META_STATS,
     PUT_SESSION,
-    RELEASE,
     SET_OFFSETS,
-    SET_RETAINED,
     TOMBSTONE_EPOCHS,
-    WILDCARDS_CHANGE,
-    WILDCARDS_GET,
 )
 
 _GET = Script("get_session", GET_SESSION)
