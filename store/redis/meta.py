@@ -132,6 +132,7 @@ def _session(body: bytes, offsets: bytes | None, epoch: int, owner: bytes | None
 
 
 PAGE = 1000  # sessions, members or filters per command when reading many (one command's time stays bounded)
+INDEX_PAGE = 250  # sessions indexed per script when indexing a store of an earlier build (~7 commands each)
 EPOCH_TTL = 3600.0  # s a client id without a record keeps its epoch (see Epochs)
 PRUNE = 16  # tombstones past their time to live removed by one claim or delete at most
 INDEX_VERSION = 2  # 1: :on and :exp (the `sessidx` flag of earlier builds); 2: filters, groups, tombstones
@@ -236,7 +237,7 @@ class RedisMeta:
         Indexes); then turn the epochs of client ids without a record into tombstones (see Epochs)."""
         if int(await self._conn.command("GET", self._k_indexed) or 0) >= INDEX_VERSION:
             return
-        async for bodies, _offsets, _epochs, _owners in self._raw_pages(PAGE):
+        async for bodies, _offsets, _epochs, _owners in self._raw_pages(INDEX_PAGE):
             args: list[str | bytes | int] = [self._p_members]
             for body in bodies:
                 record = decode_session(body)
