@@ -220,6 +220,9 @@ class StoreSettings(BaseModel):
     store_timeout: float = Field(5.0, gt=0, description="s a Redis store call or heartbeat may wait for an answer: "
                                  "how long a silent store takes to count as unreachable (then new clients are "
                                  "refused)")
+    store_epoch_ttl: float = Field(3600.0, gt=0, description="Redis store: seconds a client id without a stored "
+                                   "session keeps its fencing epoch (a stale node stays fenced off after that too, by "
+                                   "the epoch floor; a new session not written within this after its claim is refused)")
     data_dir: Path = Field(Path("data"), description="directory of the embedded store (and the admin token file)")
     fsync: Literal["batch", "interval", "never"] = Field(
         "batch", description="when appends reach the disk before they are acknowledged: `batch` (each write batch), "

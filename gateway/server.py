@@ -256,6 +256,7 @@ def build_store(settings: Settings) -> Store:
             return RedisStore(url, retention_bytes=settings.retention_bytes,
                               retention_seconds=settings.retention_seconds,
                               retention_ignores_holds=settings.retention_ignores_holds,
+                              epoch_ttl=settings.store_epoch_ttl,
                               partitions=settings.store_partitions if "-cluster://" in url else 1,
                               replicas=settings.store_replicas, replica_timeout=settings.store_replica_timeout,
                               replica_backlog=settings.store_replica_backlog,

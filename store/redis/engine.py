@@ -67,7 +67,9 @@ wills are kept) are in `store.redis.log`.
 Errors: `RedisUnavailable` (an `OSError`) while Redis cannot serve, `StoreClosed` on a closed store, see
 `store.redis.conn`; an append that failed may or may not have been stored (at-least-once on the caller's retry).
 Limits: `max_connections` (per node on a cluster), `connect_timeout`, `socket_timeout`, `pool_timeout`;
-`list_sessions` and `list_wills` read one whole hash; the spread-queue caches keep `SPREAD_CACHE` names.
+`epoch_ttl` (how long a client id without a record keeps its epoch, `store.redis.meta`); calls that read many
+sessions go `store.redis.meta.PAGE` at a time (`list_sessions` still returns them all: maintenance, never a
+node's start); `list_wills` reads one whole hash; the spread-queue caches keep `SPREAD_CACHE` names.
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ from tidewire.store.base import (
     SessionRecord,
     Slice,
     WillRecord,
-    counted_filter,
 )
 from tidewire.store.records import decode_message_body, encode_message_body
 from tidewire.store.redis.conn import CLUSTER_SCHEMES, Call, RedisConn, RedisUnavailable, Script
@@ -96,7 +97,7 @@ from tidewire.store.redis.fence import AppendFence
 from tidewire.store.redis.groups import RedisGroups
 from tidewire.store.redis.log import PartitionKeys as _Partition
 from tidewire.store.redis.log import RedisLog
-from tidewire.store.redis.meta import RedisMeta
+from tidewire.store.redis.meta import EPOCH_TTL, RedisMeta
 from tidewire.store.redis.replicas import BACKLOG, ReplicaWaits
 from tidewire.store.redis.scripts import (
     APPEND,
@@ -150,6 +151,7 @@ class RedisStore(RedisGroups, RedisLog):
         replicas: int = 0,
         replica_timeout: float = 1.0,
         replica_backlog: int = BACKLOG,
+        epoch_ttl: float = EPOCH_TTL,
     ) -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("prefix must not contain '{' or '}': it becomes the hash tag")
@@ -173,7 +175,7 @@ class RedisStore(RedisGroups, RedisLog):
         self.seal_interval = seal_interval
         self._conn = RedisConn(url, connect_timeout=connect_timeout, socket_timeout=socket_timeout,
                                max_connections=max_connections, pool_timeout=pool_timeout)
-        self._meta = RedisMeta(self._conn, prefix)
+        self._meta = RedisMeta(self._conn, prefix, epoch_ttl)
         self._parts = [_Partition(prefix, n) for n in range(partitions)]
         self._init_groups(prefix, [part.msg for part in self._parts])
         self._hint = 0  # the highest seq or counter this store has seen: floor of its clock, seal of its reads
@@ -481,6 +483,10 @@ class RedisStore(RedisGroups, RedisLog):
     async def put_session(self, record: SessionRecord) -> bool:
         return await self._meta.put_session(record)
 
+    async def put_sessions(self, records: Sequence[SessionRecord]) -> list[bool]:
+        """`put_session` for each record, pipelined: one round trip (imports, benchmarks)."""
+        return await self._meta.put_sessions(records)
+
     async def delete_session(self, client_id: str, epoch: int = -1) -> None:
         await self._meta.delete_session(client_id, epoch)
 
@@ -496,19 +502,11 @@ class RedisStore(RedisGroups, RedisLog):
     async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
         return await self._meta.due_sessions(now_ms, limit)
 
-    # Read from every session: once per node start (a large deployment wants them indexed like the two above).
     async def subscription_filters(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for record in await self._meta.list_sessions():
-            if not record.client_id.startswith(SHARED_PREFIX):
-                for topic_filter in record.subscriptions:
-                    if counted_filter(topic_filter):
-                        counts[topic_filter] = counts.get(topic_filter, 0) + 1
-        return counts
+        return await self._meta.subscription_filters()
 
     async def shared_members(self, group_key: str) -> list[str]:
-        return [r.client_id for r in await self._meta.list_sessions()
-                if group_key in r.subscriptions and not r.client_id.startswith(SHARED_PREFIX)]
+        return await self._meta.shared_members(group_key)
 
     async def set_retained(self, topic: str, message: Message | None) -> None:
         await self._meta.set_retained(topic, message)

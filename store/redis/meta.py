@@ -4,22 +4,47 @@ retained messages (indexed by first level), wills, and the cluster-wide wildcard
 Layout (every key under `{prefix}`, so each multi-key script is valid on Redis Cluster):
 
     :sess   hash  client id -> session JSON          :off   hash  client id -> packed (offset, sent_upto)
-    :ep     hash  client id -> epoch (kept after a delete: a stale node stays fenced off)
+    :ep     hash  client id -> epoch (a record's, or a tombstone's: see Epochs)
     :own    hash  client id -> owner node id         :will  hash  client id -> encoded will
     :ret    hash  topic -> retained body;  :rl  set of first levels;  :rb:<level>  set of retained topics
     :on     set   client ids of sessions online       :exp   zset  client id by expiry deadline (ms, offline only)
+    :sf     hash  client id -> its counted filters (`counted_filter`, NUL-joined; sessions that have some)
+    :flt    hash  counted filter -> how many sessions hold it (what `subscription_filters` answers)
+    :shm:<$share/...>  set of the client ids holding that filter
+    :tomb   zset  client id without a record -> server ms since when;  :epc  the last claim number;
+    :epf    the epoch floor
+    :idx    the index version the sessions are indexed for (built once at open when lower, a page at a time)
     :wc     hash  wildcard filter -> holders;  :wv  the wildcard set version (copied into each partition)
     :lease:<key>  hash  {owner, until (server ms), epoch}: one holder at a time (a bridge's node)
     :ban    hash  <kind> 0x00 <who> -> ban JSON (`store.base.encode_ban`)
 
 A session record's `epoch` and `owner` come from `:ep` / `:own` (the JSON keeps what the last put carried), so
 a claim changes them without rewriting the record. Offsets set after the last put live in `:off` and win over
-the record's own. Every call here is one script or one command: one round trip.
+the record's own. Every call here is one script or one command: one round trip; the calls that read many
+sessions or members go a page (`PAGE`) at a time, so no command's time grows with the number of sessions.
+
+**Indexes.** Every put and delete keeps `:on`, `:exp`, `:sf`/`:flt` and `:shm:` in the same script, so
+a starting node reads what is online, what is due, and the filter counts (O(filters)), never every session.
+A store written by an earlier build is indexed at `open` (`index_sessions`): a page of sessions read, then one
+script per page that indexes each session whose body is still the one read (a changed one was indexed by its
+put) and counts its filters only if it has no `:sf` entry yet, so nodes starting at once, and writers of this
+build meanwhile, never count a session twice. Nodes of an earlier build that still write sessions after that do
+not maintain the new indexes: upgrade every node (the index is built once, by the first node of this build).
+
+**Epochs.** A claim takes the next claim number (`:epc`, above the client's stored epoch and the floor), so
+every new claim of a client exceeds every earlier one, whatever was deleted in between. The epoch of a client
+id with a record stays in `:ep`; a client id without one (deleted, or claimed and not yet written) keeps its
+epoch as a tombstone for `epoch_ttl`, and after that it goes (a few with each claim and delete), raising the
+floor `:epf` to its epoch. A put for a client id with no epoch entry is refused below the floor. So a stale
+writer (a node that lost the client: its epoch is below the client's latest claim) stays fenced off: while the
+tombstone lives by the entry, after it by the floor, which is at least the entry's epoch. The cost: a put
+whose claim is older than `epoch_ttl` and that found no record (a new session not written for that long) is
+refused like a stale one. `:ep` holds the stored sessions plus the client ids seen within `epoch_ttl`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, cast
 
 from tidewire.store.base import (
@@ -28,6 +53,7 @@ from tidewire.store.base import (
     Message,
     SessionRecord,
     WillRecord,
+    counted_filter,
     decode_ban,
     encode_ban,
     expiry_deadline,
@@ -43,20 +69,25 @@ from tidewire.store.records import (
 )
 from tidewire.store.redis.conn import RedisConn, Script
 from tidewire.store.redis.scripts import (
-    CLAIM_SESSION,
-    DELETE_SESSION,
-    GET_SESSION,
     LEASE,
-    LIST_SESSIONS,
     MATCH_RETAINED,
     META_STATS,
-    PUT_SESSION,
     RELEASE,
-    SET_OFFSETS,
     SET_RETAINED,
     WILDCARDS_CHANGE,
     WILDCARDS_GET,
     WILDCARDS_RELEASE,
+)
+from tidewire.store.redis.session_scripts import (
+    CLAIM_SESSION,
+    DELETE_SESSION,
+    GET_SESSION,
+    GET_SESSIONS,
+    INDEX_SESSIONS,
+    LIST_SESSIONS,
+    PUT_SESSION,
+    SET_OFFSETS,
+    TOMBSTONE_EPOCHS,
 )
 
 _GET = Script("get_session", GET_SESSION)
@@ -64,6 +95,9 @@ _CLAIM = Script("claim_session", CLAIM_SESSION)
 _PUT = Script("put_session", PUT_SESSION)
 _DELETE = Script("delete_session", DELETE_SESSION)
 _LIST = Script("list_sessions", LIST_SESSIONS)
+_GET_MANY = Script("get_sessions", GET_SESSIONS)
+_INDEX = Script("index_sessions", INDEX_SESSIONS)
+_TOMBSTONE = Script("tombstone_epochs", TOMBSTONE_EPOCHS)
 _OFFSETS = Script("set_offsets", SET_OFFSETS)
 _SET_RETAINED = Script("set_retained", SET_RETAINED)
 _MATCH = Script("match_retained", MATCH_RETAINED)
@@ -99,6 +133,20 @@ def _session(body: bytes, offsets: bytes | None, epoch: int, owner: bytes | None
     return rec
 
 
+PAGE = 1000  # sessions, members or filters per command when reading many (one command's time stays bounded)
+INDEX_PAGE = 250  # sessions indexed per script when indexing a store of an earlier build (~7 commands each)
+EPOCH_TTL = 3600.0  # s a client id without a record keeps its epoch (see Epochs)
+PRUNE = 16  # tombstones past their time to live removed by one claim or delete at most
+INDEX_VERSION = 2  # 1: :on and :exp (the `sessidx` flag of earlier builds); 2: filters, members, tombstones
+
+
+def _counted(record: SessionRecord) -> str:
+    """The record's filters `subscription_filters` counts, NUL-joined in a stable order ('' for a group)."""
+    if record.client_id.startswith(SHARED_PREFIX):
+        return ""
+    return "\0".join(sorted(f for f in record.subscriptions if counted_filter(f)))
+
+
 def _index_score(record: SessionRecord) -> int:
     """The session's place in the indexes: -1 online, its expiry deadline (ms), or -2 (never expires; a group)."""
     if record.client_id.startswith(SHARED_PREFIX):
@@ -110,12 +158,17 @@ def _index_score(record: SessionRecord) -> int:
 
 
 class RedisMeta:
-    def __init__(self, conn: RedisConn, prefix: str) -> None:
+    def __init__(self, conn: RedisConn, prefix: str, epoch_ttl: float = EPOCH_TTL) -> None:
+        if epoch_ttl <= 0:
+            raise ValueError("epoch_ttl must be > 0")
         k = f"{{{prefix}}}:"
         self._conn = conn
         self.k_parts = k + "parts"  # the partition count the data was written with
-        self._sess_keys = [k + "sess", k + "off", k + "ep", k + "own", k + "on", k + "exp"]
-        self._k_indexed = k + "sessidx"  # set once :on and :exp cover every session (data from older builds)
+        self._sess_keys = [k + "sess", k + "off", k + "ep", k + "own", k + "on", k + "exp", k + "sf", k + "flt",
+                           k + "tomb", k + "epc", k + "epf"]
+        self._p_members = k + "shm:"
+        self._k_indexed = k + "idx"
+        self._epoch_ttl_ms = int(epoch_ttl * 1000)
         self._k_will = k + "will"
         self._k_ret, self._k_levels, self._p_bucket = k + "ret", k + "rl", k + "rb:"
         self._wc_keys = [k + "wc", k + "wv"]
@@ -129,44 +182,100 @@ class RedisMeta:
         return None if body is None else _session(body, offsets, epoch, owner)
 
     async def claim_session(self, client_id: str, owner: str) -> tuple[SessionRecord | None, int]:
-        body, offsets, epoch = await self._conn.run((_CLAIM, self._sess_keys, [client_id, owner]),
-                                                    idempotent=False)
+        body, offsets, epoch = await self._conn.run(
+            (_CLAIM, self._sess_keys, [client_id, owner, self._epoch_ttl_ms, PRUNE]), idempotent=False)
         if body is None:
             return None, int(epoch)
         return _session(body, offsets, epoch, owner.encode()), int(epoch)
 
     async def put_session(self, record: SessionRecord) -> bool:
-        args: list[str | bytes | int] = [record.client_id, encode_session(record), record.epoch, record.owner,
-                                         _index_score(record)]
-        return bool(await self._conn.run((_PUT, self._sess_keys, args)))
+        return bool(await self._conn.run((_PUT, self._sess_keys, self._put_args(record))))
+
+    def _put_args(self, record: SessionRecord) -> list[str | bytes | int]:
+        return [record.client_id, encode_session(record), record.epoch, record.owner, _index_score(record),
+                _counted(record), self._p_members]
+
+    async def put_sessions(self, records: Sequence[SessionRecord]) -> list[bool]:
+        """`put_session` for each record, pipelined (one round trip; an import or a benchmark's fill)."""
+        results = await self._conn.run_many([(_PUT, self._sess_keys, self._put_args(r)) for r in records])
+        return [bool(r) for r in results]
 
     async def delete_session(self, client_id: str, epoch: int = -1) -> None:
-        await self._conn.run((_DELETE, self._sess_keys, [client_id, epoch]))
+        await self._conn.run((_DELETE, self._sess_keys,
+                              [client_id, epoch, self._p_members, self._epoch_ttl_ms, PRUNE]))
+
+    async def _raw_pages(self, count: int) -> AsyncIterator[tuple[list[bytes], list[Any], list[Any], list[Any]]]:
+        """(bodies, offsets, epochs, owners) of every stored session, a page per command (HSCAN: a session
+        written meanwhile may be missed or come twice, as with any scan)."""
+        cursor: bytes | str = "0"
+        while True:
+            cursor, _ids, bodies, offsets, epochs, owners = await self._conn.run(
+                (_LIST, self._sess_keys, [cursor, count]))
+            if bodies:
+                yield bodies, offsets, epochs, owners
+            if int(cursor) == 0:
+                return
+
+    async def session_pages(self, count: int = PAGE) -> AsyncIterator[list[SessionRecord]]:
+        """Every stored session, about `count` per command."""
+        async for bodies, offsets, epochs, owners in self._raw_pages(count):
+            yield [_session(b, o, e, w) for b, o, e, w in zip(bodies, offsets, epochs, owners, strict=True)]
 
     async def list_sessions(self) -> list[SessionRecord]:
-        # One reply with every session: fine for now; a large deployment needs HSCAN paging.
-        _ids, bodies, offsets, epochs, owners = await self._conn.run((_LIST, self._sess_keys, []))
-        return [_session(b, o, e, w) for b, o, e, w in zip(bodies, offsets, epochs, owners, strict=True)]
+        """Every stored session in one list (maintenance and tests: nothing at a node's start reads this)."""
+        return [record async for page in self.session_pages() for record in page]
+
+    async def get_sessions(self, client_ids: Sequence[str]) -> list[SessionRecord]:
+        """The stored records of these client ids (absent ones left out), a page per command."""
+        out: list[SessionRecord] = []
+        for i in range(0, len(client_ids), PAGE):
+            ids = client_ids[i:i + PAGE]
+            bodies, offsets, epochs, owners = await self._conn.run((_GET_MANY, self._sess_keys, list(ids)))
+            out += [_session(b, o, e, w) for b, o, e, w in zip(bodies, offsets, epochs, owners, strict=True)
+                    if b is not None]
+        return out
 
     async def index_sessions(self) -> None:
-        """Build the online set and expiry zset once for sessions stored by a build without them."""
-        if await self._conn.command("EXISTS", self._k_indexed):
+        """Build the session indexes once for sessions a build without them stored, a page at a time (see
+        Indexes); then turn the epochs of client ids without a record into tombstones (see Epochs)."""
+        if int(await self._conn.command("GET", self._k_indexed) or 0) >= INDEX_VERSION:
             return
-        for record in await self.list_sessions():
-            score = _index_score(record)
-            if score == -1:
-                await self._conn.command("SADD", self._sess_keys[4], record.client_id)
-            elif score >= 0:
-                await self._conn.command("ZADD", self._sess_keys[5], score, record.client_id)
-        await self._conn.command("SET", self._k_indexed, 1)
+        async for bodies, _offsets, _epochs, _owners in self._raw_pages(INDEX_PAGE):
+            args: list[str | bytes | int] = [self._p_members]
+            for body in bodies:
+                record = decode_session(body)
+                args += (record.client_id, body, _index_score(record), _counted(record))
+            await self._conn.run((_INDEX, self._sess_keys, args))
+        cursor: bytes | str = "0"
+        while True:
+            cursor = await self._conn.run((_TOMBSTONE, self._sess_keys, [cursor, PAGE]))
+            if int(cursor) == 0:
+                break
+        await self._conn.command("SET", self._k_indexed, INDEX_VERSION)
+
+    async def _scan(self, kind: str, key: str) -> list[bytes]:
+        """Every member (SSCAN) or field and value (HSCAN, flat) of `key`, a page per command."""
+        out: list[bytes] = []
+        cursor: bytes | str = "0"
+        while True:
+            cursor, items = await self._conn.command(kind, key, cursor, "COUNT", PAGE)
+            out += [x for kv in items.items() for x in kv] if isinstance(items, dict) else items
+            if int(cursor) == 0:
+                return out
 
     async def online_sessions(self) -> list[str]:
-        members = await self._conn.command("SMEMBERS", self._sess_keys[4])
-        return [_text(m) for m in cast(list[bytes], members)]
+        return [_text(m) for m in dict.fromkeys(await self._scan("SSCAN", self._sess_keys[4]))]
 
     async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
         ids = await self._conn.command("ZRANGE", self._sess_keys[5], "-inf", now_ms, "BYSCORE", "LIMIT", 0, limit)
         return [_text(m) for m in cast(list[bytes], ids)]
+
+    async def subscription_filters(self) -> dict[str, int]:
+        flat = await self._scan("HSCAN", self._sess_keys[7])
+        return {_text(f): int(n) for f, n in zip(flat[::2], flat[1::2], strict=True)}
+
+    async def shared_members(self, group_key: str) -> list[str]:
+        return [_text(m) for m in dict.fromkeys(await self._scan("SSCAN", self._p_members + group_key))]
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         if not offsets:

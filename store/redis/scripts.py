@@ -2,8 +2,9 @@
 
 Every script touches the keys of ONE hash tag, so each is valid on Redis Cluster: the partition scripts
 (`APPEND`, `READ`, `SEAL`, `MARK_SPREAD`, `RAISE_VERSION`, `RETENTION`, `PART_STATS`) work inside one partition
-`{prefix:p}`; the others inside the meta tag `{prefix}`. Keys are declared in KEYS except the ones an index
-names (`MATCH_RETAINED` buckets, queues in `RETENTION`), built from a prefix in ARGV under the same tag.
+`{prefix:p}`; the others inside the meta tag `{prefix}` (the session scripts are in `store.redis.session_scripts`).
+Keys are declared in KEYS except the ones an index names (`MATCH_RETAINED` buckets, queues in `RETENTION`, shared
+members in the session scripts), built from a prefix in ARGV under the same tag.
 
 Numbers: Lua numbers are doubles, exact for integers below 2**53, and seqs stay below that (the append script
 refuses past it). Redis converts a number argument of `redis.call` exactly ('%.17g'), but Lua's own `tostring`
@@ -30,7 +31,7 @@ MAX_AHEAD_MS = 60_000
 # is sent again unchecked once the append before it has landed (nothing of the writer's is in flight then).
 FENCE_TTL_MS = 3_600_000
 
-_LIB = """
+LUA_LIB = """
 local CHUNK = 1000
 local function fmt(x) return string.format('%.0f', x) end
 local function split(s, sep)
@@ -52,7 +53,7 @@ end
 
 # Shared by the partition scripts: `counter(key, P, p)` and `seal(key, target, P, p)`: raise the counter to the
 # largest value <= target congruent to p (then c + P - 1 >= target: no later append gets a seq <= target).
-_PART = _LIB + """
+_PART = LUA_LIB + """
 local function counter(key, P, p)
   local c = redis.call('GET', key)
   if c then return tonumber(c) end
@@ -179,7 +180,7 @@ return cur
 # never blocks Redis for long. Bodies are `store.records` message records: v1 (magic, version 1) or legacy v0;
 # a record of a newer version is deleted without its queue entries (its layout is unknown here; a read skips
 # a seq whose body is gone).
-RETENTION = _LIB + """
+RETENTION = LUA_LIB + """
 local V0, V1, MAGIC = '<i8i8i8BBHHI4I4HI4', '<i8i8i8BBBHHI4I4HI4', 'TWLOG\\0\\255'
 local function queues_of(body)
   local _, lpub, ltopic, lprops, lpay, nq, lq, pos
@@ -283,75 +284,6 @@ WILDCARDS_GET = """
 return {tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('HKEYS', KEYS[1])}
 """
 
-# Sessions: KEYS 1 session hash (client id -> JSON), 2 offsets hash (packed offset, sent_upto set by
-# set_offsets after the last put), 3 epoch hash (kept after a delete: fencing outlives the record), 4 owner hash.
-
-# ARGV: 1 client id. Returns {body or nil, offsets or nil, epoch, owner or nil}.
-GET_SESSION = """
-local id = ARGV[1]
-return {redis.call('HGET', KEYS[1], id), redis.call('HGET', KEYS[2], id),
-        tonumber(redis.call('HGET', KEYS[3], id) or '0'), redis.call('HGET', KEYS[4], id)}
-"""
-
-# ARGV: 1 client id, 2 owner. Bumps the epoch (even without a record). Returns {body or nil, offsets, epoch}.
-CLAIM_SESSION = """
-local id = ARGV[1]
-local epoch = redis.call('HINCRBY', KEYS[3], id, 1)
-local body = redis.call('HGET', KEYS[1], id)
-if body then redis.call('HSET', KEYS[4], id, ARGV[2]) end
-return {body, redis.call('HGET', KEYS[2], id), epoch}
-"""
-
-# ARGV: 1 client id, 2 body, 3 epoch, 4 owner, 5 expiry deadline in ms (-1: online, -2: offline, never expires).
-# Returns 1, or 0 (nothing written) when the stored epoch is higher. KEYS 5 and 6: the online set and the expiry
-# zset a starting node reads instead of every session.
-PUT_SESSION = """
-local id, epoch = ARGV[1], tonumber(ARGV[3])
-local cur = tonumber(redis.call('HGET', KEYS[3], id) or '0')
-if epoch < cur then return 0 end
-redis.call('HSET', KEYS[1], id, ARGV[2])
-redis.call('HDEL', KEYS[2], id)
-if epoch > cur then redis.call('HSET', KEYS[3], id, ARGV[3]) end
-redis.call('HSET', KEYS[4], id, ARGV[4])
-local deadline = tonumber(ARGV[5])
-if deadline == -1 then redis.call('SADD', KEYS[5], id) else redis.call('SREM', KEYS[5], id) end
-if deadline >= 0 then redis.call('ZADD', KEYS[6], deadline, id) else redis.call('ZREM', KEYS[6], id) end
-return 1
-"""
-
-# ARGV: 1 client id, 2 epoch (-1: unconditional). Keeps the epoch. Returns 1 if a record was deleted.
-DELETE_SESSION = """
-local id, epoch = ARGV[1], tonumber(ARGV[2])
-if epoch >= 0 and epoch < tonumber(redis.call('HGET', KEYS[3], id) or '0') then return 0 end
-redis.call('HDEL', KEYS[2], id)
-redis.call('HDEL', KEYS[4], id)
-redis.call('SREM', KEYS[5], id)
-redis.call('ZREM', KEYS[6], id)
-return redis.call('HDEL', KEYS[1], id)
-"""
-
-# Returns {ids, bodies, offsets, epochs, owners} of every stored session (one reply: no paging yet).
-LIST_SESSIONS = _LIB + """
-local ids = redis.call('HKEYS', KEYS[1])
-local out = {ids, {}, {}, {}, {}}
-if #ids == 0 then return out end
-for k = 1, 4 do hmget_into(out[k + 1], KEYS[k], ids) end
-for i = 1, #ids do out[4][i] = tonumber(out[4][i] or '0') end
-return out
-"""
-
-# ARGV: client id, packed offsets, epoch, ... Unknown sessions and epochs below the stored one are skipped.
-SET_OFFSETS = """
-for i = 1, #ARGV, 3 do
-  local id = ARGV[i]
-  if redis.call('HEXISTS', KEYS[1], id) == 1
-      and tonumber(ARGV[i + 2]) >= tonumber(redis.call('HGET', KEYS[3], id) or '0') then
-    redis.call('HSET', KEYS[2], id, ARGV[i + 1])
-  end
-end
-return 0
-"""
-
 # KEYS: 1 retained hash (topic -> body), 2 set of first levels, 3 bucket set of this topic's first level.
 # ARGV: 1 topic, 2 first level, 3 body (absent: delete).
 SET_RETAINED = """
@@ -369,7 +301,7 @@ return 0
 # KEYS: 1 retained hash, 2 set of first levels. ARGV: 1 filter, 2 bucket key prefix (bucket = prefix .. level).
 # MQTT matching (4.7): '+' one level, '#' the rest including the parent ("a/#" matches "a"), and a filter
 # whose first level is a wildcard never matches a topic starting with '$'. Returns the matching bodies.
-MATCH_RETAINED = _LIB + """
+MATCH_RETAINED = LUA_LIB + """
 local f = split(ARGV[1], '/')
 local function matches(topic)
   local t = split(topic, '/')

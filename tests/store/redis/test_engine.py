@@ -112,7 +112,8 @@ async def test_no_keyspace_scan_in_any_call(server: RedisServer, opened: OPEN) -
     stats = command(server.port, "INFO", "commandstats").decode()
     used = {line.split(":", 1)[0].removeprefix("cmdstat_") for line in stats.splitlines() if ":" in line}
     assert {"evalsha", "hset", "zadd"} <= used  # inner script commands are counted too
-    assert not used & {"scan", "keys", "hscan", "sscan", "zscan"}
+    # Paging through one hash or set (HSCAN/SSCAN: list_sessions, the indexes) is fine; walking the keyspace not.
+    assert not used & {"scan", "keys"}
 
 
 async def test_redis_down_raises_oserror_then_recovers(server: RedisServer, opened: OPEN) -> None:
