@@ -347,6 +347,14 @@ class Node:
         counters = self.counters
         for append in landed:
             batch = append.batch
+            if any(m.duplicate for m in batch):  # a resend the store already held (`Message.dedupe`)
+                # Not cached again; notified, in case the reply to the append that stored it was lost.
+                self._to_notify.update(q for m in batch if m.duplicate for q in m.queues)
+                batch = [m for m in batch if not m.duplicate]
+                self._appended_acks.extend(append.acks)
+                if not batch:
+                    continue
+                append.acks = []
             if counters.enabled:
                 counters.append_seconds.observe(append.seconds)
                 counters.topics.add(batch)

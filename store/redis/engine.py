@@ -95,11 +95,13 @@ from tidewire.store.redis.log import RedisLog
 from tidewire.store.redis.meta import RedisMeta
 from tidewire.store.redis.scripts import (
     APPEND,
+    DEDUPE_IDS,
     EPOCH_MS,
     MARK_SPREAD,
     PART_STATS,
     RAISE_VERSION,
     READ,
+    RELEASE_DEDUPE,
     SEAL,
     TICKS,
 )
@@ -121,6 +123,8 @@ _SEAL = Script("seal", SEAL)
 _MARK = Script("mark_spread", MARK_SPREAD)
 _RAISE = Script("raise_version", RAISE_VERSION)
 _PART_STATS = Script("part_stats", PART_STATS)
+_DEDUPE_IDS = Script("dedupe_ids", DEDUPE_IDS)
+_RELEASE_DEDUPE = Script("release_dedupe", RELEASE_DEDUPE)
 
 
 def _wild(queue: str) -> bool:
@@ -277,6 +281,7 @@ class RedisStore(RedisGroups, RedisLog):
             part = self._parts[n]
             keys: list[str | bytes] = [part.seq, part.msg, part.bt, part.bytes, part.wv, part.writer + self._fence.id]
             index: dict[str, int] = {}
+            hashes: dict[str, int] = {}  # a scope's de-duplication hash -> its index in KEYS
             args: list[str | bytes | int] = [len(idxs), wildcard_version, P, n, clock, floor, ticket.expect[n],
                                              ticket.token]
             for i in idxs:
@@ -288,6 +293,15 @@ class RedisStore(RedisGroups, RedisLog):
                         keys.append(part.q + q)
                         k = index[q] = len(keys)  # Lua KEYS are 1-based
                     args.append(k)
+                if m.dedupe is None:
+                    args += (0, "")
+                else:
+                    scope, key_id = m.dedupe
+                    k = hashes.get(scope)
+                    if k is None:
+                        keys.append(part.dd + scope)
+                        k = hashes[scope] = len(keys)
+                    args += (k, key_id)
             calls.append((_APPEND, keys, args))
         try:
             results = await self._conn.run_many(calls, idempotent=False)
@@ -318,8 +332,11 @@ class RedisStore(RedisGroups, RedisLog):
         for idxs, reply in zip(groups.values(), results, strict=True):
             seqs, before = reply[:-1], int(reply[-1])
             for i, s in zip(idxs, seqs, strict=True):
-                batch[i].seq = int(s)
-            high = max(high, int(seqs[-1]))
+                seq = int(s)
+                m = batch[i]
+                m.duplicate = seq < 0  # its key was held: minus the holder's seq, nothing stored
+                m.seq = abs(seq)
+                high = max(high, seq)
         self._saw(high)
         if P == 1:
             self._sealed = max(self._sealed, high)  # one counter: whatever it reached is sealed
@@ -436,6 +453,15 @@ class RedisStore(RedisGroups, RedisLog):
 
     async def release(self, key: str, owner: str) -> None:
         await self._meta.release(key, owner)
+
+    async def dedupe_ids(self, scope: str) -> list[str]:
+        """Every partition's hash of the scope (a message's key lives in its topic's partition)."""
+        replies = await self._conn.run_many([(_DEDUPE_IDS, [part.dd + scope], []) for part in self._parts])
+        return [i.decode() if isinstance(i, bytes) else str(i) for ids in replies for i in ids]
+
+    async def release_dedupe(self, scope: str, ids: Sequence[str] | None = None) -> None:
+        await self._conn.run_many([(_RELEASE_DEDUPE, [part.dd + scope], list(ids or ())) for part in self._parts
+                                   if ids is None or ids])
 
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return await self._meta.get_session(client_id)

@@ -282,6 +282,10 @@ class MqttChannel(Handshake):
             if len(self.inbound_qos2) >= node.settings.max_inbound_qos2:
                 return self.abort(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS 2 publishes in flight")
             self.inbound_qos2.add(pid)
+            if self.session is not None and self.session.persistent:
+                # Held by the store with the message until PUBREL: a resend after a move or a crash is not
+                # stored twice (`SessionOpener.open` gives the next connection the ids still held).
+                message.dedupe = (self.client_id, str(pid))
         self.unacked_in += 1
         if qos == 1:
             self.pending_qos1 += 1
@@ -329,8 +333,18 @@ class MqttChannel(Handshake):
         known = self.inbound_qos2 is not None and pid in self.inbound_qos2
         if known:
             self.inbound_qos2.discard(pid)  # type: ignore[union-attr]
+            if self.session is not None and self.session.persistent:
+                # The store's key goes first: the client may reuse the id once it has PUBCOMP.
+                self.node.writes.release_key(self.client_id, str(pid))
+                self.node.spawn(self._complete_after_release(pid))
+                return
         code = 0 if known or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         self.io.write(pubcomp(pid) if code == 0 else encode(Pubcomp(pid, code), self.level))
+
+    async def _complete_after_release(self, pid: int) -> None:
+        await self.node.writes.keys_settled(self.client_id)
+        if self._state == CONNECTED:
+            self.io.write(pubcomp(pid))
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session

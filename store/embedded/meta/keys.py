@@ -52,6 +52,7 @@ WILL = b"W"
 GROUP = b"G"
 COUNTER = b"C"
 BAN = b"B"
+DEDUPE = b"D"  # D scope \0 id -> the seq of the message holding the key (`Message.dedupe`)
 
 COUNTERS = ("sessions", "retained", "wills", "high_seq")
 
@@ -128,6 +129,14 @@ def group_key(ns: int, key: str) -> bytes:
 
 def ban_key(kind: str, who: str) -> bytes:
     return BAN + kind.encode() + b"\x00" + who.encode()
+
+
+def dedupe_prefix(scope: str) -> bytes:
+    return DEDUPE + scope.encode() + b"\x00"
+
+
+def dedupe_key(scope: str, key_id: str) -> bytes:
+    return dedupe_prefix(scope) + key_id.encode()
 
 
 def counter_key(name: str) -> bytes:

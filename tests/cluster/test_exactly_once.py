@@ -1,0 +1,98 @@
+"""QoS 2 exactly once across a move: a publisher whose PUBLISHes were PUBREC'd on one node resends them (DUP,
+same packet ids) after a takeover on another node, after `kill -9` of its node, or after a Redis restart; the
+subscriber must get each message once (counted: lost, duplicated), and the PUBRELs of those ids, on whichever
+node, their PUBCOMP 0."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from tests.cluster.conftest import Cluster, ClusterFactory, ClusterNode
+from tests.cluster.test_cluster import EXPIRY, Inbox, connect, move
+from tests.integration.conftest import PahoFactory
+from tests.integration.rawmqtt import ConnectionClosed, RawClient
+from tests.waiting import wait_until
+from tidewire.gateway.protocols.mqtt.codec import PropertyId, Pubcomp, Pubrec, Pubrel
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 20  # QoS 2 publishes PUBREC'd before the move
+TOPIC = "eo/in"
+
+
+def persistent_raw(node: ClusterNode, client_id: str, timeout: float = 15.0) -> RawClient:
+    """A 5.0 raw client with a persistent session on `node` (retried while the node's store comes back)."""
+    def attempt() -> RawClient | None:
+        raw = RawClient(node.port, level=5)
+        try:
+            if raw.connect(client_id, clean_start=False, check=False,
+                           properties={PropertyId.SESSION_EXPIRY_INTERVAL: EXPIRY}).reason_code == 0:
+                return raw
+        except (AssertionError, ConnectionClosed, OSError):
+            pass
+        raw.close()
+        return None
+
+    made: list[RawClient] = []
+    wait_until(lambda: bool(made.append(r) if (r := attempt()) is not None else False) or bool(made), timeout,
+               what=f"{client_id} connected to {node.node_id}", interval=0.2)
+    return made[0]
+
+
+def count(inbox: Inbox) -> tuple[list[int], list[int]]:
+    """(lost, duplicated) message numbers among the N published."""
+    got = Counter(i for _, i in inbox.settle(1.0))
+    return [i for i in range(1, N + 1) if got[i] == 0], sorted(i for i, n in got.items() if n > 1)
+
+
+@pytest.mark.parametrize("how", ["takeover", "kill9", "redis_restart"])
+def test_qos2_publishes_resent_after_a_move_reach_the_subscriber_once(
+        cluster: ClusterFactory, paho_factory: PahoFactory, how: str) -> None:
+    c: Cluster = cluster(n=2)
+    n1, n2 = c.nodes
+    home = n1 if how == "redis_restart" else n2  # where the publisher resends
+    sub_client = connect(n2, paho_factory, f"eo-sub-{how}", 5, persistent=True)
+    assert sub_client.subscribe(TOPIC, 2) == [2]
+    inbox = Inbox(sub_client, TOPIC)
+    cid = f"eo-pub-{how}"
+    pub = persistent_raw(n1, cid)
+    for pid in range(1, N + 1):
+        pub.publish(TOPIC, str(pid).encode(), qos=2, packet_id=pid)
+    assert sorted(pub.expect(Pubrec).packet_id for _ in range(N)) == list(range(1, N + 1))
+    inbox.wait_for([(TOPIC, i) for i in range(1, N + 1)], 10.0, c)
+
+    if how == "takeover":
+        pass  # the new connection on n2 takes the session over while n1 still holds it
+    elif how == "kill9":
+        c.kill9(n1)
+    else:
+        c.single_redis.restart()  # AOF appendfsync always
+        pub.close()
+    # As if the PUBRECs were lost: the client resends every PUBLISH with DUP and the same ids, then releases them.
+    again = persistent_raw(home, cid)
+    for pid in range(1, N + 1):
+        again.publish(TOPIC, str(pid).encode(), qos=2, packet_id=pid, dup=True)
+    recs = [again.expect(Pubrec, timeout=10.0) for _ in range(N)]
+    assert sorted(r.packet_id for r in recs) == list(range(1, N + 1))
+    assert all(r.reason_code < 0x80 for r in recs), recs
+    for pid in range(1, N + 1):
+        again.send(Pubrel(packet_id=pid))
+    comps = [again.expect(Pubcomp, timeout=10.0) for _ in range(N)]
+    assert sorted((p.packet_id, p.reason_code) for p in comps) == [(pid, 0) for pid in range(1, N + 1)], \
+        "a PUBREL of an id PUBREC'd before the move was not known"
+
+    if not sub_client.client.is_connected():  # a node may drop clients while its store is away
+        inbox.pull()
+        move(sub_client, n2)
+    lost, duplicated = count(inbox)
+    assert (lost, duplicated) == ([], []), f"lost {lost}, duplicated {duplicated}\n{c.logs()}"
+
+    # Released: the same ids carry new messages now, each stored once.
+    for pid in range(1, 4):
+        again.publish(TOPIC, str(N + pid).encode(), qos=2, packet_id=pid)
+        assert again.expect(Pubrec).packet_id == pid
+        again.send(Pubrel(packet_id=pid))
+        assert again.expect(Pubcomp).packet_id == pid
+    inbox.wait_for([(TOPIC, N + i) for i in range(1, 4)], 10.0, c)
