@@ -275,6 +275,14 @@ class Node:
         if session.persistent:
             self._dirty.add(session)
 
+    def save_then(self, session: Session, then: Callable[[], None]) -> None:
+        self.writes.save_session(session.snapshot())
+        self.spawn(self._when_saved(session.client_id, then))
+
+    async def _when_saved(self, client_id: str, then: Callable[[], None]) -> None:
+        await self.writes.session_settled(client_id)
+        then()
+
     def count_out(self, messages: int, nbytes: int, retried: int = 0) -> None:
         """A session wrote `messages` MQTT PUBLISH packets (`retried` of them sent again), `nbytes` in all."""
         counters = self.counters

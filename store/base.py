@@ -98,6 +98,8 @@ class SessionRecord:
     sent_upto: int = 0  # highest seq ever sent: resends at or below it carry DUP
     inbound_qos2: list[int] = field(default_factory=list)  # packet ids PUBREC'd, awaiting PUBREL
     outbound_pubrel: list[int] = field(default_factory=list)  # packet ids PUBREL'd, awaiting PUBCOMP
+    # QoS 2 messages sent and not PUBREC'd yet: packet id -> seq (resent under the same id after a move)
+    outbound_qos2: dict[int, int] = field(default_factory=dict)
     disconnected_at_ms: int = 0  # 0 while online
     owner: str = ""  # node id that claimed the session last ("" on one node)
     epoch: int = 0  # fencing token: bumped by every claim; writes carrying an older epoch are ignored

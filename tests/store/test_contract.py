@@ -224,6 +224,7 @@ def full_session(cid: str, offset: int = 2, sent_upto: int = 4) -> SessionRecord
             "$share/g/c": SubscriptionRecord("$share/g/c", 0),
         },
         offset=offset, sent_upto=sent_upto, inbound_qos2=[1, 2, 65535], outbound_pubrel=[9, 10],
+        outbound_qos2={11: 5, 65535: 2**40},
         disconnected_at_ms=123,
     )
 

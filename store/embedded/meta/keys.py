@@ -22,7 +22,8 @@ Session record, binary (little-endian):
     i64 epoch, u32 n_subs, u32 n_inbound_qos2, u32 n_outbound_pubrel, u32 len(owner)
     owner, u32 x n_inbound_qos2, u32 x n_outbound_pubrel, then per subscription:
     u32 len(key), u8 qos, u8 flags (bit 0 no_local, bit 1 retain_as_published, bits 2-3 retain_handling,
-    bit 7 the filter differs from the key), u32 subscription_id, i64 since_seq, key [, u32 len, filter]
+    bit 7 the filter differs from the key), u32 subscription_id, i64 since_seq, key [, u32 len, filter],
+    then, if any outbound QoS 2 message is in flight: u32 n, n x (u32 packet id, i64 seq)
 
 A record written by `store.records.encode_session` (JSON, starts with "{") decodes too (legacy import).
 """
@@ -67,6 +68,7 @@ _HEAD_SIZE = _HEAD.size
 _SUB = Struct("<IBBIq")
 _SUB_SIZE = _SUB.size
 _U32 = Struct("<I")
+_PID_SEQ = Struct("<Iq")  # an outbound QoS 2 packet id and the seq it carries
 _FILTER_DIFFERS = 0x80
 
 
@@ -191,6 +193,9 @@ def encode_session(r: SessionRecord) -> bytes:
             f = s.filter.encode()
             parts.append(_U32.pack(len(f)))
             parts.append(f)
+    if r.outbound_qos2:  # an optional tail: records written before it have none
+        parts.append(_U32.pack(len(r.outbound_qos2)))
+        parts += [_PID_SEQ.pack(pid, seq) for pid, seq in r.outbound_qos2.items()]
     return b"".join(parts)
 
 
@@ -229,10 +234,18 @@ def _decode_session(client_id: str, value: bytes) -> SessionRecord:
             p += 4 + lf
         subs[key] = SubscriptionRecord(topic_filter, qos, bool(flags & 1), bool(flags & 2), (flags >> 2) & 3,
                                        sub_id, since)
+    outbound_qos2: dict[int, int] = {}
+    if p < len(value):
+        (n,) = _U32.unpack_from(value, p)
+        p += 4
+        for _ in range(n):
+            pid, seq = _PID_SEQ.unpack_from(value, p)
+            outbound_qos2[pid] = seq
+            p += _PID_SEQ.size
     if p != len(value):
         raise ValueError("session record length does not match its contents")
-    return SessionRecord(client_id, level, expiry, subs, offset, sent_upto, inbound, outbound, disconnected, owner,
-                         epoch)
+    return SessionRecord(client_id, level, expiry, subs, offset, sent_upto, inbound, outbound, outbound_qos2,
+                         disconnected, owner, epoch)
 
 
 def session_epoch(value: bytes) -> int:
