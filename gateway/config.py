@@ -265,6 +265,9 @@ class BackendSettings(BaseModel):
     rocketmq_second_topic_property: str = Field("mqttSecondTopic", description="user property holding the MQTT "
                                                 "topic below the RocketMQ topic (its first level)")
     rocketmq_max_body: int = Field(4 * 1024 * 1024, ge=1, description="largest RocketMQ message body (bytes)")
+    rocketmq_dedupe_seconds: int = Field(300, ge=0, description="s a sent RocketMQ message id is held in the store "
+                                         "(with the message), so a send retried on any node is stored once; "
+                                         "0: only on the node that took it")
     rocketmq_credentials_file: Path | None = Field(None, description="`access_key:secret_key` lines: the "
                                                    "secrets MQv2-HMAC-SHA1 signatures are checked with (an HMAC "
                                                    "needs the secret itself, not a hash)")

@@ -103,11 +103,14 @@ class RecordWrites(OrderedWrites):
     def release_key(self, scope: str, key_id: str) -> None:
         """Release a de-duplication key (`Message.dedupe`); the keys of one scope released while a release of
         it is under way go together in the next one. `keys_settled` waits for it."""
+        self.release_keys(scope, [key_id])
+
+    def release_keys(self, scope: str, ids: list[str]) -> None:
         pending = self._releases.get(scope)
         if pending is not None:
-            pending.append(key_id)
+            pending += ids
             return
-        self._releases[scope] = [key_id]
+        self._releases[scope] = list(ids)
         taken: list[list[str]] = []
 
         async def release() -> None:

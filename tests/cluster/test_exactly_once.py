@@ -3,16 +3,20 @@
 Inbound: a publisher whose PUBLISHes were PUBREC'd resends them (DUP, same packet ids) after the move; the
 subscriber must get each message once (counted: lost, duplicated), and the PUBRELs of those ids their PUBCOMP 0.
 Outbound: a subscriber that got QoS 2 PUBLISHes and did not answer must get each again after the move with DUP
-and under the same packet id (counted: not resent, resent under a new id, which its client would deliver twice)."""
+and under the same packet id (counted: not resent, resent under a new id, which its client would deliver twice).
+RocketMQ: a send retried with the same message id on another node (after a kill -9 of the first too) is stored
+once and answered with the first message id (counted: lost, duplicated)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
+from rocketmq.grpc_protocol import Code
 
 from tests.cluster.conftest import Cluster, ClusterFactory, ClusterNode
 from tests.cluster.test_cluster import EXPIRY, Inbox, connect, move
+from tests.gateway.protocols.rocketmq.test_produce import _request, _stub_send
 from tests.integration.conftest import PahoFactory
 from tests.integration.rawmqtt import ConnectionClosed, RawClient
 from tests.waiting import wait_until
@@ -165,3 +169,25 @@ def test_qos2_deliveries_unanswered_before_a_move_are_resent_under_their_packet_
     for p in resent.values():
         again.send(Pubcomp(packet_id=p.packet_id))
     again.nothing(1.0)  # completed: nothing sent a third time
+
+
+@pytest.mark.parametrize("how", ["retried_elsewhere", "kill9"])
+def test_rocketmq_send_retried_on_another_node_is_stored_once(
+        cluster: ClusterFactory, paho_factory: PahoFactory, how: str) -> None:
+    c: Cluster = cluster(n=2)
+    n1, n2 = c.nodes
+    inbox = Inbox(connect(n2, paho_factory, f"eo-rmq-sub-{how}", subscribe=["T/#"]), "T/#")
+    requests = [_request(f"0A0B0C0D0E0F0000000000{i:04X}", str(i).encode()) for i in range(N)]
+    first = [_stub_send(n1, r) for r in requests]
+    assert {a.status.code for a in first} == {Code.OK}
+    inbox.wait_for([("T/dedup", i) for i in range(N)], 10.0, c)
+    if how == "kill9":
+        c.kill9(n1)
+    again = [_stub_send(n2, r) for r in requests]  # as if the answers were lost: the same ids, on n2
+    assert {a.status.code for a in again} == {Code.OK}
+    assert [a.entries[0].message_id for a in again] == [a.entries[0].message_id for a in first], \
+        "a retry was answered with another message id"
+    got = Counter(i for _, i in inbox.settle(1.0))
+    lost = [i for i in range(N) if got[i] == 0]
+    duplicated = sorted(i for i, n in got.items() if n > 1)
+    assert (lost, duplicated) == ([], []), f"lost {lost}, duplicated {duplicated}\n{c.logs()}"

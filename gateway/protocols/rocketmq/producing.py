@@ -4,14 +4,18 @@ it is durable.
 
 A client retries a send whose answer it did not get with the same message id; a bounded LRU of recent
 (access key, message id) pairs maps a retry to the first attempt's answer (or makes it wait for the attempt
-still in flight), so the message is stored once. The publish runs in its own task: a call that times out
-does not stop it, and its retry gets its answer.
+still in flight), so the message is stored once. A retry on another node (the first one died, or the client
+moved) is caught by the store: the message carries the pair as its de-duplication key (`Message.dedupe`),
+which the store holds with it for `rocketmq_dedupe_seconds` and answers a retry with the first one's seq (so
+the same message id). The publish runs in its own task: a call that times out does not stop it, and its
+retry gets its answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import contextlib
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
 from rocketmq.grpc_protocol import service_pb2
@@ -29,6 +33,9 @@ if TYPE_CHECKING:
 
 DEDUP_CAPACITY = 65_536  # recent message ids remembered for retries (per node)
 MAX_SEND_BATCH = 1024  # messages in one SendMessage
+# The store scope of an access key's message ids: starts with NUL, which no MQTT client id (an MQTT session's
+# scope) may contain, so the two never meet.
+DEDUPE_SCOPE = "\x00rocketmq\x00"
 
 
 class Producing:
@@ -39,6 +46,9 @@ class Producing:
         self.settings = node.settings
         self._recent: OrderedDict[tuple[str, str], asyncio.Future[Any]] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Keys this node stored, released in order once their time is up: (monotonic deadline, scope, id).
+        self._held: deque[tuple[float, str, str]] = deque()
+        self._releasing: asyncio.Task[None] | None = None
 
     async def send(self, caller: ClientInfo, request: Any) -> Any:
         if len(request.messages) > MAX_SEND_BATCH:
@@ -110,6 +120,8 @@ class Producing:
         message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
                                   publisher=caller.client_id, now_ms=int(self.node.clock.time() * 1000),
                                   protocol=PROTOCOL_ROCKETMQ)
+        if settings.rocketmq_dedupe_seconds:
+            message.dedupe = (DEDUPE_SCOPE + key[0], key[1])
         return key, message, answer
 
     def _launch(self, key: tuple[str, str], message: Message, answer: asyncio.Future[Any]) -> None:
@@ -131,8 +143,41 @@ class Producing:
             if not answer.done():
                 answer.set_result(_entry(None, Code.INTERNAL_SERVER_ERROR, "not stored"))
             raise
+        # A retry of a send another node stored has that one's seq: the same message id as its first answer.
         answer.set_result(service_pb2.SendResultEntry(status=status(Code.OK), message_id=message_id(message.seq),
                                                       offset=message.seq))
+        if message.dedupe is not None and not message.duplicate:
+            self._hold(*message.dedupe)
+
+    def _hold(self, scope: str, key_id: str) -> None:
+        self._held.append((self.node.clock.monotonic() + self.settings.rocketmq_dedupe_seconds, scope, key_id))
+        if self._releasing is None:
+            self._releasing = asyncio.get_running_loop().create_task(self._release_due())
+
+    async def _release_due(self) -> None:
+        """Release the held keys as their time comes (a node killed first leaves its keys held: a retry of those
+        ids is still answered as a retry)."""
+        held = self._held
+        clock = self.node.clock
+        while held:
+            wait = held[0][0] - clock.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            now = clock.monotonic()
+            due: dict[str, list[str]] = {}
+            while held and held[0][0] <= now:
+                _, scope, key_id = held.popleft()
+                due.setdefault(scope, []).append(key_id)
+            for scope, ids in due.items():
+                self.node.writes.release_keys(scope, ids)
+        self._releasing = None
+
+    async def stop(self) -> None:
+        if self._releasing is not None:
+            self._releasing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._releasing
+            self._releasing = None
 
 
 async def _done(entry: Any) -> Any:
