@@ -13,6 +13,7 @@ One keyspace, ordered bytewise; the first byte names the namespace:
     G <u8 namespace> <key>           -> consumer-group record (store.groups), value as GroupTable wrote it
     B <kind> 0x00 <who>              -> ban (store.base.encode_ban, JSON)
     C <name>                         -> <q   counters: sessions, retained, wills, high_seq (see COUNTERS)
+    D >I len(scope) <scope> <id>     -> <q   the seq holding a de-duplication key (store.base.Message.dedupe)
 
 Strings are UTF-8. Every index entry is written in the same WriteBatch as the record it derives from.
 
@@ -53,7 +54,7 @@ WILL = b"W"
 GROUP = b"G"
 COUNTER = b"C"
 BAN = b"B"
-DEDUPE = b"D"  # D scope \0 id -> the seq of the message holding the key (`Message.dedupe`)
+DEDUPE = b"D"  # D u32 len(scope) scope id -> the seq of the message holding the key (`Message.dedupe`)
 
 COUNTERS = ("sessions", "retained", "wills", "high_seq")
 
@@ -134,7 +135,8 @@ def ban_key(kind: str, who: str) -> bytes:
 
 
 def dedupe_prefix(scope: str) -> bytes:
-    return DEDUPE + scope.encode() + b"\x00"
+    raw = scope.encode()
+    return DEDUPE + _MEMBER_LEN.pack(len(raw)) + raw  # length first: no scope's prefix is another's
 
 
 def dedupe_key(scope: str, key_id: str) -> bytes:
