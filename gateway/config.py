@@ -255,6 +255,9 @@ class BackendSettings(BaseModel):
     amqp_channel_max: int = Field(2047, ge=1, le=65535, description="channels per AMQP connection")
     amqp_heartbeat: int = Field(60, ge=0, le=65535, description="s between heartbeats offered in Tune; 0: off")
     amqp_max_body: int = Field(16 * 1024 * 1024, ge=1, description="largest AMQP message body (bytes)")
+    amqp_dedupe_seconds: int = Field(0, ge=0, description="s a confirmed AMQP publish's message-id is held in the "
+                                     "store (with the message), so a publisher's retry on any node is stored "
+                                     "once; 0: off (AMQP does not require message-ids to be unique)")
     amqp_max_unacked: int = Field(10_000, ge=1, description="unacked deliveries per consumer when prefetch is "
                                                             "0 (unlimited in AMQP)")
     consumer_timeout: int = Field(1800, ge=1, description="s an AMQP delivery may stay unacked before other "

@@ -11,6 +11,7 @@ over its masters) with its own sequence, message hash and queue indexes:
     {tw:p}:wv      string  this partition's copy of the wildcard set version (checked by every append)
     {tw:p}:spread  set     plain queue names that hold messages of other topics (read across all partitions)
     {tw:p}:trimmed, :holds  the log reader's: the highest seq retention removed, holder -> seq (`store.redis.log`)
+    {tw:p}:dd:<scope>  hash  de-duplication keys held (`Message.dedupe`): id -> seq, written by the append script
 
 Sessions, offsets, retained, wills and the wildcard set live under the meta tag `{prefix}` (`store.redis.meta`),
 and so do consumer groups (`store.redis.groups`: one script per call; `fetch` reads each seq's partition).

@@ -5,12 +5,15 @@ subscriber must get each message once (counted: lost, duplicated), and the PUBRE
 Outbound: a subscriber that got QoS 2 PUBLISHes and did not answer must get each again after the move with DUP
 and under the same packet id (counted: not resent, resent under a new id, which its client would deliver twice).
 RocketMQ: a send retried with the same message id on another node (after a kill -9 of the first too) is stored
-once and answered with the first message id (counted: lost, duplicated)."""
+once and answered with the first message id (counted: lost, duplicated); so is an AMQP confirmed publish retried
+with the same message-id (with `amqp_dedupe_seconds`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
+import aio_pika
 import pytest
 from rocketmq.grpc_protocol import Code
 
@@ -187,6 +190,35 @@ def test_rocketmq_send_retried_on_another_node_is_stored_once(
     assert {a.status.code for a in again} == {Code.OK}
     assert [a.entries[0].message_id for a in again] == [a.entries[0].message_id for a in first], \
         "a retry was answered with another message id"
+    got = Counter(i for _, i in inbox.settle(1.0))
+    lost = [i for i in range(N) if got[i] == 0]
+    duplicated = sorted(i for i, n in got.items() if n > 1)
+    assert (lost, duplicated) == ([], []), f"lost {lost}, duplicated {duplicated}\n{c.logs()}"
+
+
+async def _publish_with_ids(port: int, ids: range) -> None:
+    """Confirmed publishes to amq.topic `eo.amqp`, message-id `m<i>`, body `<i>`."""
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/", timeout=10)
+    async with conn:
+        channel = await conn.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange("amq.topic")
+        for i in ids:
+            await exchange.publish(aio_pika.Message(str(i).encode(), delivery_mode=2, message_id=f"m{i}"),
+                                   routing_key="eo.amqp")
+
+
+@pytest.mark.parametrize("how", ["retried_elsewhere", "kill9"])
+def test_amqp_confirmed_publish_retried_on_another_node_is_stored_once(
+        cluster: ClusterFactory, paho_factory: PahoFactory, how: str) -> None:
+    c: Cluster = cluster(n=2, env={"TIDEWIRE_AMQP_DEDUPE_SECONDS": "60"})
+    n1, n2 = c.nodes
+    inbox = Inbox(connect(n2, paho_factory, f"eo-amqp-sub-{how}", subscribe=["eo/amqp"]), "eo/amqp")
+    assert n1.amqp_port is not None and n2.amqp_port is not None
+    asyncio.run(_publish_with_ids(n1.amqp_port, range(N)))
+    inbox.wait_for([("eo/amqp", i) for i in range(N)], 10.0, c)
+    if how == "kill9":
+        c.kill9(n1)
+    asyncio.run(_publish_with_ids(n2.amqp_port, range(N)))  # as if the confirms were lost: again, on n2
     got = Counter(i for _, i in inbox.settle(1.0))
     lost = [i for i in range(N) if got[i] == 0]
     duplicated = sorted(i for i, n in got.items() if n > 1)

@@ -14,14 +14,14 @@ retry gets its answer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from rocketmq.grpc_protocol import service_pb2
 
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.core.held_keys import HeldKeys
 from tidewire.gateway.core.ingress import INVALID_TOPIC, neutral_message, publish_future, refuse_publish
 from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 
@@ -46,9 +46,7 @@ class Producing:
         self.settings = node.settings
         self._recent: OrderedDict[tuple[str, str], asyncio.Future[Any]] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
-        # Keys this node stored, released in order once their time is up: (monotonic deadline, scope, id).
-        self._held: deque[tuple[float, str, str]] = deque()
-        self._releasing: asyncio.Task[None] | None = None
+        self._held = HeldKeys(node.writes, node.clock, node.settings.rocketmq_dedupe_seconds)
 
     async def send(self, caller: ClientInfo, request: Any) -> Any:
         if len(request.messages) > MAX_SEND_BATCH:
@@ -147,37 +145,10 @@ class Producing:
         answer.set_result(service_pb2.SendResultEntry(status=status(Code.OK), message_id=message_id(message.seq),
                                                       offset=message.seq))
         if message.dedupe is not None and not message.duplicate:
-            self._hold(*message.dedupe)
-
-    def _hold(self, scope: str, key_id: str) -> None:
-        self._held.append((self.node.clock.monotonic() + self.settings.rocketmq_dedupe_seconds, scope, key_id))
-        if self._releasing is None:
-            self._releasing = asyncio.get_running_loop().create_task(self._release_due())
-
-    async def _release_due(self) -> None:
-        """Release the held keys as their time comes (a node killed first leaves its keys held: a retry of those
-        ids is still answered as a retry)."""
-        held = self._held
-        clock = self.node.clock
-        while held:
-            wait = held[0][0] - clock.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            now = clock.monotonic()
-            due: dict[str, list[str]] = {}
-            while held and held[0][0] <= now:
-                _, scope, key_id = held.popleft()
-                due.setdefault(scope, []).append(key_id)
-            for scope, ids in due.items():
-                self.node.writes.release_keys(scope, ids)
-        self._releasing = None
+            self._held.hold(*message.dedupe)
 
     async def stop(self) -> None:
-        if self._releasing is not None:
-            self._releasing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._releasing
-            self._releasing = None
+        await self._held.stop()
 
 
 async def _done(entry: Any) -> Any:
