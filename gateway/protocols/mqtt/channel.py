@@ -109,10 +109,11 @@ class _PendingSuback:
 
 
 class MqttChannel(Handshake):
-    __slots__ = ("_subacks",)
+    __slots__ = ("_pubcomps", "_subacks")
 
     def __init__(self, node: Node, listener: Listener, io: ChannelIo, peer: str, clock: Clock) -> None:
         self._subacks: deque[_PendingSuback] | None = None  # SUBACKs waiting for the store, sent in order
+        self._pubcomps: list[int] | None = None  # PUBCOMPs waiting for their keys' release (persistent sessions)
         super().__init__(node, listener, io, peer, clock)
 
     # --- bytes in -----------------------------------------------------------------------------------------
@@ -336,15 +337,23 @@ class MqttChannel(Handshake):
             if self.session is not None and self.session.persistent:
                 # The store's key goes first: the client may reuse the id once it has PUBCOMP.
                 self.node.writes.release_key(self.client_id, str(pid))
-                self.node.spawn(self._complete_after_release(pid))
+                if self._pubcomps is None:
+                    self._pubcomps = [pid]
+                    self.node.spawn(self._complete_after_release())
+                else:
+                    self._pubcomps.append(pid)
                 return
         code = 0 if known or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         self.io.write(pubcomp(pid) if code == 0 else encode(Pubcomp(pid, code), self.level))
 
-    async def _complete_after_release(self, pid: int) -> None:
-        await self.node.writes.keys_settled(self.client_id)
-        if self._state == CONNECTED:
-            self.io.write(pubcomp(pid))
+    async def _complete_after_release(self) -> None:
+        """PUBCOMP the PUBRELs whose releases were issued, once they are done; then those that came meanwhile."""
+        while self._pubcomps:
+            pids, self._pubcomps = self._pubcomps, []
+            await self.node.writes.keys_settled(self.client_id)  # covers every release issued before this
+            if self._state == CONNECTED:
+                self.io.write(b"".join(pubcomp(pid) for pid in pids))
+        self._pubcomps = None
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session
