@@ -59,12 +59,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--publishers", type=int, default=10)
     ap.add_argument("--window", type=int, default=20)
+    ap.add_argument("--load", action="append", choices=tuple(LOADS), help="only these loads (repeat; default all)")
     args = ap.parse_args()
     trees = [(name, Path(path)) for name, _, path in (t.partition("=") for t in args.tree)]
     exe = conn_bench.build_tool()
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for _ in range(args.runs):  # alternating: a slow spell of the machine hits every variant alike
-        for load in LOADS:
+        for load in args.load or LOADS:
             for name, tree in trees:
                 results.setdefault((name, load), []).append(one_run(tree, load, args.store, exe, args))
     print(f"fan-in, {args.publishers} publishers x window {args.window}, {args.seconds:g} s, store {args.store}, "

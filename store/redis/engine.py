@@ -461,8 +461,10 @@ class RedisStore(RedisGroups, RedisLog):
         return [i.decode() if isinstance(i, bytes) else str(i) for ids in replies for i in ids]
 
     async def release_dedupe(self, scope: str, ids: Sequence[str] | None = None) -> None:
-        await self._conn.run_many([(_RELEASE_DEDUPE, [part.dd + scope], list(ids or ())) for part in self._parts
-                                   if ids is None or ids])
+        # Lua's unpack takes a few thousand values at most: long lists go in chunks.
+        chunks = [[]] if ids is None else [list(ids[i : i + 1000]) for i in range(0, len(ids), 1000)]
+        await self._conn.run_many([(_RELEASE_DEDUPE, [part.dd + scope], chunk) for part in self._parts
+                                   for chunk in chunks])
 
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return await self._meta.get_session(client_id)

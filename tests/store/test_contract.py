@@ -211,6 +211,15 @@ async def test_a_held_dedupe_key_stores_its_message_once_until_released(engine: 
     assert await s.dedupe_ids("c1") == [] and await s.dedupe_ids("c2") == ["7"]
 
 
+async def test_thousands_of_dedupe_keys_are_released_at_once(engine: Engine) -> None:
+    s = engine.store
+    ids = [str(i) for i in range(2500)]
+    await s.append([msg(f"m/{i}", dedupe=("big", i)) for i in ids])
+    assert len(await s.dedupe_ids("big")) == 2500
+    await s.release_dedupe("big", ids[:2400])
+    assert sorted(await s.dedupe_ids("big"), key=int) == ids[2400:]
+
+
 # --- sessions and offsets -------------------------------------------------------------------------------
 
 
