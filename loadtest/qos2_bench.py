@@ -9,13 +9,13 @@ A tree is a source checkout: the node runs with `PYTHONPATH=<tree>` (its `tidewi
 script come from this checkout. Each run starts a fresh node (and a fresh redis-server, AOF `appendfsync always`,
 for `--store redis`).
 
-Measured on the 2-core dev container shared with other work (issue 22; before = the tree before it, window 20,
-5 s, median of 3, `--runs 3 --seconds 5`), msgs/s received, p50:
-  redis     qos1-clean       5,979 →  6,335, 29.8 → 28.5 ms   (unchanged: noise)
-            qos2-persistent  4,794 →  2,115, 30.6 → 126 ms    (-56%: two more round trips per message, one of
-                                                               them, the session save, serialised per subscriber)
-  embedded  qos1-clean      28,505 → 27,889, 2.5 → 2.6 ms
-            qos2-persistent 11,591 →  8,623, 4.0 → 5.6 ms     (-26%)
+Measured on the 2-core dev container (issue 22; before = the tree before it; window 20, 5 s, median of 3:
+`--runs 3 --seconds 5`, one run per store, both trees alternating), msgs/s received, p50:
+  redis     qos1-clean      13,468 → 14,987, 13.6 → 9.8 ms   (no cost: a 5-run QoS 1 comparison on a busier
+                                                               machine gave 7,538 → 7,098, within its noise)
+            qos2-persistent 11,387 →  8,099, 13.2 → 34.1 ms  (-29%: two more round trips per message)
+  embedded  qos1-clean      32,489 → 35,442, 2.7 → 2.8 ms
+            qos2-persistent 19,642 → 18,829, 3.3 → 4.6 ms    (-4%)
 Lost 0 and duplicated 0 in every run.
 """
 
