@@ -274,6 +274,9 @@ class BackendSettings(BaseModel):
     amqp_channel_max: int = Field(2047, ge=1, le=65535, description="channels per AMQP connection")
     amqp_heartbeat: int = Field(60, ge=0, le=65535, description="s between heartbeats offered in Tune; 0: off")
     amqp_max_body: int = Field(16 * 1024 * 1024, ge=1, description="largest AMQP message body (bytes)")
+    amqp_dedupe_seconds: int = Field(0, ge=0, description="s a confirmed AMQP publish's message-id is held in the "
+                                     "store (with the message), so a publisher's retry on any node is stored "
+                                     "once; 0: off (AMQP does not require message-ids to be unique)")
     amqp_max_unacked: int = Field(10_000, ge=1, description="unacked deliveries per consumer when prefetch is "
                                                             "0 (unlimited in AMQP)")
     consumer_timeout: int = Field(1800, ge=1, description="s an AMQP delivery may stay unacked before other "
@@ -284,6 +287,9 @@ class BackendSettings(BaseModel):
     rocketmq_second_topic_property: str = Field("mqttSecondTopic", description="user property holding the MQTT "
                                                 "topic below the RocketMQ topic (its first level)")
     rocketmq_max_body: int = Field(4 * 1024 * 1024, ge=1, description="largest RocketMQ message body (bytes)")
+    rocketmq_dedupe_seconds: int = Field(300, ge=0, description="s a sent RocketMQ message id is held in the store "
+                                         "(with the message), so a send retried on any node is stored once; "
+                                         "0: only on the node that took it")
     rocketmq_credentials_file: Path | None = Field(None, description="`access_key:secret_key` lines: the "
                                                    "secrets MQv2-HMAC-SHA1 signatures are checked with (an HMAC "
                                                    "needs the secret itself, not a hash)")

@@ -276,6 +276,14 @@ class Node:
         if session.persistent:
             self._dirty.add(session)
 
+    def save_then(self, session: Session, then: Callable[[], None]) -> None:
+        self.writes.save_session(session.snapshot())
+        self.spawn(self._when_saved(session.client_id, then))
+
+    async def _when_saved(self, client_id: str, then: Callable[[], None]) -> None:
+        await self.writes.session_settled(client_id)
+        then()
+
     def count_out(self, messages: int, nbytes: int, retried: int = 0) -> None:
         """A session wrote `messages` MQTT PUBLISH packets (`retried` of them sent again), `nbytes` in all."""
         counters = self.counters
@@ -348,6 +356,14 @@ class Node:
         counters = self.counters
         for append in landed:
             batch = append.batch
+            if any(m.duplicate for m in batch):  # a resend the store already held (`Message.dedupe`)
+                # Not cached again; notified, in case the reply to the append that stored it was lost.
+                self._to_notify.update(q for m in batch if m.duplicate for q in m.queues)
+                batch = [m for m in batch if not m.duplicate]
+                self._appended_acks.extend(append.acks)
+                if not batch:
+                    continue
+                append.acks = []
             if counters.enabled:
                 counters.append_seconds.observe(append.seconds)
                 counters.topics.add(batch)

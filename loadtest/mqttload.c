@@ -11,6 +11,8 @@
  *            --window W (default 100) QoS 1 publishes unacknowledged for S s (QoS 0: W per read turn); msgs/s
  *            the subscriber received while publishing, end-to-end latency, lost and duplicate counts.
  *            --sub-port: the subscriber (latency and fanin) connects to this port instead (another node).
+ *            --qos 2 (fanin only): PUBREC/PUBREL/PUBCOMP both ways, a publish in the window until PUBCOMP.
+ *            --persistent: CONNECT with clean session 0 (5.0: clean start 0, session expiry 3600 s).
  * Build: cc -O2 -std=c99 -o mqttload mqttload.c (Linux only: epoll, timerfd). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -50,7 +52,7 @@ typedef struct {
 
 typedef struct {
   const char *mode, *host, *prefix, *topic;
-  int port, sub_port, n, conc, v5, keepalive, qos, payload, wait_close, window;   /* sub_port 0: --port */
+  int port, sub_port, n, conc, v5, keepalive, qos, payload, wait_close, window, persistent;   /* sub_port 0: --port */
   double rate, seconds, timeout, conn_timeout, drain, hold;
 } Opts;
 
@@ -101,9 +103,10 @@ static size_t connect_pkt(unsigned char *out, const Opts *o, const char *cid) {
   unsigned char b[512]; size_t i = 0, n = strlen(cid);
   if (n > 400) n = 400;
   i += put_str(b, "MQTT", 4);
-  b[i++] = o->v5 ? 5 : 4; b[i++] = 0x02;             /* clean session / clean start */
+  b[i++] = o->v5 ? 5 : 4; b[i++] = o->persistent ? 0x00 : 0x02;   /* clean session / clean start */
   b[i++] = (unsigned char)(o->keepalive >> 8); b[i++] = (unsigned char)o->keepalive;
-  if (o->v5) b[i++] = 0;                              /* no properties */
+  if (o->v5 && o->persistent) { b[i++] = 5; b[i++] = 0x11; b[i++] = 0; b[i++] = 0; b[i++] = 0x0e; b[i++] = 0x10; }  /* expiry 3600 s */
+  else if (o->v5) b[i++] = 0;                         /* no properties */
   i += put_str(b + i, cid, n);
   return frame(out, 0x10, b, i);
 }
@@ -518,7 +521,7 @@ static void fanin_fill(Run *r, int k) {        /* the publisher's window: QoS 1 
 static void fanin_received(Run *r, unsigned char first, unsigned char *b, size_t blen) {
   uint64_t t = now_ns(); size_t i, qos = (first >> 1) & 3; unsigned pid;
   if (parse_publish(r, first, b, blen, &pid, &i) < 0) return;
-  if (qos == 1) { unsigned char ack[4] = {0x40, 2, (unsigned char)(pid >> 8), (unsigned char)pid}; conn_queue(&r->sub, ack, 4); }
+  if (qos) { unsigned char ack[4] = {qos == 1 ? 0x40 : 0x50, 2, (unsigned char)(pid >> 8), (unsigned char)pid}; conn_queue(&r->sub, ack, 4); }
   if (i + 20 > blen) { fail(r, E_PROTOCOL, "foreign payload"); return; }
   uint64_t ts, seq; uint32_t who; memcpy(&ts, b + i, 8); memcpy(&seq, b + i + 8, 8); memcpy(&who, b + i + 16, 4);
   if (who >= (uint32_t)r->o.n || (long)seq >= r->pub_sent[who] || ts > t) { fail(r, E_PROTOCOL, "foreign payload"); return; }
@@ -555,13 +558,17 @@ static void fanin_conn_event(Run *r, int idx, uint32_t ev) {
       c->state = ST_READY;
       for (int k = 0; k < r->o.n; k++) if (tcp_open(r, &r->pubs[k], TAG_FANIN(k + 1)) < 0) { g_stop = 1; return; }
     } else if (idx == 0 && type == 3) fanin_received(r, first, b, blen);
-    else if (idx > 0 && type == 4) { r->acked++; if (r->pub_inflight[idx - 1]) r->pub_inflight[idx - 1]--; }
+    else if (idx == 0 && type == 6 && blen >= 2) { unsigned char comp[4] = {0x70, 2, b[0], b[1]}; conn_queue(&r->sub, comp, 4); }
+    else if (idx > 0 && type == 5 && blen >= 2) { unsigned char rel[4] = {0x62, 2, b[0], b[1]}; conn_queue(c, rel, 4); }
+    else if (idx > 0 && (type == 4 || type == 7)) { r->acked++; if (r->pub_inflight[idx - 1]) r->pub_inflight[idx - 1]--; }
     else if (type != 13) { fail(r, E_PROTOCOL, "unexpected packet"); }
   }
   memmove(c->in, c->in + off, c->in_len - off); c->in_len -= off;
   if (p < 0 || rc != 0) { fail(r, p < 0 || rc < 0 ? E_PROTOCOL : E_RESET, idx ? "publisher lost" : "subscriber lost"); g_stop = 1; return; }
-  if (idx) fanin_fill(r, idx - 1);
-  else {
+  if (idx) {
+    fanin_fill(r, idx - 1);
+    if (c->out_len && conn_push(r, c, tag) < 0) { fail(r, E_RESET, "publisher send"); g_stop = 1; return; }   /* PUBRELs */
+  } else {
     if (conn_push(r, c, tag) < 0) { fail(r, E_RESET, "subscriber send"); g_stop = 1; return; }   /* the PUBACKs */
     if (!r->o.qos) for (int k = 0; k < r->o.n; k++) fanin_fill(r, k);
   }
@@ -608,7 +615,7 @@ static int run_fanin(Run *r) {
 static void usage(void) {
   fprintf(stderr, "usage: mqttload connect|idle|latency|fanin [--host H] [--port P] [--sub-port P] [-n N] [-c C]\n"
           "  [--mqtt5] [--keepalive S] [--prefix ID] [--timeout S] [--conn-timeout S] [--no-wait-close] [--hold S]\n"
-          "  [--rate R] [--seconds S] [--qos 0|1] [--payload BYTES] [--topic T] [--drain S] [--window W]\n");
+          "  [--rate R] [--seconds S] [--qos 0|1|2] [--payload BYTES] [--topic T] [--drain S] [--window W] [--persistent]\n");
   exit(2);
 }
 int main(int argc, char **argv) {
@@ -637,9 +644,10 @@ int main(int argc, char **argv) {
     else if (ARG("--payload")) o->payload = atoi(v); else if (ARG("--topic")) o->topic = v;
     else if (ARG("--drain")) o->drain = atof(v); else if (ARG("--window")) o->window = atoi(v);
     else if (!strcmp(a, "--mqtt5")) o->v5 = 1; else if (!strcmp(a, "--no-wait-close")) o->wait_close = 0;
+    else if (!strcmp(a, "--persistent")) o->persistent = 1;
     else usage();
   }
-  if (o->n < 0 || o->conc < 1 || o->qos < 0 || o->qos > 1 || o->payload < HDR || o->payload > 65536 ||
+  if (o->n < 0 || o->conc < 1 || o->qos < 0 || o->qos > (strcmp(o->mode, "fanin") ? 1 : 2) || o->payload < HDR || o->payload > 65536 ||
       o->rate <= 0 || o->seconds <= 0 || o->keepalive < 0 || o->keepalive > 65535 || strlen(o->prefix) > 90 ||
       o->timeout <= 0 || o->window < 1 || o->window > 60000) usage();
   if (o->conc > o->n && o->n > 0) o->conc = o->n;

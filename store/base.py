@@ -69,6 +69,11 @@ class Message:
     # Encoded PUBLISH packets keyed by (protocol level, qos, retain); filled lazily by the gateway so the same
     # bytes are shared across subscribers. Not persisted.
     encoded: dict[tuple[object, ...], tuple[bytes, bytes]] | None = None
+    # A de-duplication key (scope, id), opaque to the store: `Store.append` records it with the message in the
+    # same atomic write and stores nothing for a message whose key is already held (see `Store.append`). The
+    # scope groups a sender's keys (listed and released together); not persisted in the record.
+    dedupe: tuple[str, str] | None = None
+    duplicate: bool = False  # set by `append`: the key was held, nothing stored, `seq` is the held message's
 
 
 @dataclass(slots=True)
@@ -94,6 +99,8 @@ class SessionRecord:
     sent_upto: int = 0  # highest seq ever sent: resends at or below it carry DUP
     inbound_qos2: list[int] = field(default_factory=list)  # packet ids PUBREC'd, awaiting PUBREL
     outbound_pubrel: list[int] = field(default_factory=list)  # packet ids PUBREL'd, awaiting PUBCOMP
+    # QoS 2 messages sent and not PUBREC'd yet: packet id -> seq (resent under the same id after a move)
+    outbound_qos2: dict[int, int] = field(default_factory=dict)
     disconnected_at_ms: int = 0  # 0 while online
     owner: str = ""  # node id that claimed the session last ("" on one node)
     epoch: int = 0  # fencing token: bumped by every claim; writes carrying an older epoch are ignored
@@ -220,7 +227,12 @@ class Store(Protocol):
         the version of the wildcard set the queues were computed with (-1: unchecked); if the store's is
         newer, raise `StaleWildcards` and store nothing. Returns `after`: every message the store holds with
         a seq in (after, the batch's last seq] is one of the batch's (None: the store cannot tell), which lets
-        a cache complete up to `after` take the batch without reading it back."""
+        a cache complete up to `after` take the batch without reading it back.
+
+        A message with a `dedupe` key is stored only if no message holds that key yet, and the key then holds
+        it, in the same atomic write as the message (a crash leaves both or neither). If the key is held (by
+        an earlier batch or an earlier message of this one), nothing is stored for it: its `seq` becomes the
+        holder's and `duplicate` is set. A key is held until `release_dedupe`."""
 
     async def sync(self) -> None:
         """Return once everything appended (and every offset/session write) before the call is durable
@@ -293,6 +305,13 @@ class Store(Protocol):
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         """Batched update of `(offset, sent_upto, epoch)` per client id (a no-op for unknown sessions and for
         an epoch below the stored one)."""
+
+    # --- de-duplication keys (`Message.dedupe`, recorded by `append`) --------------------------------------
+    async def dedupe_ids(self, scope: str) -> list[str]:
+        """The ids of every key of `scope` still held (a sender that moved learns what it had in flight)."""
+
+    async def release_dedupe(self, scope: str, ids: Sequence[str] | None = None) -> None:
+        """Stop holding these keys of `scope` (None: every key of it); a message with one of them is new again."""
 
     # --- leases: one holder at a time (the node that serves a shared group) ------------------------------
     async def lease(self, key: str, owner: str, ttl_ms: int) -> int:

@@ -241,6 +241,7 @@ def encode_session(record: SessionRecord) -> bytes:
 def decode_session(value: bytes | memoryview) -> SessionRecord:
     d = json.loads(bytes(value))
     subs = {k: SubscriptionRecord(**v) for k, v in d.pop("subscriptions").items()}
+    d["outbound_qos2"] = {int(pid): seq for pid, seq in d.get("outbound_qos2", {}).items()}  # JSON keys: strings
     return SessionRecord(subscriptions=subs, **d)
 
 

@@ -77,12 +77,13 @@ class OrderedWrites:
 class RecordWrites(OrderedWrites):
     """Session and will records, in the order issued per client."""
 
-    __slots__ = ("_store", "_wills")
+    __slots__ = ("_releases", "_store", "_wills")
 
     def __init__(self, store: Store, clock: Clock = SYSTEM_CLOCK) -> None:
         super().__init__(clock)
         self._store = store
         self._wills: set[str] = set()  # clients whose will was saved here and not dropped since
+        self._releases: dict[str, list[str]] = {}  # scope -> key ids waiting for its next release
 
     def save_session(self, record: SessionRecord) -> None:
         """Fenced by the record's epoch: once another node claimed the session, this write is ignored."""
@@ -92,7 +93,35 @@ class RecordWrites(OrderedWrites):
         self.write("s:" + record.client_id, put)
 
     def drop_session(self, client_id: str, epoch: int = -1) -> None:
-        self.write("s:" + client_id, lambda: self._store.delete_session(client_id, epoch))
+        """The session goes, and with it the de-duplication keys of its publishes (scope: its client id)."""
+        async def drop() -> None:
+            await self._store.delete_session(client_id, epoch)
+            await self._store.release_dedupe(client_id)
+
+        self.write("s:" + client_id, drop)
+
+    def release_key(self, scope: str, key_id: str) -> None:
+        """Release a de-duplication key (`Message.dedupe`); the keys of one scope released while a release of
+        it is under way go together in the next one. `keys_settled` waits for it."""
+        self.release_keys(scope, [key_id])
+
+    def release_keys(self, scope: str, ids: list[str]) -> None:
+        pending = self._releases.get(scope)
+        if pending is not None:
+            pending += ids
+            return
+        self._releases[scope] = list(ids)
+        taken: list[list[str]] = []
+
+        async def release() -> None:
+            if not taken:  # once: a retry sends the same ids
+                taken.append(self._releases.pop(scope))
+            await self._store.release_dedupe(scope, taken[0])
+
+        self.write("d:" + scope, release)
+
+    async def keys_settled(self, scope: str) -> None:
+        await self.settled("d:" + scope)
 
     def save_will(self, will: WillRecord) -> None:
         self._wills.add(will.client_id)

@@ -84,6 +84,11 @@ class SessionOpener:
             node.connections[client_id] = conn
             node.lookup.set_client_location(client_id, node.node_id)
             node.subscriptions.attach(session, conn.info)
+            if session.persistent and present:
+                # Its QoS 2 publishes PUBREC'd and not released yet (on any node): a resend of one is not stored
+                # again and its PUBREL is answered (the keys are `Message.dedupe`, scope: the client id).
+                await node.writes.keys_settled(client_id)
+                record.inbound_qos2 = sorted(int(i) for i in await node.store.dedupe_ids(client_id) if i.isdigit())
             if session.persistent:
                 node.writes.save_session(session.snapshot())
                 await node.writes.session_settled(client_id)

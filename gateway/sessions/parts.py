@@ -52,6 +52,9 @@ class SessionOwner(Protocol):
 
     def session_dirty(self, session: Session) -> None: ...
 
+    def save_then(self, session: Session, then: Callable[[], None]) -> None:
+        """Save the session's record now and call `then()` once the store has it."""
+
     def count_out(self, messages: int, nbytes: int, retried: int = 0) -> None:
         """`messages` PUBLISH packets written (`retried` of them sent again), `nbytes` in all."""
 

@@ -11,6 +11,7 @@ just below the oldest unacknowledged message. Shared-subscription messages are h
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 
 from tidewire.gateway.core.retry import STORE_RETRY_S
@@ -25,8 +26,9 @@ _NO_HORIZON = 1 << 62
 
 
 class Session(SessionState):
-    __slots__ = ("_pid", "_pull_handle", "_reading_store", "_retry_handle", "aliases", "conn", "extra", "pending",
-                 "persistent", "pull_batch", "retry_interval", "window")
+    __slots__ = ("_held", "_new_qos2", "_pid", "_pull_handle", "_reading_store", "_retry_handle", "_save_again",
+                 "_saves", "aliases", "conn", "extra", "pending", "persistent", "pull_batch", "retry_interval",
+                 "window")
 
     def __init__(self, owner: SessionOwner, record: SessionRecord | None, *, persistent: bool, window: int,
                  pull_batch: int, retry_interval: float, stored: bool = True, client_id: str = "", level: int = 4,
@@ -42,6 +44,11 @@ class Session(SessionState):
         self.aliases: dict[str, int] | None = None  # outgoing topic aliases of the current connection
         self.pending = False
         self._pid = 0
+        # QoS 2 in flight must be in the stored record before it goes out (`_write`): what waits for that save.
+        self._held: list[bytes] | None = None
+        self._new_qos2 = False  # a stream QoS 2 message got a new packet id in this push
+        self._save_again = False
+        self._saves = 0  # bumped when the connection goes: a save under way then releases nothing
         self._reading_store = False
         self._pull_handle: asyncio.Handle | None = None
         self._retry_handle: asyncio.TimerHandle | None = None
@@ -66,6 +73,8 @@ class Session(SessionState):
     def detach(self) -> None:
         """The connection is gone: shared-subscription messages in flight go back to their groups."""
         self.conn = None
+        self._held, self._save_again = None, False  # in flight: resent (DUP, same ids) on the next connection
+        self._saves += 1
         for pid in [pid for pid, e in self.inflight.items() if e.group is not None and not e.released]:
             entry = self.inflight.pop(pid)
             if entry.group is not None and entry.message is not None:
@@ -306,7 +315,7 @@ class Session(SessionState):
                 if qos == 0:
                     chunks.append(head)
                 else:
-                    pid = self._next_pid()
+                    pid = self._next_pid() if qos == 1 else self._qos2_pid(message.seq)
                     inflight[pid] = Inflight(message, qos, True, now, retain, ids)
                     if message.seq <= sent_upto:  # sent before this connection (not acknowledged): again, as DUP
                         chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
@@ -328,8 +337,10 @@ class Session(SessionState):
             if cursor > sent_upto:
                 self.record.sent_upto = cursor
             self.owner.session_dirty(self)
+            if self.resend_pids is not None:  # what the cursor passed without sending is not sent again
+                self.resend_pids = {seq: pid for seq, pid in self.resend_pids.items() if seq > cursor} or None
         if chunks:
-            conn.write_chunks(chunks)
+            self._write(conn, chunks)
             self.owner.count_out(sent, sum(map(len, chunks)), retried)
             self._arm_retry()
         if blocked:
@@ -376,10 +387,47 @@ class Session(SessionState):
         if qos == 0:
             chunks.append(head)
             return True
-        pid = self._next_pid()
+        pid = self._qos2_pid(message.seq) if qos == 2 and stream else self._next_pid()
         self._tracked()[pid] = Inflight(message, qos, stream, self.owner.clock.monotonic(), retain, ids, group)
         chunks += (with_dup(head) if dup else head, pid.to_bytes(2, "big"), tail)
         return True
+
+    def _qos2_pid(self, seq: int) -> int:
+        """The packet id of a stream message sent at QoS 2: the one it had before a move, or a new one (the
+        session is then saved before it goes out: `_write`)."""
+        resend = self.resend_pids
+        if resend is not None:
+            pid = resend.pop(seq, None)
+            if not resend:
+                self.resend_pids = None
+            if pid is not None and pid not in self.inflight:
+                return pid
+        self._new_qos2 = True
+        return self._next_pid()
+
+    def _write(self, conn: Writer, chunks: list[bytes]) -> None:
+        """Write a push; one that gave a QoS 2 message a new packet id waits until a persistent session's record
+        holds the id (so a move, even after kill -9, resends under it), and every push after it waits behind."""
+        new_qos2, self._new_qos2 = self._new_qos2, False
+        if self._held is not None:
+            self._held += chunks
+            self._save_again |= new_qos2
+        elif new_qos2 and self.persistent:
+            self._held = chunks
+            self.owner.save_then(self, functools.partial(self._saved, self._saves))
+        else:
+            conn.write_chunks(chunks)
+
+    def _saved(self, saves: int) -> None:
+        if saves != self._saves:
+            return  # the connection went meanwhile
+        if self._save_again:
+            self._save_again = False
+            self.owner.save_then(self, functools.partial(self._saved, saves))
+            return
+        held, self._held = self._held, None
+        if held and self.conn is not None:
+            self.conn.write_chunks(held)
 
     def _push_extra(self, conn: Writer) -> bool:
         """Send queued retained messages within credit; False when credit ran out first."""
@@ -415,9 +463,10 @@ class Session(SessionState):
     def _next_pid(self) -> int:
         pid = self._pid
         inflight = self.inflight
+        reserved = self.resend_pids.values() if self.resend_pids is not None else ()
         while True:
             pid = pid % 65535 + 1
-            if pid not in inflight:
+            if pid not in inflight and pid not in reserved:
                 self._pid = pid
                 return pid
 

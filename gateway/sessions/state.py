@@ -33,7 +33,7 @@ _NO_SUBSCRIPTIONS: dict[str, SubscriptionRecord] = ReadOnlyEmpty()
 
 class SessionState:
     __slots__ = ("_record", "client_id", "cursor", "filtered", "inflight", "level", "owner", "p2p_pending",
-                 "p2p_sub", "plain", "read_check", "stored", "stream_subs")
+                 "p2p_sub", "plain", "read_check", "resend_pids", "stored", "stream_subs")
 
     def __init__(self, owner: SessionOwner, record: SessionRecord | None, stored: bool, client_id: str, level: int,
                  start: int) -> None:
@@ -58,10 +58,15 @@ class SessionState:
         self.p2p_sub: SubscriptionRecord | None = None
         self.p2p_pending = False
         self.plain = True  # no subscription needs per-message options: the fast path applies
+        # QoS 2 messages sent before a move and not PUBREC'd: seq -> the packet id they are sent again under (the
+        # receiver recognises the resend by it); the ids are kept from new messages until then.
+        self.resend_pids: dict[int, int] | None = None
         if record is not None:
             for pid in record.outbound_pubrel:
                 entry = self._tracked()[pid] = Inflight(None, 2, False, 0.0)
                 entry.released = True
+            if record.outbound_qos2:
+                self.resend_pids = {seq: pid for pid, seq in record.outbound_qos2.items()}
         self.subscriptions_changed()
 
     @property
@@ -126,6 +131,11 @@ class SessionState:
         record.offset = self.committed_offset()
         record.sent_upto = max(record.sent_upto, self.cursor)
         record.outbound_pubrel = [pid for pid, e in self.inflight.items() if e.released]
+        sent = {pid: e.message.seq for pid, e in self.inflight.items()
+                if e.qos == 2 and e.stream and not e.released and e.message is not None}
+        if self.resend_pids:  # not sent again yet on this connection
+            sent.update((pid, seq) for seq, pid in self.resend_pids.items())
+        record.outbound_qos2 = sent
         return record
 
     def _tracked(self) -> dict[int, Inflight]:

@@ -112,6 +112,8 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
         self._log.recover()
         self._indexer.kick()  # segments recovery had to scan get their index files
         fsync_dir(self.data_dir)
+        # A key whose message a crash cut from the log's tail was never acknowledged: its sender sends it again.
+        self._meta.drop_dedupe_above(self._log.last_seq)
         high = max(self._log.last_seq, self._groups.max_cursor(), self._meta.high_seq())
         # Subscribers may have seen seqs that were written but not synced before a crash: never reuse them.
         self._next_seq = high + 1
@@ -156,6 +158,12 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
             return None
         if wildcard_version not in (-1, self._registry.wildcard_version):
             raise StaleWildcards(wildcard_version)
+        batch = messages
+        keyed = [m for m in messages if m.dedupe is not None]
+        if keyed:
+            messages, keyed = self._new_only(messages, keyed)
+            if not messages:
+                return None
         now_ms = 0
         for m in messages:
             if not m.timestamp_ms:
@@ -180,8 +188,31 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
             delta += 1
         after = self._next_seq - 1  # one writer, consecutive seqs: nothing else lies in the batch's range
         self._next_seq = seq
+        if keyed:
+            # Written after the log's append, in the same sync round: an ack waits for both. A crash that cuts
+            # the message from the log's tail but keeps its key is undone at open (`drop_dedupe_above`).
+            holders = {m.dedupe: m.seq for m in keyed if m.dedupe is not None}
+            self._meta.hold_dedupe([(scope, key_id, seq) for (scope, key_id), seq in holders.items()])
+            for m in batch:
+                if m.duplicate and m.seq < 0 and m.dedupe is not None:
+                    m.seq = holders[m.dedupe]  # its key was taken by an earlier message of the batch
         self._write_gen += 1
         return after
+
+    def _new_only(self, messages: Sequence[Message], keyed: list[Message]) -> tuple[list[Message], list[Message]]:
+        """The batch without its messages whose key is held (marked `duplicate`, with the holder's seq) or taken
+        by an earlier message of the batch (marked too, their seq set once the holder has one), and the keyed
+        messages to be stored."""
+        held = self._meta.dedupe_seqs([m.dedupe for m in keyed if m.dedupe is not None])
+        first: dict[tuple[str, str], Message] = {}
+        for m, seq in zip(keyed, held, strict=True):
+            assert m.dedupe is not None
+            m.duplicate = seq is not None or m.dedupe in first
+            if seq is not None:
+                m.seq = seq
+            elif not m.duplicate:
+                first[m.dedupe] = m
+        return [m for m in messages if not m.duplicate], list(first.values())
 
     async def read(self, queue: str, after_seq: int, limit: int, seal: int = 0) -> Slice:
         # One sequence and no await before the answer: everything appended so far is visible, so the answer
@@ -287,6 +318,13 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
                 await asyncio.shield(self._sync_task)
 
     # --- consumer groups (GroupCalls: one metadata record per change, durable with the next sync round) -----
+    async def dedupe_ids(self, scope: str) -> list[str]:
+        return self._meta.dedupe_ids(scope)
+
+    async def release_dedupe(self, scope: str, ids: Sequence[str] | None = None) -> None:
+        self._meta.release_dedupe(scope, ids)
+        self._write_gen += 1
+
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         first, end = self._log.first_seq, self._next_seq
         return self._by_seqs(sorted({s for s in seqs if first <= s < end}))

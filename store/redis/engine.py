@@ -11,6 +11,7 @@ over its masters) with its own sequence, message hash and queue indexes:
     {tw:p}:wv      string  this partition's copy of the wildcard set version (checked by every append)
     {tw:p}:spread  set     plain queue names that hold messages of other topics (read across all partitions)
     {tw:p}:trimmed, :holds  the log reader's: the highest seq retention removed, holder -> seq (`store.redis.log`)
+    {tw:p}:dd:<scope>  hash  de-duplication keys held (`Message.dedupe`): id -> seq, written by the append script
 
 Sessions, offsets, retained, wills and the wildcard set live under the meta tag `{prefix}` (`store.redis.meta`),
 and so do consumer groups (`store.redis.groups`: one script per call; `fetch` reads each seq's partition).
@@ -101,11 +102,13 @@ from tidewire.store.redis.meta import EPOCH_TTL, RedisMeta
 from tidewire.store.redis.replicas import BACKLOG, ReplicaWaits
 from tidewire.store.redis.scripts import (
     APPEND,
+    DEDUPE_IDS,
     EPOCH_MS,
     MARK_SPREAD,
     PART_STATS,
     RAISE_VERSION,
     READ,
+    RELEASE_DEDUPE,
     SEAL,
     TICKS,
 )
@@ -127,6 +130,8 @@ _SEAL = Script("seal", SEAL)
 _MARK = Script("mark_spread", MARK_SPREAD)
 _RAISE = Script("raise_version", RAISE_VERSION)
 _PART_STATS = Script("part_stats", PART_STATS)
+_DEDUPE_IDS = Script("dedupe_ids", DEDUPE_IDS)
+_RELEASE_DEDUPE = Script("release_dedupe", RELEASE_DEDUPE)
 
 
 def _wild(queue: str) -> bool:
@@ -304,6 +309,7 @@ class RedisStore(RedisGroups, RedisLog):
             part = self._parts[n]
             keys: list[str | bytes] = [part.seq, part.msg, part.bt, part.bytes, part.wv, part.writer + self._fence.id]
             index: dict[str, int] = {}
+            hashes: dict[str, int] = {}  # a scope's de-duplication hash -> its index in KEYS
             args: list[str | bytes | int] = [len(idxs), wildcard_version, P, n, clock, floor, ticket.expect[n],
                                              ticket.token]
             for i in idxs:
@@ -315,6 +321,15 @@ class RedisStore(RedisGroups, RedisLog):
                         keys.append(part.q + q)
                         k = index[q] = len(keys)  # Lua KEYS are 1-based
                     args.append(k)
+                if m.dedupe is None:
+                    args += (0, "")
+                else:
+                    scope, key_id = m.dedupe
+                    k = hashes.get(scope)
+                    if k is None:
+                        keys.append(part.dd + scope)
+                        k = hashes[scope] = len(keys)
+                    args += (k, key_id)
             calls.append((_APPEND, keys, args))
         try:
             results = await self._conn.run_many(calls, idempotent=False)
@@ -345,8 +360,11 @@ class RedisStore(RedisGroups, RedisLog):
         for idxs, reply in zip(groups.values(), results, strict=True):
             seqs, before = reply[:-1], int(reply[-1])
             for i, s in zip(idxs, seqs, strict=True):
-                batch[i].seq = int(s)
-            high = max(high, int(seqs[-1]))
+                seq = int(s)
+                m = batch[i]
+                m.duplicate = seq < 0  # its key was held: minus the holder's seq, nothing stored
+                m.seq = abs(seq)
+                high = max(high, seq)
         self._saw(high)
         if P == 1:
             self._sealed = max(self._sealed, high)  # one counter: whatever it reached is sealed
@@ -470,6 +488,17 @@ class RedisStore(RedisGroups, RedisLog):
 
     async def release(self, key: str, owner: str) -> None:
         await self._meta.release(key, owner)
+
+    async def dedupe_ids(self, scope: str) -> list[str]:
+        """Every partition's hash of the scope (a message's key lives in its topic's partition)."""
+        replies = await self._conn.run_many([(_DEDUPE_IDS, [part.dd + scope], []) for part in self._parts])
+        return [i.decode() if isinstance(i, bytes) else str(i) for ids in replies for i in ids]
+
+    async def release_dedupe(self, scope: str, ids: Sequence[str] | None = None) -> None:
+        # Lua's unpack takes a few thousand values at most: long lists go in chunks.
+        chunks = [[]] if ids is None else [list(ids[i : i + 1000]) for i in range(0, len(ids), 1000)]
+        await self._conn.run_many([(_RELEASE_DEDUPE, [part.dd + scope], chunk) for part in self._parts
+                                   for chunk in chunks])
 
     async def get_session(self, client_id: str) -> SessionRecord | None:
         return await self._meta.get_session(client_id)

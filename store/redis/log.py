@@ -112,7 +112,7 @@ _RETENTION = Script("retention", RETENTION)
 class PartitionKeys:
     """The keys of partition `n` under `prefix` (the layout of `store.redis.engine` and of this module)."""
 
-    __slots__ = ("bt", "bytes", "holds", "msg", "n", "q", "seq", "spread", "trimmed", "writer", "wv")
+    __slots__ = ("bt", "bytes", "dd", "holds", "msg", "n", "q", "seq", "spread", "trimmed", "writer", "wv")
 
     def __init__(self, prefix: str, n: int) -> None:
         t = f"{{{prefix}:{n}}}:"
@@ -121,6 +121,7 @@ class PartitionKeys:
         self.wv, self.spread, self.q = t + "wv", t + "spread", t + "q:"
         self.trimmed, self.holds = t + "trimmed", t + "holds"
         self.writer = t + "w:"  # + a store instance's id: the token of its last append here (the append fence)
+        self.dd = t + "dd:"  # + a scope: its de-duplication keys held in this partition, id -> seq (`Message.dedupe`)
 
 
 class RedisLog:

@@ -71,10 +71,12 @@ end
 
 # KEYS: 1 seq counter, 2 message hash (seq -> body), 3 batch zset (score: a batch's first seq, member
 # "first:last:append ms"), 4 byte counter, 5 this partition's copy of the wildcard version, 6 the writer's fence
-# (the token of its last append here), 7.. queue zsets.
+# (the token of its last append here), 7.. queue zsets and de-duplication hashes (id -> the seq holding it).
 # ARGV: 1 n, 2 wildcard version (-1: unchecked), 3 P, 4 p, 5 the node's clock (ms since EPOCH_MS * TICKS),
 # 6 floor (a multiple of P above every seq the node has seen), 7 the fence token expected ('': unchecked), 8 this
-# append's token, then per message: body, its index in the whole batch, k, k indexes into KEYS.
+# append's token, then per message: body, its index in the whole batch, k, k indexes into KEYS, the index of its
+# de-duplication hash (0: none) and its key's id. A message whose key is held (in the hash, or by an earlier
+# message of the batch) is not stored: its answer is minus the holder's seq.
 # Fence: a writer with several appends in flight names, in each, the token of the one before it; an append whose
 # predecessor has not run here yet (it arrived first on another connection, or failed) is refused with -2 and
 # nothing is written, so a writer's batches are stored in the order it issued them.
@@ -94,11 +96,26 @@ base = base + ((P - base % P) % P)
 local seq = counter(KEYS[1], P, p)
 local before = seq
 local seqs = {{}}
+local taken = {{}}
+local first = nil
 local i = 9
 for j = 1, n do
-  seq = math.max(seq + P, base + tonumber(ARGV[i + 1]) * P + p)
-  seqs[j] = seq
-  i = i + 3 + tonumber(ARGV[i + 2])
+  local k = tonumber(ARGV[i + 2])
+  local d = tonumber(ARGV[i + 3 + k])
+  local tk, held = nil, nil
+  if d > 0 then
+    tk = d .. ':' .. ARGV[i + 4 + k]
+    held = taken[tk] or redis.call('HGET', KEYS[d], ARGV[i + 4 + k])
+  end
+  if held then
+    seqs[j] = -tonumber(held)
+  else
+    seq = math.max(seq + P, base + tonumber(ARGV[i + 1]) * P + p)
+    seqs[j] = seq
+    first = first or seq
+    if tk then taken[tk] = seq end
+  end
+  i = i + 5 + k
 end
 if seq >= {MAX_SEQ} then return redis.error_reply('tidewire: seq past 2^53') end
 local adds = {{}}
@@ -107,19 +124,23 @@ local bytes = 0
 i = 9
 for j = 1, n do
   local s = seqs[j]
-  local body = ARGV[i]
-  bytes = bytes + #body
-  fields[#fields + 1] = s
-  fields[#fields + 1] = body
   local k = tonumber(ARGV[i + 2])
-  for q = 1, k do
-    local idx = tonumber(ARGV[i + 2 + q])
-    local a = adds[idx]
-    if not a then a = {{}}; adds[idx] = a end
-    a[#a + 1] = s
-    a[#a + 1] = s
+  if s > 0 then
+    local body = ARGV[i]
+    bytes = bytes + #body
+    fields[#fields + 1] = s
+    fields[#fields + 1] = body
+    for q = 1, k do
+      local idx = tonumber(ARGV[i + 2 + q])
+      local a = adds[idx]
+      if not a then a = {{}}; adds[idx] = a end
+      a[#a + 1] = s
+      a[#a + 1] = s
+    end
+    local d = tonumber(ARGV[i + 3 + k])
+    if d > 0 then redis.call('HSET', KEYS[d], ARGV[i + 4 + k], s) end
   end
-  i = i + 3 + k
+  i = i + 5 + k
 end
 for x = 1, #fields, 2 * 500 do
   redis.call('HSET', KEYS[2], unpack(fields, x, math.min(x + 2 * 500 - 1, #fields)))
@@ -129,9 +150,11 @@ for idx, a in pairs(adds) do
     redis.call('ZADD', KEYS[idx], unpack(a, x, math.min(x + 2 * 500 - 1, #a)))
   end
 end
-redis.call('SET', KEYS[1], fmt(seq))
-redis.call('INCRBY', KEYS[4], bytes)
-redis.call('ZADD', KEYS[3], seqs[1], string.format('%.0f:%.0f:%.0f', seqs[1], seq, now))
+if first then
+  redis.call('SET', KEYS[1], fmt(seq))
+  redis.call('INCRBY', KEYS[4], bytes)
+  redis.call('ZADD', KEYS[3], first, string.format('%.0f:%.0f:%.0f', first, seq, now))
+end
 redis.call('SET', KEYS[6], ARGV[8], 'PX', {FENCE_TTL_MS})
 seqs[n + 1] = before
 return seqs
@@ -359,4 +382,14 @@ if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('HSET', KEYS[1], 'owner', '', 'until', 0)
 end
 return 0
+"""
+
+# KEYS: 1 a scope's de-duplication hash in one partition. ARGV: ids to release (none: all of them).
+RELEASE_DEDUPE = """
+if #ARGV == 0 then return redis.call('DEL', KEYS[1]) end
+return redis.call('HDEL', KEYS[1], unpack(ARGV))
+"""
+
+DEDUPE_IDS = """
+return redis.call('HKEYS', KEYS[1])
 """

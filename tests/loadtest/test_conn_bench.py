@@ -121,10 +121,11 @@ def test_latency_qos1_loses_nothing(exe: Path, server: servers.Server) -> None:
     assert 0 < r["p50_us"] <= r["p99_us"] <= r["p999_us"] <= r["max_us"] < 5_000_000
 
 
-@pytest.mark.parametrize("qos", [0, 1])
+@pytest.mark.parametrize("qos", [0, 1, 2])
 def test_fanin_counts_every_publisher_message_once(exe: Path, server: servers.Server, qos: int) -> None:
+    persistent = ["--persistent"] if qos == 2 else []  # the QoS 2 load of loadtest.qos2_bench
     r = tool_for(exe, server.port).run("fanin", "-n", "4", "--window", "20", "--seconds", "1", "--qos", str(qos),
-                                      "--prefix", f"t-fanin{qos}")
+                                      "--prefix", f"t-fanin{qos}", *persistent)
     check_no_errors(r)
     assert r["mode"] == "fanin" and r["publishers"] == 4 and r["qos"] == qos
     assert r["sent"] > 100 and r["received"] == r["sent"] and r["lost"] == 0 and r["dup"] == 0 and r["gaps"] == 0

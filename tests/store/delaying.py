@@ -196,6 +196,12 @@ class DelayingStore:
     async def group_position(self, group: str) -> tuple[int, int]:
         return await self._call(lambda: self.inner.group_position(group))
 
+    async def dedupe_ids(self, scope: str) -> list[str]:
+        return await self._call(lambda: self.inner.dedupe_ids(scope))
+
+    async def release_dedupe(self, scope: str, ids: Sequence[str] | None = None) -> None:
+        await self._call(lambda: self.inner.release_dedupe(scope, ids))
+
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         batch = list(seqs)
         return await self._call(lambda: self.inner.fetch(batch))

@@ -211,6 +211,14 @@ class FailingStore:
         self._check("group_position")
         return await self.inner.group_position(group)
 
+    async def dedupe_ids(self, scope: str) -> list[str]:
+        self._check("dedupe_ids")
+        return await self.inner.dedupe_ids(scope)
+
+    async def release_dedupe(self, scope: str, ids: Sequence[str] | None = None) -> None:
+        self._check("release_dedupe")
+        await self.inner.release_dedupe(scope, ids)
+
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         self._check("fetch")
         return await self.inner.fetch(seqs)

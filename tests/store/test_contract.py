@@ -185,6 +185,41 @@ async def test_sync_makes_everything_before_it_survive_a_reopen(engine: Engine) 
     ]
 
 
+async def test_a_held_dedupe_key_stores_its_message_once_until_released(engine: Engine) -> None:
+    s = engine.store
+    first = msg("k/a", "k", dedupe=("c1", "7"))
+    await s.append([first, msg("k/b", "k", dedupe=("c1", "8")), msg("k/c", "k", dedupe=("c2", "7"))])
+    assert not first.duplicate
+    # Resent (the same key, in a later batch and twice within one batch): nothing stored, the holder's seq.
+    again = [msg("k/a", "k", dedupe=("c1", "7")), msg("k/d", "k", dedupe=("c1", "9")),
+             msg("k/d", "k", dedupe=("c1", "9"))]
+    await s.append(again)
+    assert [m.duplicate for m in again] == [True, False, True]
+    assert again[0].seq == first.seq and again[2].seq == again[1].seq
+    assert [m.topic for m in await read_all(s, "k")] == ["k/a", "k/b", "k/c", "k/d"]
+    await s.append([msg("k/a", "k", dedupe=("c1", "7"))])  # a batch of duplicates only
+    assert sorted(await s.dedupe_ids("c1")) == ["7", "8", "9"] and await s.dedupe_ids("c2") == ["7"]
+    await s.sync()
+    s = engine.store if not engine.persistent else await engine.reopen()  # held across a restart
+    assert sorted(await s.dedupe_ids("c1")) == ["7", "8", "9"]
+    await s.release_dedupe("c1", ["7"])
+    reused = msg("k/e", "k", dedupe=("c1", "7"))  # released: the id is new again
+    await s.append([reused, msg("k/b", "k", dedupe=("c1", "8"))])
+    assert not reused.duplicate
+    assert [m.topic for m in await read_all(s, "k")] == ["k/a", "k/b", "k/c", "k/d", "k/e"]
+    await s.release_dedupe("c1")
+    assert await s.dedupe_ids("c1") == [] and await s.dedupe_ids("c2") == ["7"]
+
+
+async def test_thousands_of_dedupe_keys_are_released_at_once(engine: Engine) -> None:
+    s = engine.store
+    ids = [str(i) for i in range(2500)]
+    await s.append([msg(f"m/{i}", dedupe=("big", i)) for i in ids])
+    assert len(await s.dedupe_ids("big")) == 2500
+    await s.release_dedupe("big", ids[:2400])
+    assert sorted(await s.dedupe_ids("big"), key=int) == ids[2400:]
+
+
 # --- sessions and offsets -------------------------------------------------------------------------------
 
 
@@ -198,6 +233,7 @@ def full_session(cid: str, offset: int = 2, sent_upto: int = 4) -> SessionRecord
             "$share/g/c": SubscriptionRecord("$share/g/c", 0),
         },
         offset=offset, sent_upto=sent_upto, inbound_qos2=[1, 2, 65535], outbound_pubrel=[9, 10],
+        outbound_qos2={11: 5, 65535: 2**40},
         disconnected_at_ms=123,
     )
 

@@ -44,13 +44,17 @@ from tidewire.gateway.protocols.amqp.mapping import (
     publish_topic,
 )
 from tidewire.gateway.protocols.amqp.queues import QueueSpec, group_name, parse_arguments
-from tidewire.store.base import PROTOCOL_AMQP, GroupRecord
+from tidewire.store.base import PROTOCOL_AMQP, GroupRecord, Message
 
 if TYPE_CHECKING:
     from tidewire.gateway.protocols.amqp.connection import AmqpConnection
 
 Basic, Exch, Queue, Confirm = commands.Basic, commands.Exchange, commands.Queue, commands.Confirm
 Handler = Callable[[Any, Properties | None, bytes], Awaitable[Fault | None]]
+
+# The store scope of a vhost's and user's message-ids: starts with NUL, which no MQTT client id (an MQTT session's
+# scope) may contain, and names the protocol, so no other scope meets it.
+DEDUPE_SCOPE = "\x00amqp\x00"
 
 
 class Channel:
@@ -63,6 +67,8 @@ class Channel:
         self.confirm = False
         self.next_publish = 1
         self.unconfirmed: dict[int, None] = {}  # publish seqs awaiting their confirm, in order
+        # Confirmed publishes carrying a de-duplication key (`amqp_dedupe_seconds`), until the store took them.
+        self._keyed: dict[int, Message] = {}
         self.last_queue = ""  # the queue an empty queue name stands for (spec: last declared on the channel)
         self.closed = False
         self._handlers: dict[type, Handler] = {
@@ -96,9 +102,16 @@ class Channel:
 
     # --- DurableSink ---------------------------------------------------------------------------------------
     def durable(self, tokens: list[Any]) -> None:
+        if self._keyed:
+            for t in tokens:
+                m = self._keyed.pop(t, None)
+                if m is not None and m.dedupe is not None and not m.duplicate:  # a retry's key is its first's
+                    self.conn.server.held_keys.hold(*m.dedupe)
         self._settle_confirms([t for t in tokens if t is not None], Basic.Ack)
 
     def failed(self, tokens: list[Any], reason: str) -> None:
+        for t in tokens:
+            self._keyed.pop(t, None)
         self._settle_confirms([t for t in tokens if t is not None], Basic.Nack)
 
     def pause_publishes(self) -> None:
@@ -154,6 +167,13 @@ class Channel:
             seq = self.next_publish
             self.next_publish += 1
             self.unconfirmed[seq] = None
+            held = conn.server.held_keys
+            if held.seconds and properties is not None and properties.message_id:
+                # A publisher that retries an unconfirmed message after a reconnect (on any node) sends it with
+                # the same message-id: stored once while the key is held.
+                message.dedupe = (f"{DEDUPE_SCOPE}{self.vhost}\x00{conn.info.username or ''}",
+                                  str(properties.message_id))
+                self._keyed[seq] = message
         if method.mandatory and not await self.node.groups.routed(topic) and (
                 not await conn.server.queues.routed_in_store(topic)):
             self.conn.core.send_content(self.number, Basic.Return(NO_ROUTE, "NO_ROUTE", exchange.name,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from tidewire.gateway.config import ListenerName
+from tidewire.gateway.core.held_keys import HeldKeys
 from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, Fault
 from tidewire.gateway.protocols.amqp.connection import AmqpConnection
 from tidewire.gateway.protocols.amqp.core import ConnectionCore
@@ -44,6 +45,7 @@ class AmqpServer:
         self.properties: dict[str, Any] = {"product": "Tidewire", "platform": "Python", "version": "0.9.1",
                                            "cluster_name": settings.node_id, "capabilities": dict(CAPABILITIES)}
         self.exchanges = Exchanges(node)
+        self.held_keys = HeldKeys(node.writes, node.clock, settings.amqp_dedupe_seconds)
         self.queues = Queues(node)
         self.connections: dict[str, set[AmqpConnection]] = {"amqp": set(), "amqps": set()}
         self.listeners: dict[str, Listener] = {}  # their limits, PROXY protocol and deadlines are MQTT's
@@ -117,6 +119,7 @@ class AmqpServer:
             server.close()
         if self._expiry is not None:
             self._expiry.cancel()
+        await self.held_keys.stop()
         conns = [c for live in self.connections.values() for c in live]
         for conn in conns:
             conn.shutdown(Fault(CONNECTION_FORCED, "broker forced connection closure with reason 'shutdown'"))

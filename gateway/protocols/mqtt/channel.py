@@ -109,10 +109,11 @@ class _PendingSuback:
 
 
 class MqttChannel(Handshake):
-    __slots__ = ("_subacks",)
+    __slots__ = ("_pubcomps", "_subacks")
 
     def __init__(self, node: Node, listener: Listener, io: ChannelIo, peer: str, clock: Clock) -> None:
         self._subacks: deque[_PendingSuback] | None = None  # SUBACKs waiting for the store, sent in order
+        self._pubcomps: list[int] | None = None  # PUBCOMPs waiting for their keys' release (persistent sessions)
         super().__init__(node, listener, io, peer, clock)
 
     # --- bytes in -----------------------------------------------------------------------------------------
@@ -282,6 +283,10 @@ class MqttChannel(Handshake):
             if len(self.inbound_qos2) >= node.settings.max_inbound_qos2:
                 return self.abort(ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "too many QoS 2 publishes in flight")
             self.inbound_qos2.add(pid)
+            if self.session is not None and self.session.persistent:
+                # Held by the store with the message until PUBREL: a resend after a move or a crash is not
+                # stored twice (`SessionOpener.open` gives the next connection the ids still held).
+                message.dedupe = (self.client_id, str(pid))
         self.unacked_in += 1
         if qos == 1:
             self.pending_qos1 += 1
@@ -329,8 +334,26 @@ class MqttChannel(Handshake):
         known = self.inbound_qos2 is not None and pid in self.inbound_qos2
         if known:
             self.inbound_qos2.discard(pid)  # type: ignore[union-attr]
+            if self.session is not None and self.session.persistent:
+                # The store's key goes first: the client may reuse the id once it has PUBCOMP.
+                self.node.writes.release_key(self.client_id, str(pid))
+                if self._pubcomps is None:
+                    self._pubcomps = [pid]
+                    self.node.spawn(self._complete_after_release())
+                else:
+                    self._pubcomps.append(pid)
+                return
         code = 0 if known or self.level < 5 else ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
         self.io.write(pubcomp(pid) if code == 0 else encode(Pubcomp(pid, code), self.level))
+
+    async def _complete_after_release(self) -> None:
+        """PUBCOMP the PUBRELs whose releases were issued, once they are done; then those that came meanwhile."""
+        while self._pubcomps:
+            pids, self._pubcomps = self._pubcomps, []
+            await self.node.writes.keys_settled(self.client_id)  # covers every release issued before this
+            if self._state == CONNECTED:
+                self.io.write(b"".join(pubcomp(pid) for pid in pids))
+        self._pubcomps = None
 
     def _on_subscribe(self, packet: Subscribe) -> None:
         session = self.session

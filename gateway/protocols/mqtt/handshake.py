@@ -229,6 +229,8 @@ class Handshake(ChannelBase):
         client_id = terms.client_id
         self.session = session
         self.clean_start = packet.clean_start
+        if session.persistent and session.record.inbound_qos2:  # PUBREC'd before a move (`SessionOpener.open`)
+            self.inbound_qos2 = set(session.record.inbound_qos2)
         self.listener.connections += 1
         if self.will is not None and not node.topology.shared:
             node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, node.node_id))

@@ -4,8 +4,11 @@ it is durable.
 
 A client retries a send whose answer it did not get with the same message id; a bounded LRU of recent
 (access key, message id) pairs maps a retry to the first attempt's answer (or makes it wait for the attempt
-still in flight), so the message is stored once. The publish runs in its own task: a call that times out
-does not stop it, and its retry gets its answer.
+still in flight), so the message is stored once. A retry on another node (the first one died, or the client
+moved) is caught by the store: the message carries the pair as its de-duplication key (`Message.dedupe`),
+which the store holds with it for `rocketmq_dedupe_seconds` and answers a retry with the first one's seq (so
+the same message id). The publish runs in its own task: a call that times out does not stop it, and its
+retry gets its answer.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from rocketmq.grpc_protocol import service_pb2
 
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.core.held_keys import HeldKeys
 from tidewire.gateway.core.ingress import INVALID_TOPIC, neutral_message, publish_future, refuse_publish
 from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 
@@ -29,6 +33,9 @@ if TYPE_CHECKING:
 
 DEDUP_CAPACITY = 65_536  # recent message ids remembered for retries (per node)
 MAX_SEND_BATCH = 1024  # messages in one SendMessage
+# The store scope of an access key's message ids: starts with NUL, which no MQTT client id (an MQTT session's
+# scope) may contain, so the two never meet.
+DEDUPE_SCOPE = "\x00rocketmq\x00"
 
 
 class Producing:
@@ -39,6 +46,7 @@ class Producing:
         self.settings = node.settings
         self._recent: OrderedDict[tuple[str, str], asyncio.Future[Any]] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._held = HeldKeys(node.writes, node.clock, node.settings.rocketmq_dedupe_seconds)
 
     async def send(self, caller: ClientInfo, request: Any) -> Any:
         if len(request.messages) > MAX_SEND_BATCH:
@@ -110,6 +118,8 @@ class Producing:
         message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
                                   publisher=caller.client_id, now_ms=int(self.node.clock.time() * 1000),
                                   protocol=PROTOCOL_ROCKETMQ)
+        if settings.rocketmq_dedupe_seconds:
+            message.dedupe = (DEDUPE_SCOPE + key[0], key[1])
         return key, message, answer
 
     def _launch(self, key: tuple[str, str], message: Message, answer: asyncio.Future[Any]) -> None:
@@ -131,8 +141,14 @@ class Producing:
             if not answer.done():
                 answer.set_result(_entry(None, Code.INTERNAL_SERVER_ERROR, "not stored"))
             raise
+        # A retry of a send another node stored has that one's seq: the same message id as its first answer.
         answer.set_result(service_pb2.SendResultEntry(status=status(Code.OK), message_id=message_id(message.seq),
                                                       offset=message.seq))
+        if message.dedupe is not None and not message.duplicate:
+            self._held.hold(*message.dedupe)
+
+    async def stop(self) -> None:
+        await self._held.stop()
 
 
 async def _done(entry: Any) -> Any:

@@ -85,3 +85,5 @@ class RocketMQServer:
         self._server = None
         if self._consuming is not None:
             await self._consuming.stop()
+        if self._producing is not None:
+            await self._producing.stop()

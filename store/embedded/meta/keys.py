@@ -13,6 +13,7 @@ One keyspace, ordered bytewise; the first byte names the namespace:
     G <u8 namespace> <key>           -> consumer-group record (store.groups), value as GroupTable wrote it
     B <kind> 0x00 <who>              -> ban (store.base.encode_ban, JSON)
     C <name>                         -> <q   counters: sessions, retained, wills, high_seq (see COUNTERS)
+    D >I len(scope) <scope> <id>     -> <q   the seq holding a de-duplication key (store.base.Message.dedupe)
 
 Strings are UTF-8. Every index entry is written in the same WriteBatch as the record it derives from.
 
@@ -22,7 +23,8 @@ Session record, binary (little-endian):
     i64 epoch, u32 n_subs, u32 n_inbound_qos2, u32 n_outbound_pubrel, u32 len(owner)
     owner, u32 x n_inbound_qos2, u32 x n_outbound_pubrel, then per subscription:
     u32 len(key), u8 qos, u8 flags (bit 0 no_local, bit 1 retain_as_published, bits 2-3 retain_handling,
-    bit 7 the filter differs from the key), u32 subscription_id, i64 since_seq, key [, u32 len, filter]
+    bit 7 the filter differs from the key), u32 subscription_id, i64 since_seq, key [, u32 len, filter],
+    then, if any outbound QoS 2 message is in flight: u32 n, n x (u32 packet id, i64 seq)
 
 A record written by `store.records.encode_session` (JSON, starts with "{") decodes too (legacy import).
 """
@@ -52,6 +54,7 @@ WILL = b"W"
 GROUP = b"G"
 COUNTER = b"C"
 BAN = b"B"
+DEDUPE = b"D"  # D u32 len(scope) scope id -> the seq of the message holding the key (`Message.dedupe`)
 
 COUNTERS = ("sessions", "retained", "wills", "high_seq")
 
@@ -66,6 +69,7 @@ _HEAD_SIZE = _HEAD.size
 _SUB = Struct("<IBBIq")
 _SUB_SIZE = _SUB.size
 _U32 = Struct("<I")
+_PID_SEQ = Struct("<Iq")  # an outbound QoS 2 packet id and the seq it carries
 _FILTER_DIFFERS = 0x80
 
 
@@ -130,6 +134,15 @@ def ban_key(kind: str, who: str) -> bytes:
     return BAN + kind.encode() + b"\x00" + who.encode()
 
 
+def dedupe_prefix(scope: str) -> bytes:
+    raw = scope.encode()
+    return DEDUPE + _MEMBER_LEN.pack(len(raw)) + raw  # length first: no scope's prefix is another's
+
+
+def dedupe_key(scope: str, key_id: str) -> bytes:
+    return dedupe_prefix(scope) + key_id.encode()
+
+
 def counter_key(name: str) -> bytes:
     return COUNTER + name.encode()
 
@@ -182,6 +195,9 @@ def encode_session(r: SessionRecord) -> bytes:
             f = s.filter.encode()
             parts.append(_U32.pack(len(f)))
             parts.append(f)
+    if r.outbound_qos2:  # an optional tail: records written before it have none
+        parts.append(_U32.pack(len(r.outbound_qos2)))
+        parts += [_PID_SEQ.pack(pid, seq) for pid, seq in r.outbound_qos2.items()]
     return b"".join(parts)
 
 
@@ -220,10 +236,18 @@ def _decode_session(client_id: str, value: bytes) -> SessionRecord:
             p += 4 + lf
         subs[key] = SubscriptionRecord(topic_filter, qos, bool(flags & 1), bool(flags & 2), (flags >> 2) & 3,
                                        sub_id, since)
+    outbound_qos2: dict[int, int] = {}
+    if p < len(value):
+        (n,) = _U32.unpack_from(value, p)
+        p += 4
+        for _ in range(n):
+            pid, seq = _PID_SEQ.unpack_from(value, p)
+            outbound_qos2[pid] = seq
+            p += _PID_SEQ.size
     if p != len(value):
         raise ValueError("session record length does not match its contents")
-    return SessionRecord(client_id, level, expiry, subs, offset, sent_upto, inbound, outbound, disconnected, owner,
-                         epoch)
+    return SessionRecord(client_id, level, expiry, subs, offset, sent_upto, inbound, outbound, outbound_qos2,
+                         disconnected, owner, epoch)
 
 
 def session_epoch(value: bytes) -> int:

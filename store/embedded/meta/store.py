@@ -415,6 +415,44 @@ class MetaStore:
         bans = [decode_ban(value) for _key, value in self.scan(K.BAN)]
         return [ban for ban in bans if ban is not None]
 
+    # --- de-duplication keys (`Message.dedupe`: the engine's `append` looks them up and records them) ----------
+    def dedupe_seqs(self, keys: list[tuple[str, str]]) -> list[int | None]:
+        """The seq each key holds (None: not held); one batched lookup."""
+        values = self.get_many([K.dedupe_key(scope, key_id) for scope, key_id in keys])
+        return [None if v is None else int(K.COUNT.unpack(v)[0]) for v in values]
+
+    def hold_dedupe(self, held: list[tuple[str, str, int]]) -> None:
+        ch = _Changes()
+        for scope, key_id, seq in held:
+            ch.batch.put(K.dedupe_key(scope, key_id), K.COUNT.pack(seq))
+        self._commit(ch)
+
+    def dedupe_ids(self, scope: str) -> list[str]:
+        prefix = K.dedupe_prefix(scope)
+        return [key[len(prefix):].decode() for key, _ in self.scan(prefix)]
+
+    def release_dedupe(self, scope: str, ids: Sequence[str] | None) -> None:
+        ch = _Changes()
+        if ids is None:
+            for key, _ in self.scan(K.dedupe_prefix(scope)):
+                ch.batch.delete(key)
+        else:
+            for key_id in ids:
+                ch.batch.delete(K.dedupe_key(scope, key_id))
+        self._commit(ch)
+
+    def drop_dedupe_above(self, seq: int) -> int:
+        """Release every key held by a seq above `seq` (at open: messages a crash cut from the log's tail were
+        never acknowledged, so their senders send them again). Returns how many."""
+        ch = _Changes()
+        dropped = 0
+        for key, value in self.scan(K.DEDUPE):
+            if K.COUNT.unpack(value)[0] > seq:
+                ch.batch.delete(key)
+                dropped += 1
+        self._commit(ch)
+        return dropped
+
     # --- consumer groups (store.groups.GroupTable's persistence) --------------------------------------------
     def write(self, sets: Iterable[tuple[int, str, bytes]] = (), deletes: Iterable[tuple[int, str]] = ()) -> None:
         """GroupTable's `persist`: set and delete records of the GROUP_NAMESPACES in one WriteBatch."""

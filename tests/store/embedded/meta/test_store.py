@@ -496,3 +496,15 @@ def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
             m.close()
     assert sum(1 for v in model.acked.values() if v is not None) > 100
     assert killed_compacting >= 1  # at least one kill landed while RocksDB reported a compaction running
+
+
+def test_dedupe_keys_by_scope_and_those_above_the_log_dropped(meta: MetaStore) -> None:
+    # "a" and "a\0x" share a byte prefix: each scope lists only its own ids.
+    meta.hold_dedupe([("a", "1", 5), ("a", "2", 10), ("a\x00x", "3", 6), ("b", "1", 12)])
+    assert sorted(meta.dedupe_ids("a")) == ["1", "2"] and meta.dedupe_ids("a\x00x") == ["3"]
+    assert meta.dedupe_seqs([("a", "2"), ("b", "1"), ("b", "2")]) == [10, 12, None]
+    # After a crash the log ends at seq 9: the keys of messages it lost go (their senders send them again).
+    assert meta.drop_dedupe_above(9) == 2
+    assert meta.dedupe_ids("a") == ["1"] and meta.dedupe_ids("b") == []
+    meta.release_dedupe("a", None)
+    assert meta.dedupe_ids("a") == [] and meta.dedupe_ids("a\x00x") == ["3"]
