@@ -96,6 +96,12 @@ class MqttSettings(BaseModel):
     max_topic_levels: int = Field(128, ge=1, description="levels of a topic name or filter")
     max_topic_length: int = Field(65535, ge=1, le=65535, description="bytes of a topic name or filter")
     max_subscriptions: int = Field(0, ge=0, description="per client; 0: no limit (SUBACK 0x97 beyond)")
+    max_retained_messages: int = Field(0, ge=0, description="retained messages in the store; beyond, a retained "
+                                       "publish is refused (PUBACK/PUBREC 0x97); 0: no limit")
+    max_retained_bytes: int = Field(0, ge=0, description="bytes of all retained messages in the store; beyond, as "
+                                    "max_retained_messages; 0: no limit")
+    max_retained_payload: int = Field(0, ge=0, description="payload bytes of one retained message; larger: refused "
+                                      "(0x97); 0: no limit beyond max_packet_size")
     max_inbound_rate: float = Field(0, ge=0, description="PUBLISHes/s per client before reading pauses; 0: off")
     max_inbound_bytes_rate: float = Field(0, ge=0, description="bytes/s per client before reading pauses; 0: off")
     persistent_client_expiration: int = Field(0, ge=0, description="s a 3.1.1 persistent session lives "

@@ -33,6 +33,7 @@ from tidewire.gateway.core.dispatch import Dispatcher
 from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.publish_hooks import PublishHooks
+from tidewire.gateway.core.retained_quota import RetainedQuota
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
@@ -57,6 +58,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidewire.node")
 
 MAX_PENDING_PUBLISHES = 50_000  # messages waiting for append before publishers are held back
+# A subscription's retained messages are read from the store in pages of at most this many messages or bytes
+# (`Node.send_retained`): what a slow consumer of a wide wildcard makes the node hold.
+RETAINED_PAGE = 256
+RETAINED_PAGE_BYTES = 1 << 20
 
 
 class Node:
@@ -106,6 +111,9 @@ class Node:
         self.sessions = SessionOpener(self)  # open (takeover, claim, restore) and close client sessions
         # publish pipeline: appends (→ store) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
+        # what the protocols ask before taking a retained publish (`max_retained_*`)
+        self.retained_quota = RetainedQuota(settings.max_retained_messages, settings.max_retained_bytes,
+                                            settings.max_retained_payload)
         self._unretained: deque[Message] = deque()  # appended; retained entry not yet set
         self._to_notify: set[str] = set()  # queues of appended messages, notified once retained entries are set
         # Appended batches and what `append` said lies around them, handed to the cache with the notify.
@@ -153,6 +161,8 @@ class Node:
                 record.disconnected_at_ms = now  # online when the process that held it died
                 await self.store.put_session(record)
         await self.subscriptions.load(self.store)
+        if self.retained_quota.capped:
+            self.retained_quota.settled(*await self.store.retained_usage())
         await self.groups.load()
         await self.subscriptions.refresh_wildcards()
         for will in await self.store.list_wills():
@@ -265,12 +275,22 @@ class Node:
         return removed
 
     async def send_retained(self, session: Session, filters: list[tuple[str, int, int]]) -> None:
-        now = int(self.clock.time() * 1000)
+        """The retained messages of new subscriptions, streamed from the store a page at a time: the next page is
+        read once the session sent the last within its credit, so a wildcard over a million retained messages
+        holds a page in memory, never the match, and stops when the connection goes."""
+        conn = session.conn
         for topic_filter, qos, sub_id in filters:
-            messages = await self.store.match_retained(topic_filter)
-            live = [m for m in messages if not m.expires_at_ms or m.expires_at_ms > now]
-            if live:
-                session.send_retained(live, qos, sub_id)
+            after: str | None = None
+            while conn is not None and session.conn is conn:
+                page = await self.store.match_retained(topic_filter, after, RETAINED_PAGE, RETAINED_PAGE_BYTES)
+                if not page or session.conn is not conn:
+                    break
+                after = page[-1].topic
+                now = int(self.clock.time() * 1000)
+                live = [m for m in page if not m.expires_at_ms or m.expires_at_ms > now]
+                if live:
+                    session.send_retained(live, qos, sub_id)
+                    await session.retained_sent()
 
     def session_dirty(self, session: Session) -> None:
         if session.persistent:
@@ -376,10 +396,15 @@ class Node:
         if landed and self._held and self.appends.unlanded <= self.max_pending // 2:
             self._release_publishers()
         unretained = self._unretained
-        while unretained:
-            message = unretained[0]
-            await self.store.set_retained(message.topic, message if message.payload else None)
-            unretained.popleft()
+        quota = self.retained_quota
+        if unretained:
+            while unretained:
+                message = unretained[0]
+                await self.store.set_retained(message.topic, message if message.payload else None)
+                unretained.popleft()
+                quota.landed(len(message.payload))
+            if quota.capped:
+                quota.settled(*await self.store.retained_usage())
         # Only now: a subscriber that got a retained message live and subscribes anew finds it retained.
         appended = upto = 0
         for uncached, after in self._uncached:  # taken as appended where nothing else lies between: no read back

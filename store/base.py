@@ -325,8 +325,15 @@ class Store(Protocol):
     async def set_retained(self, topic: str, message: Message | None) -> None:
         """Set or replace the retained message of `topic`; None deletes it."""
 
-    async def match_retained(self, topic_filter: str) -> list[Message]:
-        """Retained messages whose topic matches the filter, found through an index (no full scan)."""
+    async def retained_usage(self) -> tuple[int, int]:
+        """(retained messages, bytes the store holds for them), from counters kept as they change (no scan)."""
+
+    async def match_retained(self, topic_filter: str, after: str | None = None, limit: int = 0,
+                             max_bytes: int = 0) -> list[Message]:
+        """Retained messages whose topic matches the filter, found through an index (no full scan), in topic
+        order (bytewise): those after topic `after` (None: from the first), at most `limit` (0: all), ending once
+        they reach about `max_bytes` of payload (0: no limit). A page ends at its last topic: the next starts
+        after it."""
 
     # --- wills ----------------------------------------------------------------------------------------------
     async def put_will(self, will: WillRecord) -> None: ...

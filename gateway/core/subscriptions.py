@@ -16,6 +16,7 @@ answers its client with its own codes: the registry knows nothing of a protocol.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from enum import StrEnum
@@ -135,6 +136,8 @@ class SubscriptionRegistry:
         self._indexed: set[str] = set()  # the filters in `_wildcards`
         self.wildcard_version = -1  # of the store's set as last read; -1: none read yet (appends unchecked)
         self._topic_queues: dict[str, tuple[str, ...]] = {}  # cleared whenever the wildcard set changes
+        self._refreshing: asyncio.Task[None] | None = None  # the read of the set that registrations wait for
+        self._refresh_again = False  # a registration landed after that read started: read once more
 
     # --- indexing ---------------------------------------------------------------------------------------
     def queues_for(self, topic: str) -> tuple[str, ...]:
@@ -194,7 +197,23 @@ class SubscriptionRegistry:
 
     async def _registered(self, change: Awaitable[int]) -> None:
         await change
-        await self.refresh_wildcards()
+        # One read of the whole set serves every registration that landed before it started (a flood of
+        # subscribes to new wildcards reads the set once per round, not once per subscribe).
+        if self._refreshing is None:
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh_rounds())
+        else:
+            self._refresh_again = True
+        await asyncio.shield(self._refreshing)
+
+    async def _refresh_rounds(self) -> None:
+        try:
+            while True:
+                self._refresh_again = False
+                await self.refresh_wildcards()
+                if not self._refresh_again:
+                    return
+        finally:
+            self._refreshing = None
 
     async def hold_stored(self, filters: Iterable[str]) -> None:
         """Hold stored sessions' wildcard `filters` here (shared ones are skipped) and return once the store has
@@ -331,12 +350,23 @@ class SubscriptionRegistry:
     async def load(self, store: Store) -> None:
         """At startup: the wildcard set and shared groups of the stored sessions, from the store's counts (not
         every session: memory and time follow what is online)."""
-        for topic_filter in await store.subscription_filters():
+        fresh: list[str] = []  # wildcards of stored sessions: registered in one call, not one call (and one
+        for topic_filter in await store.subscription_filters():  # read of the whole set) each: O(filters)
             if topic_filter.startswith(SHARED_PREFIX):
                 if parse_shared(topic_filter) is not None:
                     self.group(topic_filter).refs.update(await store.shared_members(topic_filter))
-            else:
-                self._add_wildcard(topic_filter, None)
+            elif self._is_wildcard_queue(topic_filter):
+                if not self._held(topic_filter):
+                    fresh.append(topic_filter)
+                self._stored.add(topic_filter)
+        if fresh:
+            for topic_filter in fresh:
+                if topic_filter not in self._indexed:
+                    self._indexed.add(topic_filter)
+                    self._wildcards.add(topic_filter, "")
+            self._topic_queues.clear()
+            # the node reads the set once it is loaded (`refresh_wildcards`)
+            await store.add_wildcards(fresh, self.topology.holder)
         if not self.topology.shared:  # alone, this node knows every member: a group without one is gone
             for record in await store.list_groups():
                 if record.name.startswith(SHARED_PREFIX) and record.name not in self.groups:

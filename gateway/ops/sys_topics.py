@@ -41,7 +41,8 @@ log = logging.getLogger("tidewire.conn")
 # stored protocols, is the admin API's publishes (stored as MQTT messages, counted apart by `Counters.api_published`).
 PROTOCOLS = (*PROTOCOL_NAMES, "api")
 PROTOCOL_API = len(PROTOCOL_NAMES)
-DROP_REASONS = ("store_unavailable", "expired", "too_large", "not_authorized")  # shown from start (0) by the metrics
+# Shown from start (0) by the metrics; "retained_quota": a retained publish over a `max_retained_*` cap.
+DROP_REASONS = ("store_unavailable", "expired", "too_large", "not_authorized", "retained_quota")
 # Upper bounds (s) of the store latency histograms; a last bucket takes everything above.
 LATENCY_BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                   2.5, 5.0)

@@ -26,9 +26,9 @@ _NO_HORIZON = 1 << 62
 
 
 class Session(SessionState):
-    __slots__ = ("_held", "_new_qos2", "_pid", "_pull_handle", "_reading_store", "_retry_handle", "_save_again",
-                 "_saves", "aliases", "conn", "extra", "pending", "persistent", "pull_batch", "retry_interval",
-                 "window")
+    __slots__ = ("_extra_sent", "_held", "_new_qos2", "_pid", "_pull_handle", "_reading_store", "_retry_handle",
+                 "_save_again", "_saves", "aliases", "conn", "extra", "pending", "persistent", "pull_batch",
+                 "retry_interval", "window")
 
     def __init__(self, owner: SessionOwner, record: SessionRecord | None, *, persistent: bool, window: int,
                  pull_batch: int, retry_interval: float, stored: bool = True, client_id: str = "", level: int = 4,
@@ -40,6 +40,7 @@ class Session(SessionState):
         self.pull_batch = pull_batch
         self.retry_interval = retry_interval
         self.extra: deque[tuple[Message, int, tuple[int, ...]]] | None = None  # retained, waiting for credit
+        self._extra_sent: asyncio.Future[None] | None = None  # `retained_sent` waits on it
         self.conn: Writer | None = None
         self.aliases: dict[str, int] | None = None  # outgoing topic aliases of the current connection
         self.pending = False
@@ -75,6 +76,7 @@ class Session(SessionState):
         self.conn = None
         self._held, self._save_again = None, False  # in flight: resent (DUP, same ids) on the next connection
         self._saves += 1
+        self._wake_retained()
         for pid in [pid for pid, e in self.inflight.items() if e.group is not None and not e.released]:
             entry = self.inflight.pop(pid)
             if entry.group is not None and entry.message is not None:
@@ -142,6 +144,21 @@ class Session(SessionState):
         for message in messages:
             self.extra.append((message, message.qos if message.qos < max_qos else max_qos, ids))
         self.pull()
+
+    async def retained_sent(self) -> None:
+        """Until the retained messages queued so far went out, within credit (or the connection is gone): who
+        streams a subscription's retained messages page by page (`Node.send_retained`) reads the next page then,
+        so a slow consumer holds at most a page in memory."""
+        if not self.extra or self.conn is None:
+            return
+        if self._extra_sent is None:
+            self._extra_sent = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._extra_sent)
+
+    def _wake_retained(self) -> None:
+        sent, self._extra_sent = self._extra_sent, None
+        if sent is not None and not sent.done():
+            sent.set_result(None)
 
     def resume_writing(self) -> None:
         if self.pending:
@@ -450,6 +467,7 @@ class Session(SessionState):
         if extra:
             return False
         self.extra = None
+        self._wake_retained()
         return True
 
     def _schedule_pull(self) -> None:

@@ -61,8 +61,12 @@ class RecordCalls:
         self._meta.set_retained(topic, message)
         self._write_gen += 1
 
-    async def match_retained(self, topic_filter: str) -> list[Message]:
-        return self._meta.match_retained(topic_filter)
+    async def retained_usage(self) -> tuple[int, int]:
+        return self._meta.retained_usage()
+
+    async def match_retained(self, topic_filter: str, after: str | None = None, limit: int = 0,
+                             max_bytes: int = 0) -> list[Message]:
+        return self._meta.match_retained(topic_filter, limit, after, max_bytes)
 
     # --- wills ----------------------------------------------------------------------------------------------
     async def put_will(self, will: WillRecord) -> None:

@@ -540,8 +540,12 @@ class RedisStore(RedisGroups, RedisLog):
     async def set_retained(self, topic: str, message: Message | None) -> None:
         await self._meta.set_retained(topic, message)
 
-    async def match_retained(self, topic_filter: str) -> list[Message]:
-        return await self._meta.match_retained(topic_filter)
+    async def retained_usage(self) -> tuple[int, int]:
+        return await self._meta.retained_usage()
+
+    async def match_retained(self, topic_filter: str, after: str | None = None, limit: int = 0,
+                             max_bytes: int = 0) -> list[Message]:
+        return await self._meta.match_retained(topic_filter, after, limit, max_bytes)
 
     async def put_will(self, will: WillRecord) -> None:
         await self._meta.put_will(will)

@@ -171,6 +171,7 @@ class RedisMeta:
         self._epoch_ttl_ms = int(epoch_ttl * 1000)
         self._k_will = k + "will"
         self._k_ret, self._k_levels, self._p_bucket = k + "ret", k + "rl", k + "rb:"
+        self._k_ret_bytes = k + "retb"  # bytes of the bodies in `_k_ret` (`retained_usage`), kept by SET_RETAINED
         self._wc_keys = [k + "wc", k + "wv"]
         self._p_holds = k + "wch:"  # + holder: the set of filters that holder holds
         self._p_lease = k + "lease:"
@@ -293,14 +294,39 @@ class RedisMeta:
         args: list[str | bytes | int] = [topic, level]
         if message is not None:
             args.append(encode_message_body(message, message.seq))
-        await self._conn.run((_SET_RETAINED, [self._k_ret, self._k_levels, self._p_bucket + level], args))
+        await self._conn.run((_SET_RETAINED, [self._k_ret, self._k_levels, self._p_bucket + level, self._k_ret_bytes],
+                              args))
 
-    async def match_retained(self, topic_filter: str) -> list[Message]:
+    async def retained_usage(self) -> tuple[int, int]:
+        count = await self._conn.command("HLEN", self._k_ret)
+        nbytes = await self._conn.command("GET", self._k_ret_bytes)
+        return int(count), max(0, int(nbytes or 0))
+
+    async def match_retained(self, topic_filter: str, after: str | None = None, limit: int = 0,
+                             max_bytes: int = 0) -> list[Message]:
+        """A page (`Store.match_retained`) is cut from the whole match: each page reads every match again (the
+        embedded store seeks to the page instead)."""
         if "+" not in topic_filter and "#" not in topic_filter:
+            if after is not None and after >= topic_filter:
+                return []
             body = await self._conn.command("HGET", self._k_ret, topic_filter)
             return [] if body is None else [decode_message_body(cast(bytes, body))]
         bodies = await self._conn.run((_MATCH, [self._k_ret, self._k_levels], [topic_filter, self._p_bucket]))
-        return [decode_message_body(b) for b in bodies if b is not None]
+        found = [decode_message_body(b) for b in bodies if b is not None]
+        if after is None and not (limit or max_bytes):
+            return found
+        found.sort(key=lambda m: m.topic.encode())
+        cut = None if after is None else after.encode()
+        page: list[Message] = []
+        size = 0
+        for m in found:
+            if cut is not None and m.topic.encode() <= cut:
+                continue
+            page.append(m)
+            size += len(m.payload)
+            if 0 < limit <= len(page) or 0 < max_bytes <= size:
+                break
+        return page
 
     # --- wills ----------------------------------------------------------------------------------------------
     async def put_will(self, will: WillRecord) -> None:

@@ -307,9 +307,10 @@ WILDCARDS_GET = """
 return {tonumber(redis.call('GET', KEYS[2]) or '0'), redis.call('HKEYS', KEYS[1])}
 """
 
-# KEYS: 1 retained hash (topic -> body), 2 set of first levels, 3 bucket set of this topic's first level.
-# ARGV: 1 topic, 2 first level, 3 body (absent: delete).
+# KEYS: 1 retained hash (topic -> body), 2 set of first levels, 3 bucket set of this topic's first level, 4 the
+# bytes of the bodies in KEYS[1]. ARGV: 1 topic, 2 first level, 3 body (absent: delete).
 SET_RETAINED = """
+redis.call('INCRBY', KEYS[4], (ARGV[3] and #ARGV[3] or 0) - redis.call('HSTRLEN', KEYS[1], ARGV[1]))
 if ARGV[3] then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
   redis.call('SADD', KEYS[3], ARGV[1])

@@ -135,8 +135,12 @@ class DelayingStore:
         snapshot = copy.deepcopy(message)
         await self._call(lambda: self.inner.set_retained(topic, snapshot))
 
-    async def match_retained(self, topic_filter: str) -> list[Message]:
-        return await self._call(lambda: self.inner.match_retained(topic_filter))
+    async def retained_usage(self) -> tuple[int, int]:
+        return await self._call(lambda: self.inner.retained_usage())
+
+    async def match_retained(self, topic_filter: str, after: str | None = None, limit: int = 0,
+                             max_bytes: int = 0) -> list[Message]:
+        return await self._call(lambda: self.inner.match_retained(topic_filter, after, limit, max_bytes))
 
     # --- wills --------------------------------------------------------------------------------------------
     async def put_will(self, will: WillRecord) -> None:

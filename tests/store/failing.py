@@ -13,7 +13,7 @@ from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, Sess
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "online_sessions", "due_sessions", "subscription_filters",
-                   "shared_members", "set_offsets", "set_retained", "match_retained", "put_will",
+                   "shared_members", "set_offsets", "set_retained", "retained_usage", "match_retained", "put_will",
                    "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "release_wildcards", "wildcards",
                    "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
@@ -141,9 +141,14 @@ class FailingStore:
         self._check("set_retained")
         await self.inner.set_retained(topic, message)
 
-    async def match_retained(self, topic_filter: str) -> list[Message]:
+    async def retained_usage(self) -> tuple[int, int]:
+        self._check("retained_usage")
+        return await self.inner.retained_usage()
+
+    async def match_retained(self, topic_filter: str, after: str | None = None, limit: int = 0,
+                             max_bytes: int = 0) -> list[Message]:
         self._check("match_retained")
-        return await self.inner.match_retained(topic_filter)
+        return await self.inner.match_retained(topic_filter, after, limit, max_bytes)
 
     async def put_will(self, will: WillRecord) -> None:
         self._check("put_will")

@@ -320,6 +320,31 @@ async def test_retained_set_replace_delete(engine: Engine) -> None:
     assert await s.match_retained("#") == []
 
 
+async def test_retained_pages_and_usage(engine: Engine) -> None:
+    """Pages of a match, each after the last topic of the one before, give every match once in bytewise topic
+    order; `retained_usage` counts messages and bytes as they are set, replaced and deleted."""
+    s = engine.store
+    assert await s.retained_usage() == (0, 0)
+    topics = [f"p/{i}" for i in range(7)] + ["p/\u00e9", "q/0"]
+    for t in topics:
+        await s.set_retained(t, msg(t, payload=b"12345", retain=True))
+    count, nbytes = await s.retained_usage()
+    assert count == 9 and nbytes >= 9 * 5
+    pages: list[list[str]] = []
+    after: str | None = None
+    while page := await s.match_retained("p/#", after, limit=3):
+        pages.append([m.topic for m in page])
+        after = page[-1].topic
+    assert pages == [["p/0", "p/1", "p/2"], ["p/3", "p/4", "p/5"], ["p/6", "p/\u00e9"]]
+    assert [m.topic for m in await s.match_retained("p/+", "p/5", max_bytes=1)] == ["p/6"]
+    assert await s.match_retained("q/0", "q/0") == []
+    await s.set_retained("p/0", msg("p/0", payload=b"1234567890", retain=True))
+    assert await s.retained_usage() == (9, nbytes + 5)
+    for t in topics:
+        await s.set_retained(t, None)
+    assert await s.retained_usage() == (0, 0)
+
+
 @pytest.mark.parametrize(("topic_filter", "expected"), [
     ("a/b", ["a/b"]),
     ("a/b/c/d", []),

@@ -266,6 +266,8 @@ class MqttChannel(Handshake):
         if qos == 2 and self.inbound_qos2 is not None and pid in self.inbound_qos2:
             self.io.write(pubrec(pid))  # a resend before PUBREL: acknowledge, don't store twice
             return None
+        if packet.retain and packet.payload and not node.retained_quota.admit(len(packet.payload)):
+            return self._retained_refused(topic, qos, pid)
         now_ms = int(self.clock.time() * 1000)
         message = Message(topic, packet.payload, qos, packet.retain, stored_properties(props) if v5 else b"",
                           now_ms, expires_at(props, now_ms) if v5 else 0, self.client_id)
@@ -300,6 +302,19 @@ class MqttChannel(Handshake):
         else:  # in order behind this client's earlier publishes; `publish_refused` if a hook refuses it
             node.hooks.submit(self, self.info, message, self, puback(pid) if qos == 1 else pubrec(pid))
         return None
+
+    def _retained_refused(self, topic: str, qos: int, pid: int) -> None:
+        """Over a retained cap (`gateway.core.retained_quota`): PUBACK/PUBREC 0x97 (3.1.1: a plain one), the
+        message dropped and counted as `retained_quota`; the connection stays."""
+        node = self.node
+        log.info("publish.retained_quota", extra={"client_id": self.client_id, "topic": topic})
+        node.counters.drop("retained_quota")
+        if node.events is not None:
+            node.events.add(DROPPED, int(self.clock.time() * 1000), self.client_id, "mqtt", topic, None, qos,
+                            reason="retained_quota")
+        if qos:
+            code = ReasonCode.QUOTA_EXCEEDED if self.level >= 5 else 0
+            self._send((Puback if qos == 1 else Pubrec)(pid, code))
 
     # --- publish hooks (gateway.core.publish_hooks.Publisher) --------------------------------------------------
     def publish_refused(self, message: Message, token: bytes | None, reason: str) -> None:

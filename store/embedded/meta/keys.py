@@ -12,7 +12,7 @@ One keyspace, ordered bytewise; the first byte names the namespace:
     W <client id>                    -> will (store.records.encode_will)
     G <u8 namespace> <key>           -> consumer-group record (store.groups), value as GroupTable wrote it
     B <kind> 0x00 <who>              -> ban (store.base.encode_ban, JSON)
-    C <name>                         -> <q   counters: sessions, retained, wills, high_seq (see COUNTERS)
+    C <name>                         -> <q   counters: sessions, retained (+ bytes), wills, high_seq (COUNTERS)
     D >I len(scope) <scope> <id>     -> <q   the seq holding a de-duplication key (store.base.Message.dedupe)
 
 Strings are UTF-8. Every index entry is written in the same WriteBatch as the record it derives from.
@@ -56,7 +56,7 @@ COUNTER = b"C"
 BAN = b"B"
 DEDUPE = b"D"  # D u32 len(scope) scope id -> the seq of the message holding the key (`Message.dedupe`)
 
-COUNTERS = ("sessions", "retained", "wills", "high_seq")
+COUNTERS = ("sessions", "retained", "retained_bytes", "wills", "high_seq")
 
 OFFSETS_VALUE = Struct("<qq")
 COUNT = Struct("<q")

@@ -4,6 +4,10 @@ ranges it can reach, as the in-memory trie walked only its branches.
 Keys are `R<topic>`. In bytewise order the topics under `a/` are exactly the keys in [`Ra/`, `Ra0`) ('0' is the
 byte after '/'), so a literal level is one seek, `#` is one range scan, and `+` steps through the distinct
 values of its level: each subtree `<level>/` is visited once and then skipped with one seek.
+
+The walk meets keys in ascending order, so a page resumes after the last topic of the previous one: every seek
+is raised to that floor, and a page costs its own keys plus a few seeks per filter level, never a scan of what
+came before (a wildcard subscribe over a million retained messages streams them page by page).
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ _AFTER_SLASH = b"0"
 
 
 class _Walk:
-    __slots__ = ("db", "it", "levels", "limit", "out", "ro")
+    __slots__ = ("db", "floor", "it", "levels", "limit", "max_bytes", "nbytes", "out", "ro")
 
-    def __init__(self, db: Rdict, levels: list[bytes], limit: int) -> None:
+    def __init__(self, db: Rdict, levels: list[bytes], limit: int, floor: bytes = b"", max_bytes: int = 0) -> None:
         self.db = db
         # The iterator borrows its upper bound from the ReadOptions (rocksdict passes a pointer into the bytes the
         # options object holds): the options must outlive the iterator.
@@ -28,15 +32,27 @@ class _Walk:
         self.it: RdictIter = db.iter(self.ro)
         self.levels = levels
         self.limit = limit  # 0: no limit
+        self.floor = floor  # the smallest key wanted (b"": from the start)
+        self.max_bytes = max_bytes  # 0: no limit; else the walk ends once its values reach this many bytes
+        self.nbytes = 0
         self.out: list[bytes] = []
 
     def full(self) -> bool:
-        return 0 < self.limit <= len(self.out)
+        return 0 < self.limit <= len(self.out) or 0 < self.max_bytes <= self.nbytes
+
+    def add(self, value: bytes) -> None:
+        self.out.append(value)
+        self.nbytes += len(value)
+
+    def seek(self, key: bytes) -> None:
+        self.it.seek(key if key > self.floor else self.floor)
 
     def exact(self, key: bytes) -> None:
+        if key < self.floor:
+            return
         value = self.db.get(key)
         if value is not None:
-            self.out.append(value)
+            self.add(value)
 
     def run(self) -> None:
         # Depth first over an explicit stack, not recursion (a filter may have thousands of levels): a task is
@@ -68,17 +84,17 @@ class _Walk:
             self.step_levels(prefix, i, prefix, tasks)
 
     def scan_all(self, prefix: bytes, skip_dollar: bool) -> None:
-        it, out, n = self.it, self.out, len(prefix)
-        it.seek(prefix)
+        it, n = self.it, len(prefix)
+        self.seek(prefix)
         while it.valid():
             key = it.key()
             if not key.startswith(prefix):
                 return
             if skip_dollar and key[n : n + 1] == b"$":
                 # MQTT 4.7.2: a filter starting with a wildcard does not match topics starting with $
-                it.seek(prefix + b"%")  # '%' follows '$': every "$..." first level is skipped at once
+                self.seek(prefix + b"%")  # '%' follows '$': every "$..." first level is skipped at once
                 continue
-            out.append(it.value())
+            self.add(it.value())
             if self.full():
                 return
             it.next()
@@ -89,33 +105,37 @@ class _Walk:
         last = i + 1 == len(self.levels)
         # "a/+/#" also matches "a/x": a topic ending at this level matches when the filter ends here or with "#"
         ends_here = last or (i + 2 == len(self.levels) and self.levels[i + 1] == b"#")
-        it.seek(start)
+        self.seek(start)
         while it.valid() and not self.full():
             key = it.key()
             if not key.startswith(prefix):
                 return
             if i == 0 and key[n : n + 1] == b"$":
-                it.seek(prefix + b"%")
+                self.seek(prefix + b"%")
                 continue
             slash = key.find(_SLASH, n)
             if slash < 0:
                 if ends_here:
-                    self.out.append(it.value())
+                    self.add(it.value())
                 it.next()
                 continue
             after = key[:slash] + _AFTER_SLASH  # past this level value's subtree
             if last:
-                it.seek(after)
+                self.seek(after)
                 continue
             tasks.append((prefix, i, after))
             tasks.append((key[: slash + 1], i + 1, None))
             return
 
 
-def match_retained_values(db: Rdict, topic_filter: str, limit: int = 0) -> list[bytes]:
-    """Stored values of the retained messages whose topic matches `topic_filter` (up to `limit`; 0: all)."""
+def match_retained_values(db: Rdict, topic_filter: str, limit: int = 0, after: str | None = None,
+                          max_bytes: int = 0) -> list[bytes]:
+    """Stored values of the retained messages whose topic matches `topic_filter`, in topic order (bytewise),
+    those after topic `after` only (None: from the first), up to `limit` values (0: all) or until they reach
+    `max_bytes` (0: no limit)."""
     levels = topic_filter.encode().split(_SLASH)
-    walk = _Walk(db, levels, limit)
+    floor = b"" if after is None else RETAINED + after.encode() + b"\x00"
+    walk = _Walk(db, levels, limit, floor, max_bytes)
     try:
         walk.run()
     finally:

@@ -340,24 +340,34 @@ class MetaStore:
     # --- retained -----------------------------------------------------------------------------------------
     def set_retained(self, topic: str, message: Message | None) -> None:
         key = K.retained_key(topic)
-        exists = bool(self._db.key_may_exist(key)) and self._db.get(key) is not None
+        old = self._db.get(key) if self._db.key_may_exist(key) else None
         ch = _Changes()
         if message is None:
-            if not exists:
+            if old is None:
                 return
             ch.batch.delete(key)
             ch.count("retained", -1)
+            ch.count("retained_bytes", -len(old))
         else:
-            ch.batch.put(key, encode_message_body(message, message.seq))
-            if not exists:
+            body = encode_message_body(message, message.seq)
+            ch.batch.put(key, body)
+            if old is None:
                 ch.count("retained", 1)
+            ch.count("retained_bytes", len(body) - (0 if old is None else len(old)))
         self._commit(ch)
 
-    def match_retained(self, topic_filter: str, limit: int = 0) -> list[Message]:
-        """Retained messages whose topic matches the filter (up to `limit`; 0: all). A message stored by a newer
-        build (`UnsupportedRecord`) is left out and logged."""
+    def retained_usage(self) -> tuple[int, int]:
+        """(retained messages, bytes of their stored bodies): the counters, no scan. Bytes are counted from this
+        build on: retained messages a data dir held before count 0 until replaced."""
+        return self._counts["retained"], max(0, self._counts["retained_bytes"])
+
+    def match_retained(self, topic_filter: str, limit: int = 0, after: str | None = None,
+                       max_bytes: int = 0) -> list[Message]:
+        """Retained messages whose topic matches the filter, in topic order, after topic `after`, up to `limit`
+        (0: all) or `max_bytes` of stored values (`match_retained_values`). A message stored by a newer build
+        (`UnsupportedRecord`) is left out and logged."""
         out: list[Message] = []
-        for value in match_retained_values(self._db, topic_filter, limit):
+        for value in match_retained_values(self._db, topic_filter, limit, after, max_bytes):
             try:
                 out.append(decode_message_body(value))
             except UnsupportedRecord as exc:
@@ -478,7 +488,7 @@ class MetaStore:
 
     # --- stats ----------------------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
-        """sessions, retained, wills (exact) and high_seq."""
+        """sessions, retained (and retained_bytes), wills (exact) and high_seq."""
         return dict(self._counts)
 
     def stats(self) -> dict[str, int]:

@@ -141,7 +141,7 @@ def test_iteration_indexes_and_reopen(tmp_path: Path) -> None:
     after = ([r for b in m.iter_sessions() for r in b], m.online_sessions(), m.due_sessions(10**15, 100),
              m.subscription_filters(), m.counts())
     assert after == before
-    assert after[4] == {"sessions": 26, "retained": 1, "wills": 1, "high_seq": 71}
+    assert after[4] == {"sessions": 26, "retained": 1, "retained_bytes": 57, "wills": 1, "high_seq": 71}
     # reopened with our options, not those rocksdict reads back from the OPTIONS file (no filter, own cache)
     assert m.stats()["meta_block_cache_capacity"] == MetaLimits().block_cache_bytes
     options_file = max(p for p in (tmp_path / "db").iterdir() if p.name.startswith("OPTIONS-"))
@@ -304,6 +304,11 @@ def test_retained_matching_agrees_with_the_trie(meta: MetaStore, writes: list[tu
         assert all(matches(f, t) for t, _ in want)
         cut = [(m.topic, m.payload) for m in meta.match_retained(f, limit=2)]
         assert len(cut) == min(2, len(want)) and set(cut) <= set(want)
+        # Pages of 2, each after the last topic of the one before: all of them once, in bytewise topic order.
+        paged: list[tuple[str, bytes]] = []
+        while page := meta.match_retained(f, limit=2, after=paged[-1][0] if paged else None):
+            paged += [(m.topic, m.payload) for m in page]
+        assert paged == sorted(want, key=lambda tp: tp[0].encode()), f
     assert meta.counts()["retained"] == len(trie)
 
 
@@ -370,7 +375,7 @@ def test_legacy_meta_kv_is_imported_once(tmp_path: Path) -> None:
     assert m.get_session("c3") == session("c3")
     assert [(x.topic, x.payload, x.seq) for x in m.match_retained("r/#")] == [("r/1", b"one", 12)]
     assert [w.client_id for w in m.list_wills()] == ["c1"]
-    assert m.counts() == {"sessions": 2, "retained": 1, "wills": 1, "high_seq": 41}
+    assert m.counts() == {"sessions": 2, "retained": 1, "retained_bytes": 59, "wills": 1, "high_seq": 41}
     assert m.online_sessions() == ["c3"] and m.due_sessions(10**9, 10) == ["c1"]
     table = GroupTable(m.write, lambda: None)
     m.replay(table.replay)
