@@ -174,6 +174,8 @@ class NodeCollector(Collector):
         for reason, count in sorted(counters.drops.items()):
             dropped.add_metric([reason], count)
         yield dropped
+        yield CounterMetricFamily(f"{PREFIX}_sessions_evicted", "Offline sessions expired early because the store "
+                                  "held more than max_stored_sessions.", value=counters.sessions_evicted)
 
     def _internals(self, node: Node) -> Iterator[Metric]:
         counters = node.counters

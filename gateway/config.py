@@ -102,6 +102,11 @@ class MqttSettings(BaseModel):
                                     "max_retained_messages; 0: no limit")
     max_retained_payload: int = Field(0, ge=0, description="payload bytes of one retained message; larger: refused "
                                       "(0x97); 0: no limit beyond max_packet_size")
+    max_queued_messages: int = Field(0, ge=0, description="messages kept for one offline persistent session: on "
+                                     "its return only the newest this many are delivered, the older are dropped "
+                                     "(reason queue_full); 0: no limit")
+    max_stored_sessions: int = Field(0, ge=0, description="sessions in the store; beyond, housekeeping expires the "
+                                     "offline ones nearest their expiry early; 0: no limit")
     max_inbound_rate: float = Field(0, ge=0, description="PUBLISHes/s per client before reading pauses; 0: off")
     max_inbound_bytes_rate: float = Field(0, ge=0, description="bytes/s per client before reading pauses; 0: off")
     persistent_client_expiration: int = Field(0, ge=0, description="s a 3.1.1 persistent session lives "

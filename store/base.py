@@ -244,6 +244,11 @@ class Store(Protocol):
         `seal`: unless the answer is cut at the limit, make `upto >= seal` (a partitioned engine raises the
         sequences of its partitions so that no later append gets a seq <= seal)."""
 
+    async def queue_tail(self, queue: str, after_seq: int, limit: int) -> tuple[int, list[int]]:
+        """How many messages of `queue` have a seq > after_seq, and the seqs of the newest `limit` of them,
+        ascending: counted and read from the end of the queue's index, never by walking the messages (a
+        session's backlog cap, `gateway.sessions.backlog`)."""
+
     def last_seq(self) -> int:
         """A sealed high-water mark: no append that starts after this returns gets a seq <= it. Cheap, no I/O
         (a local value, possibly behind the store's): a new subscription or session starts here."""
@@ -295,6 +300,9 @@ class Store(Protocol):
     async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
         """Up to `limit` client ids of offline sessions whose expiry deadline (`expiry_deadline`) is <= now_ms,
         soonest first."""
+
+    async def session_count(self) -> int:
+        """How many sessions the store holds, online and offline, from a counter kept as they change (no scan)."""
 
     async def subscription_filters(self) -> dict[str, int]:
         """How many stored sessions hold each wildcard or shared (`$share/...`) filter (`counted_filter`)."""

@@ -1,4 +1,5 @@
-"""The node's periodic chores: `$SYS` stats, offsets of idle sessions, session expiry, store retention."""
+"""The node's periodic chores: `$SYS` stats, offsets of idle sessions, session expiry and eviction over
+`max_stored_sessions`, store retention."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ log = logging.getLogger("tidewire.node")
 
 RETENTION_INTERVAL = 60.0  # s between retention passes
 EXPIRE_BATCH = 1000  # sessions expired per tick at most: a backlog drains over the next ticks
+EVICT_CONCURRENCY = 64  # sessions evicted at once (each is a few store round trips)
+EVICT_HORIZON_MS = 2**62  # "due" by then: every session that expires at all, soonest first
 
 
 async def housekeeping_loop(node: Node) -> None:
@@ -33,6 +36,7 @@ async def housekeeping_loop(node: Node) -> None:
         node.offsets_due()
         try:
             await expire_sessions(node)
+            await evict_sessions(node)
             if clock.monotonic() >= retention_due:
                 enforce = getattr(node.store, "enforce_retention", None)
                 if enforce is not None:
@@ -56,6 +60,31 @@ async def expire_sessions(node: Node) -> None:
         if record is not None and node.sessions.expired(record, now):
             await node.sessions.drop_stored(record, record.epoch)  # not if a node claimed it since it was read
             log.info("session.expired", extra={"client_id": client_id})
+
+
+async def evict_sessions(node: Node) -> None:
+    """Over `max_stored_sessions`, expire early the offline sessions nearest their expiry (the same index, read
+    past now); a session that never expires is never evicted."""
+    cap = node.settings.max_stored_sessions
+    if cap <= 0:
+        return
+    excess = await node.store.session_count() - cap
+    if excess <= 0:
+        return
+    due = await node.store.due_sessions(EVICT_HORIZON_MS, min(excess, EXPIRE_BATCH))
+    for i in range(0, len(due), EVICT_CONCURRENCY):  # a flood of new sessions outpaces one store round trip each
+        await asyncio.gather(*(_evict(node, client_id, cap) for client_id in due[i : i + EVICT_CONCURRENCY]))
+
+
+async def _evict(node: Node, client_id: str, cap: int) -> None:
+    if client_id in node.connections:
+        return
+    await node.writes.session_settled(client_id)  # the record saved at its disconnect, not an older one
+    record = await node.store.get_session(client_id)
+    if record is not None and record.disconnected_at_ms:
+        await node.sessions.drop_stored(record, record.epoch)  # not if a node claimed it since it was read
+        node.counters.sessions_evicted += 1
+        log.info("session.evicted", extra={"client_id": client_id, "max_stored_sessions": cap})
 
 
 def gauges(node: Node) -> dict[str, int]:

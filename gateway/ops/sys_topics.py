@@ -41,8 +41,9 @@ log = logging.getLogger("tidewire.conn")
 # stored protocols, is the admin API's publishes (stored as MQTT messages, counted apart by `Counters.api_published`).
 PROTOCOLS = (*PROTOCOL_NAMES, "api")
 PROTOCOL_API = len(PROTOCOL_NAMES)
-# Shown from start (0) by the metrics; "retained_quota": a retained publish over a `max_retained_*` cap.
-DROP_REASONS = ("store_unavailable", "expired", "too_large", "not_authorized", "retained_quota")
+# Shown from start (0) by the metrics; "retained_quota": a retained publish over a `max_retained_*` cap;
+# "queue_full": older messages of an offline session past `max_queued_messages` (gateway.sessions.backlog).
+DROP_REASONS = ("store_unavailable", "expired", "too_large", "not_authorized", "retained_quota", "queue_full")
 # Upper bounds (s) of the store latency histograms; a last bucket takes everything above.
 LATENCY_BOUNDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                   2.5, 5.0)
@@ -105,7 +106,7 @@ class Counters:
 
     __slots__ = ("append_seconds", "bytes_in", "bytes_out", "dropped", "drops", "enabled",
                  "fsync_seconds", "in_bytes", "in_messages", "messages_in", "messages_out", "out_bytes",
-                 "out_messages", "retries", "topics")
+                 "out_messages", "retries", "sessions_evicted", "topics")
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -115,6 +116,7 @@ class Counters:
         self.bytes_out = 0
         self.dropped = 0
         self.drops = dict.fromkeys(DROP_REASONS, 0)  # dropped, by reason
+        self.sessions_evicted = 0  # offline sessions expired early over `max_stored_sessions`
         self.retries = 0  # of `messages_out`: sent again (MQTT DUP resends, AMQP/RocketMQ redeliveries)
         n = len(PROTOCOLS)
         self.in_messages = [0] * n

@@ -8,6 +8,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from tidewire.gateway.sessions.backlog import cap_backlog
 from tidewire.gateway.sessions.session import Session
 from tidewire.store.base import SessionRecord, expiry_deadline
 
@@ -70,6 +71,11 @@ class SessionOpener:
                 if record is None:
                     last = node.store.last_seq()
                     record = SessionRecord(client_id, offset=last, sent_upto=last)
+                else:
+                    dropped = await cap_backlog(node.store, record, node.settings.max_queued_messages)
+                    if dropped:
+                        node.counters.drop("queue_full", dropped)
+                        log.info("session.queue_full", extra={"client_id": client_id, "dropped": dropped})
                 record.owner, record.epoch = node.node_id, epoch
                 session = Session(node, record, persistent=expiry > 0, window=window,
                                   pull_batch=node.settings.pull_batch,

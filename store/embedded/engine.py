@@ -230,6 +230,11 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
         seqs = self._log.queue_seqs(queue, after_seq, limit)
         return self._by_seqs(seqs) if seqs else []
 
+    async def queue_tail(self, queue: str, after_seq: int, limit: int) -> tuple[int, list[int]]:
+        if not self._open:
+            raise StoreClosed("store is not open")
+        return self._log.queue_tail(queue, after_seq, limit)
+
     def last_seq(self) -> int:
         return self._next_seq - 1
 

@@ -50,6 +50,9 @@ class RecordCalls:
     async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
         return self._meta.due_sessions(now_ms, limit)
 
+    async def session_count(self) -> int:
+        return self._meta.counts().get("sessions", 0)
+
     async def subscription_filters(self) -> dict[str, int]:
         return self._meta.subscription_filters()
 

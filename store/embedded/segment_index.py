@@ -126,6 +126,18 @@ def take(deltas: Sequence[int], lo: int, hi: int, first: int, after_seq: int, li
         out.extend(map(first.__add__, deltas[lo:end]))
 
 
+def tail(deltas: Sequence[int], lo: int, hi: int, first: int, after_seq: int, limit: int,
+         out: list[int]) -> int:
+    """How many seqs above `after_seq` the ascending run deltas[lo:hi] of seq - `first` holds; prepends the
+    newest of them to `out` until it holds `limit` (random access: the run is read from its end)."""
+    if after_seq >= first:
+        lo = bisect_right(deltas, after_seq - first, lo, hi)
+    want = limit - len(out)
+    if want > 0 and lo < hi:
+        out[:0] = map(first.__add__, deltas[max(lo, hi - want) : hi])
+    return hi - lo
+
+
 # --- writing ----------------------------------------------------------------------------------------------
 
 
@@ -323,6 +335,19 @@ class SegmentIndex:
                 return
             i += 1
 
+    def tail(self, key: tuple[bytes, int], after_seq: int, limit: int, out: list[int]) -> int:
+        """As `tail` (the module function) over the run of the queue `key` (from `queue_key`); 0 if none."""
+        raw, h = key
+        hashes = self._hashes
+        i = bisect_left(hashes, h)
+        n = self.queue_count
+        while i < n and hashes[i] == h:
+            j = self._order[i]
+            if self._names[self._name_offs[j] : self._name_offs[j + 1]] == raw:
+                return tail(self._seqs, self._starts[j], self._starts[j + 1], self.first_seq, after_seq, limit, out)
+            i += 1
+        return 0
+
     def load(self) -> tuple[array[int], dict[str, array[int]]]:
         """Positions and queues (seq - first_seq) as in-memory arrays: a checkpoint of the active segment, which
         keeps growing in memory."""
@@ -393,6 +418,14 @@ class Segment:
         arr = self.queues.get(queue)
         if arr:
             take(arr, 0, len(arr), self.first_seq, after_seq, limit, out)
+
+    def tail(self, queue: str, key: tuple[bytes, int], after_seq: int, limit: int, out: list[int]) -> int:
+        """How many seqs of `queue` above `after_seq` this segment holds; prepends its newest to `out` until it
+        holds `limit`."""
+        if self.index is not None:
+            return self.index.tail(key, after_seq, limit, out)
+        arr = self.queues.get(queue)
+        return tail(arr, 0, len(arr), self.first_seq, after_seq, limit, out) if arr else 0
 
     def attach(self, idx: SegmentIndex) -> None:
         """Use a mapped index file (of the whole segment) instead of the in-memory index."""

@@ -340,6 +340,20 @@ class CommitLog:
                 break
         return out
 
+    def queue_tail(self, queue: str, after_seq: int, limit: int) -> tuple[int, list[int]]:
+        """How many seqs of `queue` are above `after_seq`, and the newest `limit` of them, ascending: the
+        segments from the newest back, each counted from its index's run ends (a bisection in the oldest)."""
+        segs = self.segments
+        key = queue_key(queue)
+        count = 0
+        out: list[int] = []
+        for k in range(len(segs) - 1, max(0, bisect_right(self._firsts, after_seq + 1) - 1) - 1, -1):
+            seg = segs[k]
+            if seg.index is not None and not seg.index.verified:
+                self._checked(seg)
+            count += seg.tail(queue, key, after_seq, limit, out)
+        return count, out
+
     def read(self, seqs: Sequence[int]) -> list[Message]:
         """Messages for ascending `seqs`, skipping any no longer in the log. One pread per nearby run."""
         out: list[Message] = []

@@ -131,6 +131,13 @@ _MARK = Script("mark_spread", MARK_SPREAD)
 _RAISE = Script("raise_version", RAISE_VERSION)
 _PART_STATS = Script("part_stats", PART_STATS)
 _DEDUPE_IDS = Script("dedupe_ids", DEDUPE_IDS)
+# KEYS: 1 a queue zset. ARGV: 1 after seq, 2 limit. Returns {count above ARGV[1], the newest ARGV[2] seqs, newest
+# first}: both from the zset's end (ZCOUNT, ZREVRANGE), never a walk over the queue.
+_QUEUE_TAIL = Script("queue_tail", """
+local after = '(' .. ARGV[1]
+return {redis.call('ZCOUNT', KEYS[1], after, '+inf'),
+        redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', after, 'LIMIT', 0, tonumber(ARGV[2]))}
+""")
 _RELEASE_DEDUPE = Script("release_dedupe", RELEASE_DEDUPE)
 
 
@@ -401,6 +408,14 @@ class RedisStore(RedisGroups, RedisLog):
             return await self._read_all(queue, after_seq, limit, target)
         return await self._read_home(self._part_of(queue), queue, after_seq, limit, target, check=True)
 
+    async def queue_tail(self, queue: str, after_seq: int, limit: int) -> tuple[int, list[int]]:
+        # Every partition (one pipelined round trip per Redis node): a plain queue may be spread without this
+        # store knowing yet, and an empty zset costs nothing.
+        results = await self._conn.run_many(
+            [(_QUEUE_TAIL, [part.q + queue], [after_seq, max(0, limit)]) for part in self._parts])
+        newest = sorted(int(s) for _, seqs in results for s in seqs)
+        return sum(int(c) for c, _ in results), newest[max(0, len(newest) - limit):] if limit > 0 else []
+
     @staticmethod
     def _read_args(part: _Partition, queue: str, after: int, limit: int, target: int, P: int,
                    check: bool) -> Call:
@@ -530,6 +545,9 @@ class RedisStore(RedisGroups, RedisLog):
 
     async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
         return await self._meta.due_sessions(now_ms, limit)
+
+    async def session_count(self) -> int:
+        return (await self._meta.stats())["sessions"]
 
     async def subscription_filters(self) -> dict[str, int]:
         return await self._meta.subscription_filters()

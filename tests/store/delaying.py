@@ -117,6 +117,12 @@ class DelayingStore:
     async def online_sessions(self) -> list[str]:
         return await self._call(self.inner.online_sessions)
 
+    async def queue_tail(self, queue: str, after_seq: int, limit: int) -> tuple[int, list[int]]:
+        return await self._call(lambda: self.inner.queue_tail(queue, after_seq, limit))
+
+    async def session_count(self) -> int:
+        return await self._call(lambda: self.inner.session_count())
+
     async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
         return await self._call(lambda: self.inner.due_sessions(now_ms, limit))
 

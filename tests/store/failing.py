@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
-                   "list_sessions", "online_sessions", "due_sessions", "subscription_filters",
+                   "list_sessions", "online_sessions", "due_sessions", "session_count", "queue_tail",
+                   "subscription_filters",
                    "shared_members", "set_offsets", "set_retained", "retained_usage", "match_retained", "put_will",
                    "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "release_wildcards", "wildcards",
                    "lease", "release",
@@ -120,6 +121,14 @@ class FailingStore:
     async def online_sessions(self) -> list[str]:
         self._check("online_sessions")
         return await self.inner.online_sessions()
+
+    async def queue_tail(self, queue: str, after_seq: int, limit: int) -> tuple[int, list[int]]:
+        self._check("queue_tail")
+        return await self.inner.queue_tail(queue, after_seq, limit)
+
+    async def session_count(self) -> int:
+        self._check("session_count")
+        return await self.inner.session_count()
 
     async def due_sessions(self, now_ms: int, limit: int) -> list[str]:
         self._check("due_sessions")

@@ -143,6 +143,38 @@ async def test_read_order_bounds_and_limit(engine: Engine) -> None:
     assert paged == seqs
 
 
+async def test_queue_tail_counts_and_reads_the_newest_from_the_end(engine: Engine) -> None:
+    """`queue_tail` (a session's backlog cap): the count above a seq and the newest seqs, as a full read says,
+    over several segments and after a reopen (the embedded engine's mapped index files)."""
+    s = engine.store
+    for k in range(6):  # several batches and segments; "q" holds every third message, "w/#" every one
+        await s.append([msg(f"w/{k}/{i}", *(("q", "w/#") if i % 3 == 0 else ("w/#",)), payload=b"p" * 64)
+                        for i in range(60)])
+    for reopened in (False, True):
+        if reopened:
+            s = await engine.reopen()
+        for queue in ("q", "w/#"):
+            seqs = [m.seq for m in await read_all(s, queue)]
+            for after in (0, seqs[0], seqs[len(seqs) // 2] + 1, seqs[-2], seqs[-1]):
+                above = [x for x in seqs if x > after]
+                for limit in (0, 1, 7, len(seqs) + 5):
+                    newest = above[max(0, len(above) - limit):] if limit else []
+                    assert await s.queue_tail(queue, after, limit) == (len(above), newest), (queue, after, limit)
+        assert await s.queue_tail("no/such/queue", 0, 5) == (0, [])
+
+
+async def test_session_count_follows_puts_and_deletes(engine: Engine) -> None:
+    s = engine.store
+    assert await s.session_count() == 0
+    for i in range(5):
+        await s.put_session(SessionRecord(f"c{i}", disconnected_at_ms=1000 + i, expiry_interval=60))
+    await s.put_session(SessionRecord("c0"))  # a replace is not another session
+    assert await s.session_count() == 5
+    await s.delete_session("c3")
+    await s.delete_session("c3")
+    assert await s.session_count() == 4
+
+
 async def test_last_seq_tracks_appends_and_is_never_reused_after_reopen(engine: Engine) -> None:
     s = engine.store
     assert s.last_seq() == 0
