@@ -13,6 +13,7 @@ from tests.waiting import wait_until
 
 
 @pytest.mark.parametrize("version", [4, 5])
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_session_and_queued_messages_survive_graceful_restarts(gateway: Gateway, paho_factory: PahoFactory,
                                                                version: int) -> None:
     expiry = 3600 if version == 5 else None

@@ -393,6 +393,7 @@ def slow_auth() -> Iterator[SlowAuthServer]:
 
 
 @pytest.mark.tidewire_only  # Mosquitto has no HTTP auth hook nor a limit on CONNECTs in authentication
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_pending_connects_shed_at_once(gateway_factory: GatewayFactory, paho_factory: PahoFactory,
                                        slow_auth: SlowAuthServer) -> None:
     gw = gateway_factory(env={"TIDEWIRE_MAX_PENDING_CONNECTS": "2", "TIDEWIRE_ALLOW_ANONYMOUS": "true",

@@ -123,6 +123,7 @@ def raw_drain(raw: RawClient, quiet: float = 0.6, ack: bool = True) -> list[Publ
 
 
 @pytest.mark.tidewire_only  # Mosquitto drops a clean member's unacked messages instead of re-dispatching
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_killed_member_unacked_messages_go_to_the_others(gateway: Gateway, paho_factory: PahoFactory) -> None:
     # The doomed member is alone at first: it ends up holding its whole window (5) unacked, the rest waits.
     doomed = raw_member(gateway, "shk-doomed", "$share/gk/shk/t", receive_max=5)

@@ -104,6 +104,7 @@ def test_abnormal_disconnect_and_takeover_events(sys_gateway: Gateway, paho_fact
     assert body.get("reason") and body.get("reason") != "normal", f"abnormal close reason: {body}"
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_stats_published_periodically(sys_gateway: Gateway, paho_factory: PahoFactory) -> None:
     w = watcher(sys_gateway, paho_factory, "sys-stats", f"{PREFIX}/stats/#")
     pub = paho_factory(sys_gateway.port, "sys-pub", version=5)

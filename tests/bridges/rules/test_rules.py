@@ -109,6 +109,7 @@ def test_republish_selects_and_shapes(node_factory: Any) -> None:
     assert node.counts("hot") == {"matched": 2, "sent": 2, "failed": 0, "dead_lettered": 0}
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_a_webhook_down_for_a_while_gets_everything_once_it_recovers(node_factory: Any,
                                                                      hook: WebhookServer) -> None:
     hook.status = 503
@@ -129,6 +130,7 @@ def test_a_webhook_down_for_a_while_gets_everything_once_it_recovers(node_factor
     assert counts["sent"] == 200 and counts["failed"] >= 5 and counts["dead_lettered"] == 0
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_an_endpoint_that_never_recovers_fills_the_dead_letter_topic_with_what_it_missed(
         node_factory: Any, hook: WebhookServer) -> None:
     hook.status = 503

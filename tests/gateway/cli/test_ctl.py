@@ -126,6 +126,7 @@ def test_publish_reaches_a_subscriber(node: Gateway, mqtt: Callable[..., PahoCli
     assert bad.returncode == 1 and "HTTP 400" in bad.stderr
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_retained_list_get_delete(node: Gateway) -> None:
     run_ok(node, "publish", "ctl/ret/a", "first", "--qos", "1", "--retain")
     listing = run_ok(node, "retained", "list", "ctl/ret/#").splitlines()
@@ -142,6 +143,7 @@ def test_retained_list_get_delete(node: Gateway) -> None:
     assert gone.returncode == 1 and "HTTP 404" in gone.stderr
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_ban_refuses_then_unban_admits(node: Gateway, mqtt: Callable[..., PahoClient]) -> None:
     online = mqtt("ctl-banned")
     out = run_ok(node, "ban", "clientid", "ctl-banned", "--reason", "ops test", "--duration", "600")

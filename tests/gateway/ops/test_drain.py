@@ -92,6 +92,7 @@ def test_sigterm_sends_0x8b_to_mqtt5_closes_311_and_exits_0_in_time(gateway_fact
     assert int(done["elapsed_ms"]) < DRAIN_TIMEOUT * 1000
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_server_reference_is_sent_with_0x9c(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:
     gw = gateway_factory(env={"TIDEWIRE_SERVER_REFERENCE": "other:1883",
                               "TIDEWIRE_DRAIN_TIMEOUT": str(DRAIN_TIMEOUT)})

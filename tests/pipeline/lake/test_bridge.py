@@ -230,6 +230,7 @@ class _CountingSource:
         return await self.store.read_log(partition, after_seq, limit)
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 async def test_the_loop_runs_between_reads(store: EmbeddedStore, tmp_path: Path) -> None:
     """The embedded store answers without suspending: the bridge must still let the loop (the gateway) run
     after each read batch, not only at flushes."""

@@ -155,6 +155,7 @@ def test_message_ttl_skips_old_messages(amqp_gateway: AmqpGateway, pika_factory:
     assert channel.basic_get("ttl") == (None, None, None)
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_x_expires_deletes_an_unused_queue(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
     gw = amqp_gateway()
     conn = pika_factory(gw.amqp_port)

@@ -27,6 +27,7 @@ class _Listener(MessageListener):
         return ConsumeResult.FAILURE if retry else ConsumeResult.SUCCESS
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_push_consumer(rmq_gateway: Callable[..., Gateway], clients: Clients, paho_factory: PahoFactory) -> None:
     """Settings, QueryAssignment, auto-renewed receives, and a failed consumption retried after its backoff."""
     gw = rmq_gateway()

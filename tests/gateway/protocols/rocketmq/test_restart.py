@@ -14,6 +14,7 @@ from tests.integration.conftest import Gateway, PahoFactory
 from .conftest import Clients, restart
 
 
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_group_progress_survives_kill9(rmq_gateway: Callable[..., Gateway], clients: Clients,
                                        paho_factory: PahoFactory) -> None:
     gw = rmq_gateway()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,7 @@ def _mutate(data: bytes, ops: list[tuple[str, int, int]]) -> bytes:
 
 @settings(max_examples=200, deadline=None)
 @given(levels_and_streams(3), st.lists(_mutation, min_size=1, max_size=4), st.integers(0, 400))
+@pytest.mark.slow  # seconds long: `make test-slow` keeps `make test` under its 10 minutes
 def test_mutated_streams_raise_only_protocol_error(
     case: tuple[int, list[Packet]], ops: list[tuple[str, int, int]], cut: int
 ) -> None:
