@@ -322,8 +322,8 @@ class SegmentIndex:
             self.verified = zlib.crc32(self._views[0][_HEADER_AREA:]) == self.body_crc
         return self.verified
 
-    def take(self, key: tuple[bytes, int], after_seq: int, limit: int, out: list[int]) -> None:
-        """Append to `out` up to `limit` seqs of the queue `key` (from `queue_key`) above `after_seq`."""
+    def _run(self, key: tuple[bytes, int]) -> tuple[int, int] | None:
+        """Where the seqs of the queue `key` (from `queue_key`) lie in `_seqs`: [start, end); None if absent."""
         raw, h = key
         hashes = self._hashes
         i = bisect_left(hashes, h)
@@ -331,22 +331,20 @@ class SegmentIndex:
         while i < n and hashes[i] == h:
             j = self._order[i]
             if self._names[self._name_offs[j] : self._name_offs[j + 1]] == raw:
-                take(self._seqs, self._starts[j], self._starts[j + 1], self.first_seq, after_seq, limit, out)
-                return
+                return self._starts[j], self._starts[j + 1]
             i += 1
+        return None
+
+    def take(self, key: tuple[bytes, int], after_seq: int, limit: int, out: list[int]) -> None:
+        """Append to `out` up to `limit` seqs of the queue `key` (from `queue_key`) above `after_seq`."""
+        run = self._run(key)
+        if run is not None:
+            take(self._seqs, run[0], run[1], self.first_seq, after_seq, limit, out)
 
     def tail(self, key: tuple[bytes, int], after_seq: int, limit: int, out: list[int]) -> int:
         """As `tail` (the module function) over the run of the queue `key` (from `queue_key`); 0 if none."""
-        raw, h = key
-        hashes = self._hashes
-        i = bisect_left(hashes, h)
-        n = self.queue_count
-        while i < n and hashes[i] == h:
-            j = self._order[i]
-            if self._names[self._name_offs[j] : self._name_offs[j + 1]] == raw:
-                return tail(self._seqs, self._starts[j], self._starts[j + 1], self.first_seq, after_seq, limit, out)
-            i += 1
-        return 0
+        run = self._run(key)
+        return 0 if run is None else tail(self._seqs, run[0], run[1], self.first_seq, after_seq, limit, out)
 
     def load(self) -> tuple[array[int], dict[str, array[int]]]:
         """Positions and queues (seq - first_seq) as in-memory arrays: a checkpoint of the active segment, which
