@@ -181,7 +181,7 @@ class ClusterRole:
                 await self.fabric.rejoin()
                 # A new membership token: the survivor that declared this process dead released what it held
                 # under the old one, so whatever is still held here is held again under the new.
-                await self.node.subscriptions.hold_again()
+                await self.node.subscriptions.wildcards.hold_again()
                 break
             except OSError as exc:
                 stop_if_cancelled()
@@ -226,7 +226,7 @@ class ClusterRole:
         # Their wildcard holds would keep their filters indexed forever. Sessions they parked (before this node
         # started, so not counted here) may still need them: this node holds every stored session's filters
         # first, then the dead processes' holds go.
-        await node.subscriptions.hold_stored(await store.subscription_filters())
+        await node.subscriptions.wildcards.hold_stored(await store.subscription_filters())
         for token in dead.values():
             if token:
                 await store.release_wildcards(token)

@@ -107,6 +107,10 @@ class MqttSettings(BaseModel):
                                      "(reason queue_full); 0: no limit")
     max_stored_sessions: int = Field(0, ge=0, description="sessions in the store; beyond, housekeeping expires the "
                                      "offline ones nearest their expiry early; 0: no limit")
+    stored_filters_check_interval: float = Field(60.0, gt=0, description="s between checks of which wildcard "
+                                                 "filters of offline sessions a stored session still holds: one "
+                                                 "whose sessions all expired or were evicted stops being indexed "
+                                                 "(and kept in memory) within two checks")
     max_inbound_rate: float = Field(0, ge=0, description="PUBLISHes/s per client before reading pauses; 0: off")
     max_inbound_bytes_rate: float = Field(0, ge=0, description="bytes/s per client before reading pauses; 0: off")
     persistent_client_expiration: int = Field(0, ge=0, description="s a 3.1.1 persistent session lives "

@@ -127,7 +127,7 @@ class Node:
         self._sync_retry = Backoff("sync", clock, self.store_health)
         self._dirty: set[Session] = set()
         self._flush_wanted = asyncio.Event()
-        self.appends = Appends(store, self.subscriptions, clock.monotonic, self._flush_wanted.set)
+        self.appends = Appends(store, self.subscriptions.wildcards, clock.monotonic, self._flush_wanted.set)
         self.dispatcher = Dispatcher(self.subscriptions.readers, self._p2p_reader, self.cache, clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -164,7 +164,7 @@ class Node:
         if self.retained_quota.capped:
             self.retained_quota.settled(*await self.store.retained_usage())
         await self.groups.load()
-        await self.subscriptions.refresh_wildcards()
+        await self.subscriptions.wildcards.refresh_wildcards()
         for will in await self.store.list_wills():
             if not topology.stale_owner(will.owner):
                 continue  # its client is online on a live node

@@ -63,9 +63,24 @@ def subscribe_packet(pid: int, topic: str, qos: int) -> bytes:
     return packet(0x82, _PID_BYTES[pid] + encode_str(topic) + bytes((qos,)))
 
 
-def publish_packet(topic: str, payload: bytes, qos: int = 0, pid: int = 0) -> bytes:
+def publish_packet(topic: str, payload: bytes, qos: int = 0, pid: int = 0, retain: bool = False) -> bytes:
     body = encode_str(topic) + (_PID_BYTES[pid] if qos else b"") + payload
-    return packet(0x30 | (qos << 1), body)
+    return packet(0x30 | (qos << 1) | retain, body)
+
+
+def packet_at(buf: bytes, i: int) -> tuple[int, int, int] | None:
+    """(first byte, body start, body end) of the packet at i, or None if it is not complete yet."""
+    j, rl, shift = i + 1, 0, 0
+    while True:
+        if j >= len(buf) or shift > 21:
+            return None
+        b = buf[j]
+        j += 1
+        rl |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+    return (buf[i], j, j + rl) if j + rl <= len(buf) else None
 
 
 @dataclass(slots=True)

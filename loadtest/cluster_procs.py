@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from loadtest.client import DISCONNECT, Endpoint, connect_packet, subscribe_packet
+from loadtest.client import DISCONNECT, Endpoint, connect_packet, packet_at, subscribe_packet
 from loadtest.redis_proc import RedisClusterProc, RedisProc, terminate
 from loadtest.servers import _pin_prefix, free_port, tidewire_command, wait_ready
 
@@ -201,7 +201,7 @@ class StatsReader(asyncio.Protocol):
         buf = self._buf + data
         i = 0
         while True:
-            parsed = _packet_at(buf, i)
+            parsed = packet_at(buf, i)
             if parsed is None:
                 break
             first, start, end = parsed
@@ -229,21 +229,6 @@ class StatsReader(asyncio.Protocol):
             if name == "uptime":
                 self.rounds += 1
                 self.round_seen.set()
-
-
-def _packet_at(buf: bytes, i: int) -> tuple[int, int, int] | None:
-    """(first byte, body start, body end) of the packet at i, or None if it is not complete yet."""
-    j, rl, shift = i + 1, 0, 0
-    while True:
-        if j >= len(buf) or shift > 21:
-            return None
-        b = buf[j]
-        j += 1
-        rl |= (b & 0x7F) << shift
-        if b < 0x80:
-            break
-        shift += 7
-    return (buf[i], j, j + rl) if j + rl <= len(buf) else None
 
 
 class StatsMonitor:

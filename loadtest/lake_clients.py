@@ -14,6 +14,7 @@ from loadtest.client import (
     connect_packet,
     encode_str,
     encode_varint,
+    packet_at,
 )
 
 MAX_LATENCY_SAMPLES = 2_000_000
@@ -64,26 +65,12 @@ class LatencySubscriber(MqttConn):
         if self._buf:
             data, self._buf = self._buf + data, b""
         now_us = time.time_ns() // 1000
-        i, n = 0, len(data)
-        while i < n:
-            j, rl, shift = i + 1, 0, 0
-            while j < n:
-                b = data[j]
-                j += 1
-                rl |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-            else:
-                self._buf = data[i:]
-                return
-            end = j + rl
-            if end > n:
-                self._buf = data[i:]
-                return
-            kind = data[i] >> 4
+        i = 0
+        while (parsed := packet_at(data, i)) is not None:
+            first, j, end = parsed
+            kind = first >> 4
             if kind == 3:
-                p = j + 2 + ((data[j] << 8) | data[j + 1]) + (2 if data[i] & 0x06 else 0)
+                p = j + 2 + ((data[j] << 8) | data[j + 1]) + (2 if first & 0x06 else 0)
                 self.counters.received += 1
                 if data.startswith(b'{"ts":', p) and len(self.samples_us) < MAX_LATENCY_SAMPLES:
                     comma = data.find(b",", p + 6, end)
@@ -92,6 +79,7 @@ class LatencySubscriber(MqttConn):
             elif kind in (2, 9):  # CONNACK, SUBACK: handled as MqttConn does
                 super().data_received(data[i:end])
             i = end
+        self._buf = data[i:]
 
 
 async def subscribe_latency(ep: Endpoint, name: str, topic_filter: str) -> LatencySubscriber:

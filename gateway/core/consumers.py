@@ -263,12 +263,12 @@ class ConsumerGroups:
             group = self._groups[record.name] = _Group(self, record)
         group.record = record
         for topic_filter in new - old:
-            subscriptions.hold_wildcard(topic_filter, owner)
+            subscriptions.wildcards.hold(topic_filter, owner)
             self._routes.add(topic_filter, record.name)
             if group.consumers:
                 subscriptions.add_reader(group, topic_filter)
         for topic_filter in old - new:
-            subscriptions.release_wildcard(topic_filter, owner)
+            subscriptions.wildcards.release(topic_filter, owner)
             self._routes.remove(topic_filter, record.name)
             if group.consumers:
                 subscriptions.remove_reader(group, topic_filter)
@@ -280,7 +280,7 @@ class ConsumerGroups:
             return
         subscriptions = self.subscriptions
         for topic_filter in group.record.filters:
-            subscriptions.release_wildcard(topic_filter, "group:" + name)
+            subscriptions.wildcards.release(topic_filter, "group:" + name)
             self._routes.remove(topic_filter, name)
             if group.consumers:
                 subscriptions.remove_reader(group, topic_filter)

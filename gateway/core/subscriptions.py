@@ -1,12 +1,9 @@
-"""Who reads which queue on this node, and which queues a topic is indexed into.
+"""Who reads which queue on this node, and the subscriptions that decide it.
 
-Queues: the full topic, its first level (`a/#`), every wildcard filter of the cluster-wide wildcard set, and
-`p2p#<clientId>` for P2P topics. The wildcard set lives in the store: this node adds a filter when its first
-local holder (a session, online or stored, or a group) appears and removes it when its last one goes; an
-append carries the version of the set its queues were computed with, and the store refuses a stale one, so a
-message is never indexed without a wildcard some node registered before it was appended. Local
-readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name. A P2P queue
-has one reader, its client's session, which notify finds through the client's location.
+Local readers of a queue are sessions and shared-subscription groups; notify wakes them by queue name. A P2P
+queue has one reader, its client's session, which notify finds through the client's location. Which queues a
+topic is indexed into, and the wildcard set that decides it, are `gateway.core.wildcards`'s: subscriptions hold
+and release their wildcard filters there.
 
 A session is whatever satisfies `Subscriber` (MQTT sessions, `gateway.sessions.session.Session`) and a
 subscription asked for whatever satisfies `FilterRequest` (MQTT's `SubscriptionRequest`); `subscribe` answers
@@ -16,15 +13,15 @@ answers its client with its own codes: the registry knows nothing of a protocol.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from tidewire.extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
 from tidewire.gateway.core.shared import GroupMember, SharedGroup, parse_shared, strategy_for
-from tidewire.gateway.core.topics import FilterTrie, first_level_queue, is_wildcard, valid_topic_filter
+from tidewire.gateway.core.topics import valid_topic_filter
+from tidewire.gateway.core.wildcards import WILDCARD_WRITE, WildcardIndex, is_wildcard_queue
 from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
 
 if TYPE_CHECKING:
@@ -38,20 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidewire.subscriptions")
 
-_TOPIC_CACHE = 65536
 SHARE_WRITE = "share:"  # the ordered writes (declare, delete) of a `$share` group's store group
-
-
-def p2p_target(topic: str) -> str | None:
-    """`<first>/p2p/<clientId>` → clientId."""
-    parts = topic.split("/", 2)
-    return parts[2] if len(parts) == 3 and parts[1] == "p2p" and parts[2] else None
-
-
-def is_first_level_queue(topic_filter: str) -> bool:
-    """`a/#` is the first-level queue every message of `a/...` is indexed into anyway."""
-    head = topic_filter[:-2]
-    return topic_filter.endswith("/#") and "/" not in head and "+" not in head and "#" not in head
 
 
 class Puller(Protocol):
@@ -127,136 +111,7 @@ class SubscriptionRegistry:
         self.group_owner = group_owner  # whose consumer groups the `$share` groups are
         self.readers: dict[str, set[Puller]] = {}
         self.groups: dict[str, SharedGroup] = {}
-        self._holders: dict[str, set[str]] = {}  # wildcard filter → ids of local sessions/groups that need it
-        # Wildcard filters of stored (offline) sessions, from the store's counts at start and from sessions parked
-        # since: kept until the next start (an index too many costs writes; one too few would lose messages).
-        self._stored: set[str] = set()
-        # What appends are indexed with: the store's set and what is held here.
-        self._wildcards: FilterTrie[str] = FilterTrie()
-        self._indexed: set[str] = set()  # the filters in `_wildcards`
-        self.wildcard_version = -1  # of the store's set as last read; -1: none read yet (appends unchecked)
-        self._topic_queues: dict[str, tuple[str, ...]] = {}  # cleared whenever the wildcard set changes
-        self._refreshing: asyncio.Task[None] | None = None  # the read of the set that registrations wait for
-        self._refresh_again = False  # a registration landed after that read started: read once more
-
-    # --- indexing ---------------------------------------------------------------------------------------
-    def queues_for(self, topic: str) -> tuple[str, ...]:
-        queues = self._topic_queues.get(topic)
-        if queues is None:
-            if len(self._topic_queues) >= _TOPIC_CACHE:
-                self._topic_queues.clear()  # bounded; hot topics come back on their next publish
-            queues = self._topic_queues[topic] = self._compute_queues(topic)
-        return queues
-
-    def _compute_queues(self, topic: str) -> tuple[str, ...]:
-        target = p2p_target(topic)
-        if target is not None:
-            return (p2p_queue(target),)  # reaches only that client: no topic, level or wildcard queue
-        first = first_level_queue(topic)
-        queues = [topic, first]
-        if len(self._wildcards):
-            queues += [f for f, _ in self._wildcards.match(topic)]
-        return tuple(queues)
-
-    @staticmethod
-    def _is_wildcard_queue(topic_filter: str) -> bool:
-        return is_wildcard(topic_filter) and not is_first_level_queue(topic_filter) and not topic_filter.startswith(
-            P2P_PREFIX)
-
-    def _held(self, topic_filter: str) -> bool:
-        return topic_filter in self._holders or topic_filter in self._stored
-
-    def _add_wildcard(self, topic_filter: str, owner: str | None) -> None:
-        """`owner` holds the filter from now on (None: a stored session, counted in `_stored`)."""
-        if not self._is_wildcard_queue(topic_filter):
-            return
-        if not self._held(topic_filter):
-            if topic_filter not in self._indexed:
-                self._indexed.add(topic_filter)
-                self._wildcards.add(topic_filter, "")
-                self._topic_queues.clear()  # indexed from now on by this node's appends
-            store = self.store
-            self.writes.write("wildcard:" + topic_filter, lambda: self._registered(
-                store.add_wildcards([topic_filter], self.topology.holder)))
-        if owner is None:
-            self._stored.add(topic_filter)
-        else:
-            self._holders.setdefault(topic_filter, set()).add(owner)
-
-    def _remove_wildcard(self, topic_filter: str, owner: str) -> None:
-        holders = self._holders.get(topic_filter)
-        if holders is None or owner not in holders:
-            return
-        holders.discard(owner)
-        if not holders:
-            del self._holders[topic_filter]
-            if topic_filter not in self._stored:
-                store = self.store
-                self.writes.write("wildcard:" + topic_filter, lambda: self._registered(
-                    store.remove_wildcards([topic_filter], self.topology.holder)))
-
-    async def _registered(self, change: Awaitable[int]) -> None:
-        await change
-        # One read of the whole set serves every registration that landed before it started (a flood of
-        # subscribes to new wildcards reads the set once per round, not once per subscribe).
-        if self._refreshing is None:
-            self._refreshing = asyncio.get_running_loop().create_task(self._refresh_rounds())
-        else:
-            self._refresh_again = True
-        await asyncio.shield(self._refreshing)
-
-    async def _refresh_rounds(self) -> None:
-        try:
-            while True:
-                self._refresh_again = False
-                await self.refresh_wildcards()
-                if not self._refresh_again:
-                    return
-        finally:
-            self._refreshing = None
-
-    async def hold_stored(self, filters: Iterable[str]) -> None:
-        """Hold stored sessions' wildcard `filters` here (shared ones are skipped) and return once the store has
-        them: a survivor takes over what a dead node held for the sessions it parked."""
-        wanted = [f for f in filters if not f.startswith(SHARED_PREFIX)]
-        for topic_filter in wanted:
-            self._add_wildcard(topic_filter, None)
-        await self.wildcards_registered(wanted)
-
-    async def hold_again(self) -> None:
-        """Register every wildcard filter held here again, under `topology.holder` as it is now (a node that
-        rejoined the cluster holds under a new name, and its old name's holds were released)."""
-        held = list(self._holders.keys() | self._stored)
-        if held:
-            await self.store.add_wildcards(held, self.topology.holder)
-            await self.refresh_wildcards()
-
-    async def wildcards_registered(self, filters: list[str]) -> None:
-        """Wait until the store has every wildcard among `filters`, and every `$share` group among them (before
-        SUBACK: a message published after it must be indexed into the new subscription's queue on every node,
-        and be the group's)."""
-        for topic_filter in filters:
-            prefix = SHARE_WRITE if topic_filter.startswith(SHARED_PREFIX) else "wildcard:"
-            await self.writes.settled(prefix + topic_filter)
-
-    async def refresh_wildcards(self) -> None:
-        """Read the store's wildcard set and index with it (plus what local holders are registering)."""
-        version, filters = await self.store.wildcards()
-        if version < self.wildcard_version:
-            return  # an older answer overtaken by a newer one
-        wanted = filters | self._holders.keys() | self._stored
-        indexed = self._indexed
-        if wanted != indexed:
-            for topic_filter in indexed - wanted:
-                self._wildcards.remove(topic_filter, "")
-            for topic_filter in wanted - indexed:
-                self._wildcards.add(topic_filter, "")
-            self._indexed = set(wanted)
-            self._topic_queues.clear()
-        self.wildcard_version = version
-
-    def wildcard_count(self) -> int:
-        return len(self._wildcards)
+        self.wildcards = WildcardIndex(store, writes, topology)
 
     # --- readers ------------------------------------------------------------------------------------------
     def _register(self, reader: Puller, queue: str) -> None:
@@ -284,23 +139,24 @@ class SubscriptionRegistry:
     def remove_reader(self, reader: Puller, queue: str) -> None:
         self._unregister(reader, queue)
 
-    def hold_wildcard(self, topic_filter: str, owner: str) -> None:
-        """`owner` needs `topic_filter` indexed (a no-op unless it is a wildcard queue)."""
-        self._add_wildcard(topic_filter, owner)
-
-    def release_wildcard(self, topic_filter: str, owner: str) -> None:
-        self._remove_wildcard(topic_filter, owner)
+    async def wildcards_registered(self, filters: list[str]) -> None:
+        """Wait until the store has every wildcard among `filters`, and every `$share` group among them (before
+        SUBACK: a message published after it must be indexed into the new subscription's queue on every node,
+        and be the group's)."""
+        for topic_filter in filters:
+            prefix = SHARE_WRITE if topic_filter.startswith(SHARED_PREFIX) else WILDCARD_WRITE
+            await self.writes.settled(prefix + topic_filter)
 
     def routed(self, topic: str) -> bool:
         """Does a reader on this node, a wildcard of the cluster-wide set, or a node the lookup names for one of
         its queues take messages of `topic`? (An offline session's exact-topic subscription is not seen.)"""
         readers = self.readers
         # Not through `queues_for`: a topic asked about once (a client's $SYS event) must not fill its cache.
-        queues = self._topic_queues.get(topic) or self._compute_queues(topic)
+        queues = self.wildcards.peek_queues(topic)
         for queue in queues:
             if queue in readers:
                 return True
-        if len(self._wildcards) and self._wildcards.match(topic):
+        if self.wildcards.matches(topic):
             return True
         if not self.topology.shared and not queues[0].startswith(P2P_PREFIX):
             return False  # one node: its lookup knows of no reader of these queues that `readers` does not
@@ -350,23 +206,11 @@ class SubscriptionRegistry:
     async def load(self, store: Store) -> None:
         """At startup: the wildcard set and shared groups of the stored sessions, from the store's counts (not
         every session: memory and time follow what is online)."""
-        fresh: list[str] = []  # wildcards of stored sessions: registered in one call, not one call (and one
-        for topic_filter in await store.subscription_filters():  # read of the whole set) each: O(filters)
-            if topic_filter.startswith(SHARED_PREFIX):
-                if parse_shared(topic_filter) is not None:
-                    self.group(topic_filter).refs.update(await store.shared_members(topic_filter))
-            elif self._is_wildcard_queue(topic_filter):
-                if not self._held(topic_filter):
-                    fresh.append(topic_filter)
-                self._stored.add(topic_filter)
-        if fresh:
-            for topic_filter in fresh:
-                if topic_filter not in self._indexed:
-                    self._indexed.add(topic_filter)
-                    self._wildcards.add(topic_filter, "")
-            self._topic_queues.clear()
-            # the node reads the set once it is loaded (`refresh_wildcards`)
-            await store.add_wildcards(fresh, self.topology.holder)
+        filters = await store.subscription_filters()
+        for topic_filter in filters:
+            if topic_filter.startswith(SHARED_PREFIX) and parse_shared(topic_filter) is not None:
+                self.group(topic_filter).refs.update(await store.shared_members(topic_filter))
+        await self.wildcards.load_stored(filters)
         if not self.topology.shared:  # alone, this node knows every member: a group without one is gone
             for record in await store.list_groups():
                 if record.name.startswith(SHARED_PREFIX) and record.name not in self.groups:
@@ -375,12 +219,7 @@ class SubscriptionRegistry:
     def park(self, record: SessionRecord) -> None:
         """A persistent session went offline: its wildcards stay indexed, held as a stored session's."""
         for topic_filter in record.subscriptions:
-            holders = self._holders.get(topic_filter)
-            if holders is not None and record.client_id in holders:
-                self._stored.add(topic_filter)
-                holders.discard(record.client_id)
-                if not holders:
-                    del self._holders[topic_filter]
+            self.wildcards.park(topic_filter, record.client_id)
 
     def attach(self, session: Subscriber, client: ClientInfo, *, own_queue: bool = True) -> None:
         """An online session starts reading its queues (and joins its groups). `own_queue` False: a session just
@@ -423,7 +262,7 @@ class SubscriptionRegistry:
             if topic_filter.startswith(SHARED_PREFIX):
                 self._release_group(topic_filter, record.client_id)
             else:
-                self._remove_wildcard(topic_filter, record.client_id)
+                self.wildcards.release(topic_filter, record.client_id)
 
     # --- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------------
     def subscribe(self, session: Subscriber, client: ClientInfo, requests: Sequence[FilterRequest],
@@ -468,9 +307,9 @@ class SubscriptionRegistry:
                 self._set_access(session, client, key, access)
                 if existing is None:
                     self._register(session, key)
-                    if self._is_wildcard_queue(key) and not self._held(key):
+                    if is_wildcard_queue(key) and not self.wildcards.held(key):
                         registering.append(key)
-                    self._add_wildcard(key, session.client_id)
+                    self.wildcards.hold(key, session.client_id)
                 if request.retain_handling == 0 or (request.retain_handling == 1 and existing is None):
                     retained.append((key, qos, sub_id))
             codes.append(qos)
@@ -493,7 +332,7 @@ class SubscriptionRegistry:
                 if session.filtered:
                     session.filtered.discard(key)
                 self._unregister(session, key)
-                self._remove_wildcard(key, session.client_id)
+                self.wildcards.release(key, session.client_id)
             removed.append(True)
         session.subscriptions_changed()
         return removed

@@ -1,5 +1,5 @@
 """The node's periodic chores: `$SYS` stats, offsets of idle sessions, session expiry and eviction over
-`max_stored_sessions`, store retention."""
+`max_stored_sessions`, letting go of offline sessions' wildcard filters nobody holds any more, store retention."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ EVICT_HORIZON_MS = 2**62  # "due" by then: every session that expires at all, so
 async def housekeeping_loop(node: Node) -> None:
     clock = node.clock
     retention_due = 0.0
+    filters_due = clock.monotonic() + node.settings.stored_filters_check_interval
     stats_due = clock.monotonic() + node.settings.sys_interval
     retry = Backoff("housekeeping", clock, node.store_health)  # about every second: how an idle node notices
     while True:
@@ -37,6 +38,9 @@ async def housekeeping_loop(node: Node) -> None:
         try:
             await expire_sessions(node)
             await evict_sessions(node)
+            if clock.monotonic() >= filters_due:
+                filters_due = clock.monotonic() + node.settings.stored_filters_check_interval
+                await node.subscriptions.wildcards.prune_stored()
             if clock.monotonic() >= retention_due:
                 enforce = getattr(node.store, "enforce_retention", None)
                 if enforce is not None:
@@ -94,6 +98,6 @@ def gauges(node: Node) -> dict[str, int]:
             "subscriptions/count": sum(1 for conn in node.connections.values() if conn.session is not None
                                        for f in conn.session.subscriptions if not f.startswith(P2P_PREFIX)),
             "queues/local": len(subscriptions.readers),
-            "queues/wildcard": subscriptions.wildcard_count(),
+            "queues/wildcard": len(subscriptions.wildcards),
             "shared/groups": len(subscriptions.groups),
             **node.topology.gauges()}

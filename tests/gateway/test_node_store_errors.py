@@ -172,7 +172,8 @@ async def test_failing_reads_delay_delivery_but_skip_nothing(gw: Running) -> Non
     pub = await gw.publisher("pub")
     # Appended as by another node, unseen by the cache: it cannot take this node's batches as appended any more
     # (`QueueCache.add_appended`), so every delivery needs a store read until one succeeds.
-    await gw.store.append([Message("e/read/a", b"other", qos=1, queues=gw.node.subscriptions.queues_for("e/read/a"))])
+    queues = gw.node.subscriptions.wildcards.queues_for("e/read/a")
+    await gw.store.append([Message("e/read/a", b"other", qos=1, queues=queues)])
     gw.store.fail("read")
     await send(pub, "e/read/a", range(N))
     assert await pubacks(pub, N) == in_order(range(N))  # the log is fine: publishers are acked

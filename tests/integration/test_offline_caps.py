@@ -81,3 +81,36 @@ def test_stored_sessions_over_the_cap_lose_those_nearest_expiry(gateway_factory:
         c.disconnect()
     assert present == [False] * 10 + [True] * 20
     assert metric(gw, "tidewire_sessions_evicted_total") == 10
+
+
+@pytest.mark.slow
+def test_evicted_sessions_wildcards_stop_being_held(gateway_factory: GatewayFactory,
+                                                   paho_factory: PahoFactory) -> None:
+    """10 offline sessions each with a wildcard filter of its own, cap 4: once the 6 nearest expiry are evicted,
+    the node holds (indexes, keeps in memory) only the 4 survivors' filters, as `$SYS .../queues/wildcard` shows,
+    and a survivor still gets what was published to its filter while it was away. Before, the evicted sessions'
+    filters stayed held until the next restart."""
+    gw = gateway_factory(env={**STEADY, "TIDEWIRE_MAX_STORED_SESSIONS": "4", "TIDEWIRE_SYS_INTERVAL": "0.2",
+                              "TIDEWIRE_STORED_FILTERS_CHECK_INTERVAL": "0.2"}, admin=True)
+    for i in range(10):
+        c = paho_factory(gw.port, f"wf-{i}", clean=False)
+        c.connect(session_expiry=1000 + i * 10)  # wf-0 expires first
+        c.subscribe(f"wf/{i}/+/cmd", 1)
+        c.disconnect()
+    wait_until(lambda: metric(gw, "tidewire_sessions_evicted_total") >= 6, timeout=15, interval=0.2)
+    watcher = paho_factory(gw.port, "wf-watch")
+    watcher.connect()
+    watcher.subscribe("$SYS/brokers/+/stats/queues/wildcard", 0)
+    held: list[int] = []
+
+    def survivors_held() -> bool:
+        held.append(int(watcher.get(timeout=5).payload))
+        return held[-1] == 4 + 1  # and the watcher's own
+
+    wait_until(survivors_held, timeout=15, interval=0, what=lambda: f"5 filters held; the gauge read {held[-5:]}")
+    pub = paho_factory(gw.port, "wf-pub")
+    pub.connect()
+    assert pub.publish("wf/9/x/cmd", b"kept", qos=1) == 0
+    survivor = paho_factory(gw.port, "wf-9", clean=False)
+    assert survivor.connect(clean_start=False, session_expiry=1090).session_present is True
+    assert survivor.get(timeout=10).payload == b"kept"

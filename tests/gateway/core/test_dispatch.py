@@ -64,7 +64,7 @@ async def _published_in(gw: Node, behind: bool = False) -> int:
     """Publish one message and return how many loop ticks passed before it was pushed (0: in the append's).
     `behind`: first a message of "another writer" lands in the store unseen, so the cache must read the queue."""
     if behind:
-        await gw.store.append([Message("t", b"other", qos=1, queues=gw.subscriptions.queues_for("t"))])
+        await gw.store.append([Message("t", b"other", qos=1, queues=gw.subscriptions.wildcards.queues_for("t"))])
     loop = asyncio.get_running_loop()
     before = gw.counters.messages_out
     ticks = 0

@@ -49,8 +49,8 @@ async def test_late_notify_of_one_queue_loses_nothing(node: tuple[Node, int]) ->
         await asyncio.to_thread(paho.connect)
         await asyncio.to_thread(paho.subscribe, [("x", 1), ("y", 1)])
         # Appended by "another node": x first, then y; only y's notify arrives.
-        early = Message("x", b"early", qos=1, queues=gw.subscriptions.queues_for("x"))
-        late = Message("y", b"late", qos=1, queues=gw.subscriptions.queues_for("y"))
+        early = Message("x", b"early", qos=1, queues=gw.subscriptions.wildcards.queues_for("x"))
+        late = Message("y", b"late", qos=1, queues=gw.subscriptions.wildcards.queues_for("y"))
         await gw.store.append([early])
         await gw.store.append([late])
         gw.notified({"y"})
