@@ -162,7 +162,7 @@ class Appends:
         indexer = self._indexer
         queues_for = indexer.queues_for
         for message in batch:
-            message.queues = queues_for(message.topic)
+            message.queues = _with_routes(queues_for(message.topic), message.routes)
         # Any refusal (a stale wildcard set too) fails the task: the batch is sent again in its place by `step`,
         # once the appends after it have settled (they cannot land before it).
         append.task = asyncio.get_running_loop().create_task(self._send(append, indexer.wildcard_version))
@@ -189,8 +189,15 @@ class Appends:
             # Indexed here, not when published: the queues and the version they go with are read together.
             queues_for = indexer.queues_for
             for message in batch:
-                message.queues = queues_for(message.topic)
+                message.queues = _with_routes(queues_for(message.topic), message.routes)
             try:
                 return await self.store.append(batch, indexer.wildcard_version)
             except StaleWildcards:  # another node changed the set: index the batch with the current one
                 await indexer.refresh_wildcards()
+
+
+def _with_routes(queues: tuple[str, ...], routes: tuple[str, ...]) -> tuple[str, ...]:
+    """The topic's queues and those the publisher's routing added (each once)."""
+    if not routes:
+        return queues
+    return queues + tuple(q for q in routes if q not in queues)

@@ -34,16 +34,20 @@ from tidewire.gateway.protocols.amqp.codec import (
 )
 from tidewire.gateway.protocols.amqp.consuming import Deliveries
 from tidewire.gateway.protocols.amqp.exchanges import Exchange
+from tidewire.gateway.protocols.amqp.headers import binding_problem
 from tidewire.gateway.protocols.amqp.mapping import (
     EXCHANGE_TYPES,
     MAX_EXCHANGE_NAME,
     MAX_QUEUE_NAME,
     NAME,
     binding_filter,
+    exchange_filter,
     properties_in,
     publish_topic,
+    queue_topic,
 )
 from tidewire.gateway.protocols.amqp.queues import QueueSpec, group_name, parse_arguments
+from tidewire.gateway.protocols.amqp.routing import encode_arguments, route
 from tidewire.store.base import PROTOCOL_AMQP, GroupRecord, Message
 
 if TYPE_CHECKING:
@@ -76,6 +80,7 @@ class Channel:
             Basic.Consume: self._consume, Basic.Cancel: self._cancel, Basic.Get: self._get, Basic.Qos: self._qos,
             Basic.Recover: self._recover, Basic.RecoverAsync: self._recover, Confirm.Select: self._confirm_select,
             Exch.Declare: self._exchange_declare, Exch.Delete: self._exchange_delete,
+            Exch.Bind: self._exchange_bind, Exch.Unbind: self._exchange_unbind,
             Queue.Declare: self._queue_declare, Queue.Bind: self._queue_bind, Queue.Unbind: self._queue_unbind,
             Queue.Purge: self._queue_purge, Queue.Delete: self._queue_delete,
         }
@@ -83,8 +88,7 @@ class Channel:
     async def handle(self, method: Method, properties: Properties | None, body: bytes) -> Fault | None:
         handler = self._handlers.get(type(method))
         if handler is None:
-            what = {commands.Tx.frame_id: "transactions", Exch.frame_id: "exchange-to-exchange bindings"}.get(
-                method.index >> 16, method.name)
+            what = {commands.Tx.frame_id: "transactions"}.get(method.index >> 16, method.name)
             return fault(NOT_IMPLEMENTED, f"{what} not supported", method)
         return await handler(method, properties, body)
 
@@ -174,7 +178,9 @@ class Channel:
                 message.dedupe = (f"{DEDUPE_SCOPE}{self.vhost}\x00{conn.info.username or ''}",
                                   str(properties.message_id))
                 self._keyed[seq] = message
-        if method.mandatory and not await self.node.groups.routed(topic) and (
+        if exchange.routes_at_publish:
+            message.routes = await self._route(exchange, method.routing_key, properties, topic)
+        if method.mandatory and not message.routes and not await self.node.groups.routed(topic) and (
                 not await conn.server.queues.routed_in_store(topic)):
             self.conn.core.send_content(self.number, Basic.Return(NO_ROUTE, "NO_ROUTE", exchange.name,
                                                                   method.routing_key),
@@ -184,6 +190,14 @@ class Channel:
             return None
         self.node.publish(message, self, seq)
         return None
+
+    async def _route(self, exchange: Exchange, key: str, properties: Properties | None,
+                     topic: str) -> tuple[str, ...]:
+        """The queues (their `$queue/` topics) `routing` sends the message to besides its topic's."""
+        graph = await self.conn.server.routing.graph(self.vhost)
+        own = bool(exchange.alternate) and await self.node.groups.routed(topic)
+        headers = properties.headers if properties is not None and isinstance(properties.headers, dict) else {}
+        return tuple(sorted(queue_topic(q) for q in route(graph, exchange.name, key, headers, own)))
 
     async def _confirm_select(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
         self.confirm = True
@@ -201,19 +215,30 @@ class Channel:
         else:
             if name == "":
                 return fault(ACCESS_REFUSED, "operation not permitted on the default exchange", method)
-            if kind == "headers":
-                return fault(NOT_IMPLEMENTED, "headers exchanges are not supported", method)
             if kind not in EXCHANGE_TYPES:
                 return fault(COMMAND_INVALID, f"unknown exchange type '{kind[:40]}'", method)
             if len(name) > MAX_EXCHANGE_NAME or not NAME.fullmatch(name):
                 return fault(PRECONDITION_FAILED, "invalid exchange name", method)
+            arguments = method.arguments if isinstance(method.arguments, dict) else {}
+            alternate = arguments.get("alternate-exchange", "")
+            if not isinstance(alternate, str):
+                return fault(PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for exchange '{name}' in vhost "
+                                                  f"'{vhost}': {{unacceptable_type,{type(alternate).__name__}}}",
+                             method)
             existing = await exchanges.get(vhost, name)
             if existing is None:
                 if name.startswith("amq."):
                     return fault(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", method)
+                if alternate and not self._may_read(exchange_filter(name)):
+                    # its unroutable messages reach whoever reads the alternate: the declarer must read them
+                    return fault(ACCESS_REFUSED, f"access to topic filter '{exchange_filter(name)[:80]}' refused "
+                                                 f"for user '{self.conn.info.username}'", method)
                 existing = await exchanges.declare(vhost, Exchange(name, kind, bool(method.durable),
-                                                                   bool(method.auto_delete), bool(method.internal)))
-            for arg, mine, theirs in (("type", kind, existing.kind), ("durable", method.durable, existing.durable)):
+                                                                   bool(method.auto_delete), bool(method.internal),
+                                                                   alternate))
+                self.conn.server.routing.changed()
+            for arg, mine, theirs in (("type", kind, existing.kind), ("durable", method.durable, existing.durable),
+                                      ("alternate-exchange", alternate, existing.alternate)):
                 if mine != theirs:
                     return fault(PRECONDITION_FAILED, f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
                                                       f"'{vhost}': received '{mine}' but current is '{theirs}'", method)
@@ -228,12 +253,102 @@ class Channel:
         if exchange is not None and exchange.predeclared:
             return fault(ACCESS_REFUSED, f"deletion of exchange '{name}' is not allowed", method)
         if exchange is not None:
-            if method.if_unused and await server.queues.bound_to(vhost, name):
+            if method.if_unused and (exchange.bindings or await server.queues.bound_to(vhost, name)):
                 return fault(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use", method)
-            await server.queues.drop_bindings(vhost, name)
-            await server.exchanges.delete(vhost, name)
+            await self._delete_exchange(exchange)
         if not method.nowait:
             self._reply(Exch.DeleteOk())
+        return None
+
+    async def _delete_exchange(self, exchange: Exchange) -> None:
+        """The exchange goes, with every binding from it and to it (as RabbitMQ's)."""
+        server, vhost, name = self.conn.server, self.vhost, exchange.name
+        await server.queues.drop_bindings(vhost, name)
+        for source in await server.exchanges.sources_of(vhost, name):
+            await server.exchanges.set_bindings(vhost, source, [list(b) for b in source.bindings if b[0] != name])
+        await server.exchanges.delete(vhost, name)
+        server.routing.changed()
+
+    async def _unused_auto_delete(self, exchange: Exchange) -> None:
+        """After an unbind: an auto-delete exchange whose last binding from it is gone goes."""
+        server = self.conn.server
+        if not exchange.auto_delete or exchange.predeclared:
+            return
+        current = await server.exchanges.get(self.vhost, exchange.name)
+        if current is not None and not current.bindings and not await server.queues.bound_to(self.vhost,
+                                                                                              exchange.name):
+            await self._delete_exchange(current)
+
+    def _may_read(self, topic_filter: str) -> bool:
+        return self.node.authorizer.subscribe_access(self.conn.info, topic_filter) is SubscribeAccess.GRANTED
+
+    def _binding_to(self, source: Exchange, key: str, arguments: Any,
+                    method: Method) -> tuple[str, str] | Fault:
+        """(topic filter, stored arguments) of a binding from `source`, or why it is refused. From a headers
+        exchange the filter is "" (`routing` matches the headers) and what the ACL checks is all it routes."""
+        arguments = arguments if isinstance(arguments, dict) else {}
+        settings = self.node.settings
+        if source.kind == "headers":
+            problem = binding_problem(arguments)
+            if problem is not None:
+                return fault(PRECONDITION_FAILED, problem, method)
+            topic_filter, checked = "", exchange_filter(source.name)
+        else:
+            mapped = binding_filter(source.name, source.kind, key)
+            if mapped is None or not valid_topic_filter(mapped) or (
+                    mapped.count("/") >= settings.max_topic_levels) or (
+                    len(mapped.encode()) > settings.max_topic_length):
+                return fault(PRECONDITION_FAILED, f"binding key '{key[:80]}' has no MQTT topic filter equivalent",
+                             method)
+            topic_filter = checked = mapped
+        if not self._may_read(checked):
+            return fault(ACCESS_REFUSED, f"access to topic filter '{checked[:80]}' refused for user "
+                                         f"'{self.conn.info.username}'", method)
+        return topic_filter, encode_arguments(arguments)
+
+    async def _exchange_pair(self, method: Any) -> tuple[Exchange, Exchange] | Fault:
+        if method.destination == "" or method.source == "":
+            return fault(ACCESS_REFUSED, "operation not permitted on the default exchange", method)
+        found: list[Exchange] = []
+        for name in (method.destination, method.source):
+            exchange = await self.conn.server.exchanges.get(self.vhost, name)
+            if exchange is None:
+                return fault(NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost}'", method)
+            found.append(exchange)
+        return found[0], found[1]
+
+    async def _exchange_bind(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        pair = await self._exchange_pair(method)
+        if isinstance(pair, Fault):
+            return pair
+        destination, source = pair
+        made = self._binding_to(source, method.routing_key, method.arguments, method)
+        if isinstance(made, Fault):
+            return made
+        entry = (destination.name, method.routing_key, *made)
+        if entry not in source.bindings:
+            server = self.conn.server
+            await server.exchanges.set_bindings(self.vhost, source, [*map(list, source.bindings), list(entry)])
+            server.routing.changed()
+        if not method.nowait:
+            self._reply(Exch.BindOk())
+        return None
+
+    async def _exchange_unbind(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
+        pair = await self._exchange_pair(method)
+        if isinstance(pair, Fault):
+            return pair
+        destination, source = pair
+        arguments = encode_arguments(method.arguments if isinstance(method.arguments, dict) else {})
+        kept = [list(b) for b in source.bindings
+                if not (b[0] == destination.name and b[1] == method.routing_key and b[3] == arguments)]
+        if len(kept) != len(source.bindings):
+            server = self.conn.server
+            await self.conn.server.exchanges.set_bindings(self.vhost, source, kept)
+            server.routing.changed()
+            await self._unused_auto_delete(source)
+        if not method.nowait:
+            self._reply(Exch.UnbindOk())
         return None
 
     # --- queues --------------------------------------------------------------------------------------------
@@ -300,18 +415,12 @@ class Channel:
         if isinstance(found, Fault):
             return found
         record, exchange = found
-        key = method.routing_key
-        settings = self.node.settings
-        topic_filter = binding_filter(exchange.name, exchange.kind, key)
-        if topic_filter is None or not valid_topic_filter(topic_filter) or (
-                topic_filter.count("/") >= settings.max_topic_levels) or (
-                len(topic_filter.encode()) > settings.max_topic_length):
-            return fault(PRECONDITION_FAILED, f"binding key '{key[:80]}' has no MQTT topic filter equivalent", method)
-        access = self.node.authorizer.subscribe_access(self.conn.info, topic_filter)
-        if access is not SubscribeAccess.GRANTED:
-            return fault(ACCESS_REFUSED, f"access to topic filter '{topic_filter[:80]}' refused for user "
-                                         f"'{self.conn.info.username}'", method)
-        await self.conn.server.queues.bind(record, exchange.name, key, topic_filter)
+        made = self._binding_to(exchange, method.routing_key, method.arguments, method)
+        if isinstance(made, Fault):
+            return made
+        server = self.conn.server
+        await server.queues.bind(record, exchange.name, method.routing_key, *made)
+        server.routing.changed()
         if not method.nowait:
             self._reply(Queue.BindOk())
         return None
@@ -322,9 +431,10 @@ class Channel:
             return found
         record, exchange = found
         server = self.conn.server
-        await server.queues.unbind(record, exchange.name, method.routing_key)
-        if exchange.auto_delete and not await server.queues.bound_to(self.vhost, exchange.name):
-            await server.exchanges.delete(self.vhost, exchange.name)  # its last binding is gone
+        arguments = encode_arguments(method.arguments if isinstance(method.arguments, dict) else {})
+        await server.queues.unbind(record, exchange.name, method.routing_key, arguments)
+        server.routing.changed()
+        await self._unused_auto_delete(exchange)  # its last binding may be gone
         self._reply(Queue.UnbindOk())
         return None
 
