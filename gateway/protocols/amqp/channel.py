@@ -462,6 +462,7 @@ class Channel:
                 return fault(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.vhost}' is not empty", method)
             count = await queues.delete(found)
             self.conn.exclusive.discard(found.name)
+            self.conn.server.routing.changed()
         if not method.nowait:
             self._reply(Queue.DeleteOk(count))
         return None
