@@ -38,11 +38,14 @@ async def test_bindings_made_on_one_node_route_publishes_on_another(cluster: Clu
         await queue.bind(hx, arguments={"x-match": "all", "n": 5})
         await hx.bind(chain, routing_key="sensors.#")  # chain → hx: what chain routes reaches hx's bindings
         got: list[bytes] = []
+        origins: set[tuple[str, str]] = set()  # (exchange, routing key) of what came through `chain`
         inbox = await (await reader.channel()).get_queue("hq")
 
         async def drain() -> None:
             while (message := await inbox.get(no_ack=True, fail=False)) is not None:
                 got.append(message.body)
+                if message.body.startswith(b"c"):
+                    origins.add((message.exchange, message.routing_key))
 
         probes = 0
 
@@ -75,6 +78,7 @@ async def test_bindings_made_on_one_node_route_publishes_on_another(cluster: Clu
         await drain()
         assert sorted(b for b in got if b != b"probe") == want  # none lost, none twice, none that should not
         assert got.count(b"probe") <= probes and b"before" not in got
+        assert origins == {("chain", "sensors.t")}  # as published, though hq is bound to hx only
     finally:
         for conn in (admin, publisher, reader):
             await conn.close()

@@ -366,6 +366,11 @@ class Channel:
         for exchange in {b[0] for b in bindings if isinstance(b, list) and b} if isinstance(bindings, list) else ():
             if isinstance(exchange, str) and exchange not in exchanges.kinds:
                 await exchanges.get(self.vhost, exchange)
+        # What exchange bindings and alternates route comes from exchanges the queue is not bound to: the routing
+        # graph has the type of every exchange of the vhost.
+        for name, vertex in (await self.conn.server.routing.graph(self.vhost)).items():
+            if name not in exchanges.kinds and len(exchanges.kinds) < 100_000:
+                exchanges.kinds[name] = vertex.kind
 
     async def _queue_declare(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
         queues, vhost, conn = self.conn.server.queues, self.vhost, self.conn
