@@ -67,7 +67,15 @@ class Exchanges:
         cached = self._cache.get((vhost, name))
         if cached is not None and self.node.clock.monotonic() - cached[1] < CACHE_S:
             return cached[0]
-        record = await self.node.store.get_group(record_name(vhost, name))
+        try:
+            record = await self.node.store.get_group(record_name(vhost, name))
+        except Exception:
+            # The store cannot answer: what was known still routes (a predeclared exchange always exists), and
+            # the publish waits for the store where it is appended, as it did before exchanges had bindings.
+            known = cached[0] if cached is not None else DEFAULTS.get(name)
+            if known is None:
+                raise
+            return known
         if record is None:
             known = DEFAULTS.get(name)  # a predeclared exchange without a record: no bindings from it
             if known is not None:

@@ -12,13 +12,14 @@ queue is named once, so the message, appended once, is indexed once more into ea
 `route` is pure, over a `Graph` read from the store: exchange records (type, alternate, the exchange bindings
 whose source they are) and queue records (their bindings). `Routing` keeps one graph per node, read again when
 older than `exchanges.CACHE_S` or changed through this node: a binding made through another node routes here
-within that second.
+within that second. While the store cannot answer, the graph last read routes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ from tidewire.store.base import GroupRecord
 if TYPE_CHECKING:
     from tidewire.gateway.core.clock import Clock
     from tidewire.store.base import Store
+
+log = logging.getLogger("tidewire.amqp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,7 @@ class Routing:
         self._stale = True  # a binding or exchange changed through this node since that read began
         self._reading: asyncio.Task[None] | None = None
         self._reads = 0  # store reads started
+        self._read_once = False  # a read has succeeded
 
     def changed(self) -> None:
         """A binding or exchange changed through this node: the next publish reads the graph again."""
@@ -156,7 +160,13 @@ class Routing:
                     self._reads += 1
                     task = self._reading = asyncio.get_running_loop().create_task(self._read())
                 started = self._reads
-                await asyncio.shield(task)
+                try:
+                    await asyncio.shield(task)
+                except Exception:
+                    if not self._read_once:
+                        raise  # nothing to route with
+                    log.warning("amqp.routing_read_failed", exc_info=True)
+                    break  # the store cannot answer: route with the graph last read
                 if started > arrived:  # this read began after the caller arrived: it sees what the caller saw
                     break
         graph = self._graphs.get(vhost)
@@ -172,4 +182,4 @@ class Routing:
         except BaseException:
             self._stale = True
             raise
-        self._records, self._graphs, self._read_at = records, {}, started
+        self._records, self._graphs, self._read_at, self._read_once = records, {}, started, True

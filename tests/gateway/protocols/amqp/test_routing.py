@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import decimal
+from pathlib import Path
 
+import pytest
 from pamqp import commands
 
+from tests.gateway.fakeclock import FakeClock
 from tidewire.gateway.core.ingress import neutral_message
 from tidewire.gateway.protocols.amqp.headers import binding_problem, headers_match
 from tidewire.gateway.protocols.amqp.mapping import binding_filter, properties_in, properties_out
 from tidewire.gateway.protocols.amqp.routing import (
     Binding,
     Graph,
+    Routing,
     Vertex,
     build_graph,
     decode_arguments,
@@ -20,6 +24,7 @@ from tidewire.gateway.protocols.amqp.routing import (
     route,
 )
 from tidewire.store.base import GroupRecord
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 def test_headers_match_as_rabbitmq() -> None:
@@ -88,3 +93,41 @@ def test_headers_keep_their_types_through_the_store() -> None:
     assert ("n", "5") in neutral.user and ("s", "5") in neutral.user  # MQTT readers still see strings
     back = properties_out(neutral_message("t", b"", properties=neutral, now_ms=0), 0)
     assert back.headers == headers
+
+
+class _Closable(EmbeddedStore):
+    """The embedded store, whose list of groups can be made to fail (a store that cannot answer)."""
+
+    failing = False
+
+    async def list_groups(self) -> list[GroupRecord]:
+        if self.failing:
+            raise ConnectionError("store down")
+        return await super().list_groups()
+
+
+async def test_the_graph_is_read_again_after_a_change_or_a_second_and_kept_while_the_store_fails(
+        tmp_path: Path) -> None:
+    store = _Closable(tmp_path, fsync="never")
+    await store.open()
+    clock = FakeClock()
+    routing = Routing(store, clock)
+    try:
+        store.failing = True
+        with pytest.raises(ConnectionError):  # never read: nothing to route with
+            await routing.graph("/")
+        store.failing = False
+        assert "x" not in await routing.graph("/")
+        await store.put_group(GroupRecord("amqp-exchange///x", [], attrs={"type": "headers"}))
+        assert "x" not in await routing.graph("/")  # another node's change: seen within the second
+        clock.advance(1.0)
+        assert (await routing.graph("/"))["x"].kind == "headers"
+        await store.put_group(GroupRecord("amqp-exchange///y", [], attrs={"type": "fanout"}))
+        routing.changed()  # a change made through this node: seen at once
+        assert "y" in await routing.graph("/")
+        store.failing = True
+        routing.changed()
+        assert "y" in await routing.graph("/")  # the graph last read routes
+    finally:
+        store.failing = False
+        await store.close()
