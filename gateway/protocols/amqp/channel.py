@@ -1,5 +1,6 @@
-"""One AMQP channel's commands: exchanges, queues and bindings, Basic.Publish with publisher confirms, and the
-consuming commands (handed to `consuming.Deliveries`).
+"""One AMQP channel's commands: queues and their bindings, Basic.Publish with publisher confirms (routed at
+publish by `routing` where topic filters cannot route), and the consuming commands (handed to
+`consuming.Deliveries`); the exchange commands are `exchange_commands`'.
 
 A channel is the `DurableSink` of its publishes: `node.publish(message, channel, seq)` and the node calls
 `durable` once the batch is synced, so a confirm (Basic.Ack, multiple when it can) means the message is
@@ -16,12 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from tidewire.extensions.hooks import SubscribeAccess
 from tidewire.gateway.core.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
-from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.protocols.amqp.codec import (
     ACCESS_REFUSED,
-    COMMAND_INVALID,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -33,15 +31,11 @@ from tidewire.gateway.protocols.amqp.codec import (
     fault,
 )
 from tidewire.gateway.protocols.amqp.consuming import Deliveries
+from tidewire.gateway.protocols.amqp.exchange_commands import ExchangeCommands
 from tidewire.gateway.protocols.amqp.exchanges import Exchange
-from tidewire.gateway.protocols.amqp.headers import binding_problem
 from tidewire.gateway.protocols.amqp.mapping import (
-    EXCHANGE_TYPES,
-    MAX_EXCHANGE_NAME,
     MAX_QUEUE_NAME,
     NAME,
-    binding_filter,
-    exchange_filter,
     properties_in,
     publish_topic,
     queue_topic,
@@ -68,6 +62,7 @@ class Channel:
         self.node = conn.node
         self.vhost = conn.core.vhost
         self.deliveries = Deliveries(conn, number)
+        self.exchanges = ExchangeCommands(conn, self.vhost, self._reply)
         self.confirm = False
         self.next_publish = 1
         self.unconfirmed: dict[int, None] = {}  # publish seqs awaiting their confirm, in order
@@ -79,8 +74,8 @@ class Channel:
             Basic.Publish: self._publish, Basic.Ack: self._ack, Basic.Nack: self._nack, Basic.Reject: self._reject,
             Basic.Consume: self._consume, Basic.Cancel: self._cancel, Basic.Get: self._get, Basic.Qos: self._qos,
             Basic.Recover: self._recover, Basic.RecoverAsync: self._recover, Confirm.Select: self._confirm_select,
-            Exch.Declare: self._exchange_declare, Exch.Delete: self._exchange_delete,
-            Exch.Bind: self._exchange_bind, Exch.Unbind: self._exchange_unbind,
+            Exch.Declare: self.exchanges.declare, Exch.Delete: self.exchanges.delete,
+            Exch.Bind: self.exchanges.bind, Exch.Unbind: self.exchanges.unbind,
             Queue.Declare: self._queue_declare, Queue.Bind: self._queue_bind, Queue.Unbind: self._queue_unbind,
             Queue.Purge: self._queue_purge, Queue.Delete: self._queue_delete,
         }
@@ -205,152 +200,6 @@ class Channel:
             self._reply(Confirm.SelectOk())
         return None
 
-    # --- exchanges -----------------------------------------------------------------------------------------
-    async def _exchange_declare(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
-        name, kind, vhost = method.exchange, method.exchange_type, self.vhost
-        exchanges = self.conn.server.exchanges
-        if method.passive:
-            if await exchanges.get(vhost, name) is None:
-                return fault(NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'", method)
-        else:
-            if name == "":
-                return fault(ACCESS_REFUSED, "operation not permitted on the default exchange", method)
-            if kind not in EXCHANGE_TYPES:
-                return fault(COMMAND_INVALID, f"unknown exchange type '{kind[:40]}'", method)
-            if len(name) > MAX_EXCHANGE_NAME or not NAME.fullmatch(name):
-                return fault(PRECONDITION_FAILED, "invalid exchange name", method)
-            arguments = method.arguments if isinstance(method.arguments, dict) else {}
-            alternate = arguments.get("alternate-exchange", "")
-            if not isinstance(alternate, str):
-                return fault(PRECONDITION_FAILED, f"invalid arg 'alternate-exchange' for exchange '{name}' in vhost "
-                                                  f"'{vhost}': {{unacceptable_type,{type(alternate).__name__}}}",
-                             method)
-            existing = await exchanges.get(vhost, name)
-            if existing is None:
-                if name.startswith("amq."):
-                    return fault(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", method)
-                if alternate and not self._may_read(exchange_filter(name)):
-                    # its unroutable messages reach whoever reads the alternate: the declarer must read them
-                    return fault(ACCESS_REFUSED, f"access to topic filter '{exchange_filter(name)[:80]}' refused "
-                                                 f"for user '{self.conn.info.username}'", method)
-                existing = await exchanges.declare(vhost, Exchange(name, kind, bool(method.durable),
-                                                                   bool(method.auto_delete), bool(method.internal),
-                                                                   alternate))
-                self.conn.server.routing.changed()
-            for arg, mine, theirs in (("type", kind, existing.kind), ("durable", method.durable, existing.durable),
-                                      ("alternate-exchange", alternate, existing.alternate)):
-                if mine != theirs:
-                    return fault(PRECONDITION_FAILED, f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
-                                                      f"'{vhost}': received '{mine}' but current is '{theirs}'", method)
-        if not method.nowait:
-            self._reply(Exch.DeclareOk())
-        return None
-
-    async def _exchange_delete(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
-        name, vhost = method.exchange, self.vhost
-        server = self.conn.server
-        exchange = await server.exchanges.get(vhost, name)
-        if exchange is not None and exchange.predeclared:
-            return fault(ACCESS_REFUSED, f"deletion of exchange '{name}' is not allowed", method)
-        if exchange is not None:
-            if method.if_unused and (exchange.bindings or await server.queues.bound_to(vhost, name)):
-                return fault(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use", method)
-            await self._delete_exchange(exchange)
-        if not method.nowait:
-            self._reply(Exch.DeleteOk())
-        return None
-
-    async def _delete_exchange(self, exchange: Exchange) -> None:
-        """The exchange goes, with every binding from it and to it (as RabbitMQ's)."""
-        server, vhost, name = self.conn.server, self.vhost, exchange.name
-        await server.queues.drop_bindings(vhost, name)
-        for source in await server.exchanges.sources_of(vhost, name):
-            await server.exchanges.set_bindings(vhost, source, [list(b) for b in source.bindings if b[0] != name])
-        await server.exchanges.delete(vhost, name)
-        server.routing.changed()
-
-    async def _unused_auto_delete(self, exchange: Exchange) -> None:
-        """After an unbind: an auto-delete exchange whose last binding from it is gone goes."""
-        server = self.conn.server
-        if not exchange.auto_delete or exchange.predeclared:
-            return
-        current = await server.exchanges.get(self.vhost, exchange.name)
-        if current is not None and not current.bindings and not await server.queues.bound_to(self.vhost,
-                                                                                              exchange.name):
-            await self._delete_exchange(current)
-
-    def _may_read(self, topic_filter: str) -> bool:
-        return self.node.authorizer.subscribe_access(self.conn.info, topic_filter) is SubscribeAccess.GRANTED
-
-    def _binding_to(self, source: Exchange, key: str, arguments: Any,
-                    method: Method) -> tuple[str, str] | Fault:
-        """(topic filter, stored arguments) of a binding from `source`, or why it is refused. From a headers
-        exchange the filter is "" (`routing` matches the headers) and what the ACL checks is all it routes."""
-        arguments = arguments if isinstance(arguments, dict) else {}
-        settings = self.node.settings
-        if source.kind == "headers":
-            problem = binding_problem(arguments)
-            if problem is not None:
-                return fault(PRECONDITION_FAILED, problem, method)
-            topic_filter, checked = "", exchange_filter(source.name)
-        else:
-            mapped = binding_filter(source.name, source.kind, key)
-            if mapped is None or not valid_topic_filter(mapped) or (
-                    mapped.count("/") >= settings.max_topic_levels) or (
-                    len(mapped.encode()) > settings.max_topic_length):
-                return fault(PRECONDITION_FAILED, f"binding key '{key[:80]}' has no MQTT topic filter equivalent",
-                             method)
-            topic_filter = checked = mapped
-        if not self._may_read(checked):
-            return fault(ACCESS_REFUSED, f"access to topic filter '{checked[:80]}' refused for user "
-                                         f"'{self.conn.info.username}'", method)
-        return topic_filter, encode_arguments(arguments)
-
-    async def _exchange_pair(self, method: Any) -> tuple[Exchange, Exchange] | Fault:
-        if method.destination == "" or method.source == "":
-            return fault(ACCESS_REFUSED, "operation not permitted on the default exchange", method)
-        found: list[Exchange] = []
-        for name in (method.destination, method.source):
-            exchange = await self.conn.server.exchanges.get(self.vhost, name)
-            if exchange is None:
-                return fault(NOT_FOUND, f"no exchange '{name}' in vhost '{self.vhost}'", method)
-            found.append(exchange)
-        return found[0], found[1]
-
-    async def _exchange_bind(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
-        pair = await self._exchange_pair(method)
-        if isinstance(pair, Fault):
-            return pair
-        destination, source = pair
-        made = self._binding_to(source, method.routing_key, method.arguments, method)
-        if isinstance(made, Fault):
-            return made
-        entry = (destination.name, method.routing_key, *made)
-        if entry not in source.bindings:
-            server = self.conn.server
-            await server.exchanges.set_bindings(self.vhost, source, [*map(list, source.bindings), list(entry)])
-            server.routing.changed()
-        if not method.nowait:
-            self._reply(Exch.BindOk())
-        return None
-
-    async def _exchange_unbind(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
-        pair = await self._exchange_pair(method)
-        if isinstance(pair, Fault):
-            return pair
-        destination, source = pair
-        arguments = encode_arguments(method.arguments if isinstance(method.arguments, dict) else {})
-        kept = [list(b) for b in source.bindings
-                if not (b[0] == destination.name and b[1] == method.routing_key and b[3] == arguments)]
-        if len(kept) != len(source.bindings):
-            server = self.conn.server
-            await self.conn.server.exchanges.set_bindings(self.vhost, source, kept)
-            server.routing.changed()
-            await self._unused_auto_delete(source)
-        if not method.nowait:
-            self._reply(Exch.UnbindOk())
-        return None
-
     # --- queues --------------------------------------------------------------------------------------------
     async def _queue(self, name: str, method: Method) -> GroupRecord | Fault:
         name = name or self.last_queue
@@ -420,7 +269,7 @@ class Channel:
         if isinstance(found, Fault):
             return found
         record, exchange = found
-        made = self._binding_to(exchange, method.routing_key, method.arguments, method)
+        made = self.exchanges.binding_to(exchange, method.routing_key, method.arguments, method)
         if isinstance(made, Fault):
             return made
         server = self.conn.server
@@ -439,7 +288,7 @@ class Channel:
         arguments = encode_arguments(method.arguments if isinstance(method.arguments, dict) else {})
         await server.queues.unbind(record, exchange.name, method.routing_key, arguments)
         server.routing.changed()
-        await self._unused_auto_delete(exchange)  # its last binding may be gone
+        await self.exchanges.unused_auto_delete(exchange)  # its last binding may be gone
         self._reply(Queue.UnbindOk())
         return None
 
