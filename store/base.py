@@ -74,6 +74,9 @@ class Message:
     # scope groups a sender's keys (listed and released together); not persisted in the record.
     dedupe: tuple[str, str] | None = None
     duplicate: bool = False  # set by `append`: the key was held, nothing stored, `seq` is the held message's
+    # Queues the publisher's routing chose besides those of its topic (AMQP headers exchanges, exchange-to-exchange
+    # bindings, alternate exchanges: `gateway.protocols.amqp.routing`); indexed into with them. Not persisted.
+    routes: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)

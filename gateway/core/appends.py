@@ -10,9 +10,10 @@ has settled (an append after a failed one can only have landed if the failed one
 nothing is reordered, and a batch whose reply was lost may be stored twice (at least once). No new batch is
 taken while a failed one waits to land again.
 
-Messages are indexed (`message.queues`) when their append starts, with the wildcard version they go with; an
-append refused as stale (`StaleWildcards`: another node changed the set) is indexed again and sent again (when
-it was one of several in flight: in its place, as a failed one).
+Messages are indexed (`message.queues`: the topic's queues and the `message.routes` a publisher chose) when
+their append starts, with the wildcard version they go with; an append refused as stale (`StaleWildcards`:
+another node changed the set) is indexed again and sent again (when it was one of several in flight: in its
+place, as a failed one).
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ class Appends:
         queues_for = indexer.queues_for
         for message in batch:
             message.queues = queues_for(message.topic)
+            if message.routes:
+                message.queues = _with_routes(message.queues, message.routes)
         # Any refusal (a stale wildcard set too) fails the task: the batch is sent again in its place by `step`,
         # once the appends after it have settled (they cannot land before it).
         append.task = asyncio.get_running_loop().create_task(self._send(append, indexer.wildcard_version))
@@ -190,7 +193,14 @@ class Appends:
             queues_for = indexer.queues_for
             for message in batch:
                 message.queues = queues_for(message.topic)
+                if message.routes:
+                    message.queues = _with_routes(message.queues, message.routes)
             try:
                 return await self.store.append(batch, indexer.wildcard_version)
             except StaleWildcards:  # another node changed the set: index the batch with the current one
                 await indexer.refresh_wildcards()
+
+
+def _with_routes(queues: tuple[str, ...], routes: tuple[str, ...]) -> tuple[str, ...]:
+    """The topic's queues and those the publisher's routing added (each once)."""
+    return queues + tuple(q for q in routes if q not in queues)

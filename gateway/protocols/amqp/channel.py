@@ -1,5 +1,6 @@
-"""One AMQP channel's commands: exchanges, queues and bindings, Basic.Publish with publisher confirms, and the
-consuming commands (handed to `consuming.Deliveries`).
+"""One AMQP channel's commands: queues and their bindings, Basic.Publish with publisher confirms (routed at
+publish by `routing` where topic filters cannot route), and the consuming commands (handed to
+`consuming.Deliveries`); the exchange commands are `exchange_commands`'.
 
 A channel is the `DurableSink` of its publishes: `node.publish(message, channel, seq)` and the node calls
 `durable` once the batch is synced, so a confirm (Basic.Ack, multiple when it can) means the message is
@@ -16,12 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from tidewire.extensions.hooks import SubscribeAccess
 from tidewire.gateway.core.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
-from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.protocols.amqp.codec import (
     ACCESS_REFUSED,
-    COMMAND_INVALID,
     NO_ROUTE,
     NOT_ALLOWED,
     NOT_FOUND,
@@ -33,17 +31,17 @@ from tidewire.gateway.protocols.amqp.codec import (
     fault,
 )
 from tidewire.gateway.protocols.amqp.consuming import Deliveries
+from tidewire.gateway.protocols.amqp.exchange_commands import ExchangeCommands
 from tidewire.gateway.protocols.amqp.exchanges import Exchange
 from tidewire.gateway.protocols.amqp.mapping import (
-    EXCHANGE_TYPES,
-    MAX_EXCHANGE_NAME,
     MAX_QUEUE_NAME,
     NAME,
-    binding_filter,
     properties_in,
     publish_topic,
+    queue_topic,
 )
 from tidewire.gateway.protocols.amqp.queues import QueueSpec, group_name, parse_arguments
+from tidewire.gateway.protocols.amqp.routing import encode_arguments, route
 from tidewire.store.base import PROTOCOL_AMQP, GroupRecord, Message
 
 if TYPE_CHECKING:
@@ -64,6 +62,7 @@ class Channel:
         self.node = conn.node
         self.vhost = conn.core.vhost
         self.deliveries = Deliveries(conn, number)
+        self.exchanges = ExchangeCommands(conn, self.vhost, self._reply)
         self.confirm = False
         self.next_publish = 1
         self.unconfirmed: dict[int, None] = {}  # publish seqs awaiting their confirm, in order
@@ -75,7 +74,8 @@ class Channel:
             Basic.Publish: self._publish, Basic.Ack: self._ack, Basic.Nack: self._nack, Basic.Reject: self._reject,
             Basic.Consume: self._consume, Basic.Cancel: self._cancel, Basic.Get: self._get, Basic.Qos: self._qos,
             Basic.Recover: self._recover, Basic.RecoverAsync: self._recover, Confirm.Select: self._confirm_select,
-            Exch.Declare: self._exchange_declare, Exch.Delete: self._exchange_delete,
+            Exch.Declare: self.exchanges.declare, Exch.Delete: self.exchanges.delete,
+            Exch.Bind: self.exchanges.bind, Exch.Unbind: self.exchanges.unbind,
             Queue.Declare: self._queue_declare, Queue.Bind: self._queue_bind, Queue.Unbind: self._queue_unbind,
             Queue.Purge: self._queue_purge, Queue.Delete: self._queue_delete,
         }
@@ -83,8 +83,7 @@ class Channel:
     async def handle(self, method: Method, properties: Properties | None, body: bytes) -> Fault | None:
         handler = self._handlers.get(type(method))
         if handler is None:
-            what = {commands.Tx.frame_id: "transactions", Exch.frame_id: "exchange-to-exchange bindings"}.get(
-                method.index >> 16, method.name)
+            what = {commands.Tx.frame_id: "transactions"}.get(method.index >> 16, method.name)
             return fault(NOT_IMPLEMENTED, f"{what} not supported", method)
         return await handler(method, properties, body)
 
@@ -174,7 +173,9 @@ class Channel:
                 message.dedupe = (f"{DEDUPE_SCOPE}{self.vhost}\x00{conn.info.username or ''}",
                                   str(properties.message_id))
                 self._keyed[seq] = message
-        if method.mandatory and not await self.node.groups.routed(topic) and (
+        if exchange.routes_at_publish:
+            message.routes = await self._route(exchange, method.routing_key, properties, topic)
+        if method.mandatory and not message.routes and not await self.node.groups.routed(topic) and (
                 not await conn.server.queues.routed_in_store(topic)):
             self.conn.core.send_content(self.number, Basic.Return(NO_ROUTE, "NO_ROUTE", exchange.name,
                                                                   method.routing_key),
@@ -185,55 +186,18 @@ class Channel:
         self.node.publish(message, self, seq)
         return None
 
+    async def _route(self, exchange: Exchange, key: str, properties: Properties | None,
+                     topic: str) -> tuple[str, ...]:
+        """The queues (their `$queue/` topics) `routing` sends the message to besides its topic's."""
+        graph = await self.conn.server.routing.graph(self.vhost)
+        own = bool(exchange.alternate) and await self.node.groups.routed(topic)
+        headers = properties.headers if properties is not None and isinstance(properties.headers, dict) else {}
+        return tuple(sorted(queue_topic(q) for q in route(graph, exchange.name, key, headers, own)))
+
     async def _confirm_select(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
         self.confirm = True
         if not method.nowait:
             self._reply(Confirm.SelectOk())
-        return None
-
-    # --- exchanges -----------------------------------------------------------------------------------------
-    async def _exchange_declare(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
-        name, kind, vhost = method.exchange, method.exchange_type, self.vhost
-        exchanges = self.conn.server.exchanges
-        if method.passive:
-            if await exchanges.get(vhost, name) is None:
-                return fault(NOT_FOUND, f"no exchange '{name}' in vhost '{vhost}'", method)
-        else:
-            if name == "":
-                return fault(ACCESS_REFUSED, "operation not permitted on the default exchange", method)
-            if kind == "headers":
-                return fault(NOT_IMPLEMENTED, "headers exchanges are not supported", method)
-            if kind not in EXCHANGE_TYPES:
-                return fault(COMMAND_INVALID, f"unknown exchange type '{kind[:40]}'", method)
-            if len(name) > MAX_EXCHANGE_NAME or not NAME.fullmatch(name):
-                return fault(PRECONDITION_FAILED, "invalid exchange name", method)
-            existing = await exchanges.get(vhost, name)
-            if existing is None:
-                if name.startswith("amq."):
-                    return fault(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", method)
-                existing = await exchanges.declare(vhost, Exchange(name, kind, bool(method.durable),
-                                                                   bool(method.auto_delete), bool(method.internal)))
-            for arg, mine, theirs in (("type", kind, existing.kind), ("durable", method.durable, existing.durable)):
-                if mine != theirs:
-                    return fault(PRECONDITION_FAILED, f"inequivalent arg '{arg}' for exchange '{name}' in vhost "
-                                                      f"'{vhost}': received '{mine}' but current is '{theirs}'", method)
-        if not method.nowait:
-            self._reply(Exch.DeclareOk())
-        return None
-
-    async def _exchange_delete(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
-        name, vhost = method.exchange, self.vhost
-        server = self.conn.server
-        exchange = await server.exchanges.get(vhost, name)
-        if exchange is not None and exchange.predeclared:
-            return fault(ACCESS_REFUSED, f"deletion of exchange '{name}' is not allowed", method)
-        if exchange is not None:
-            if method.if_unused and await server.queues.bound_to(vhost, name):
-                return fault(PRECONDITION_FAILED, f"exchange '{name}' in vhost '{vhost}' in use", method)
-            await server.queues.drop_bindings(vhost, name)
-            await server.exchanges.delete(vhost, name)
-        if not method.nowait:
-            self._reply(Exch.DeleteOk())
         return None
 
     # --- queues --------------------------------------------------------------------------------------------
@@ -251,6 +215,11 @@ class Channel:
         for exchange in {b[0] for b in bindings if isinstance(b, list) and b} if isinstance(bindings, list) else ():
             if isinstance(exchange, str) and exchange not in exchanges.kinds:
                 await exchanges.get(self.vhost, exchange)
+        # What exchange bindings and alternates route comes from exchanges the queue is not bound to: the routing
+        # graph has the type of every exchange of the vhost.
+        for name, vertex in (await self.conn.server.routing.graph(self.vhost)).items():
+            if name not in exchanges.kinds and len(exchanges.kinds) < 100_000:
+                exchanges.kinds[name] = vertex.kind
 
     async def _queue_declare(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
         queues, vhost, conn = self.conn.server.queues, self.vhost, self.conn
@@ -300,18 +269,12 @@ class Channel:
         if isinstance(found, Fault):
             return found
         record, exchange = found
-        key = method.routing_key
-        settings = self.node.settings
-        topic_filter = binding_filter(exchange.name, exchange.kind, key)
-        if topic_filter is None or not valid_topic_filter(topic_filter) or (
-                topic_filter.count("/") >= settings.max_topic_levels) or (
-                len(topic_filter.encode()) > settings.max_topic_length):
-            return fault(PRECONDITION_FAILED, f"binding key '{key[:80]}' has no MQTT topic filter equivalent", method)
-        access = self.node.authorizer.subscribe_access(self.conn.info, topic_filter)
-        if access is not SubscribeAccess.GRANTED:
-            return fault(ACCESS_REFUSED, f"access to topic filter '{topic_filter[:80]}' refused for user "
-                                         f"'{self.conn.info.username}'", method)
-        await self.conn.server.queues.bind(record, exchange.name, key, topic_filter)
+        made = self.exchanges.binding_to(exchange, method.routing_key, method.arguments, method)
+        if isinstance(made, Fault):
+            return made
+        server = self.conn.server
+        await server.queues.bind(record, exchange.name, method.routing_key, *made)
+        server.routing.changed()
         if not method.nowait:
             self._reply(Queue.BindOk())
         return None
@@ -322,9 +285,10 @@ class Channel:
             return found
         record, exchange = found
         server = self.conn.server
-        await server.queues.unbind(record, exchange.name, method.routing_key)
-        if exchange.auto_delete and not await server.queues.bound_to(self.vhost, exchange.name):
-            await server.exchanges.delete(self.vhost, exchange.name)  # its last binding is gone
+        arguments = encode_arguments(method.arguments if isinstance(method.arguments, dict) else {})
+        await server.queues.unbind(record, exchange.name, method.routing_key, arguments)
+        server.routing.changed()
+        await self.exchanges.unused_auto_delete(exchange)  # its last binding may be gone
         self._reply(Queue.UnbindOk())
         return None
 
@@ -352,6 +316,7 @@ class Channel:
                 return fault(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.vhost}' is not empty", method)
             count = await queues.delete(found)
             self.conn.exclusive.discard(found.name)
+            self.conn.server.routing.changed()
         if not method.nowait:
             self._reply(Queue.DeleteOk(count))
         return None

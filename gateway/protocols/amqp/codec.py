@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
-from pamqp import base, body, commands, frame, header, heartbeat
+from pamqp import base, body, commands, decode, encode, frame, header, heartbeat
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8
@@ -166,3 +167,21 @@ def content_frames(channel: int, method: Method, properties: Properties, payload
 
 
 HEARTBEAT = heartbeat.Heartbeat.marshal()
+
+
+def encode_table(table: dict[str, Any]) -> bytes | None:
+    """A field table as its AMQP bytes (each value's type kept as pamqp reads it), or None if it has a value
+    pamqp cannot write (it reads none such: a table a client sent always encodes)."""
+    try:
+        return encode.field_table(table)
+    except (TypeError, ValueError):
+        return None
+
+
+def decode_table(data: bytes) -> dict[str, Any] | None:
+    """A field table from `encode_table`'s bytes; None if they are not one."""
+    try:
+        _, table = decode.field_table(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return table

@@ -1,7 +1,9 @@
 """AMQP exchanges: the pre-declared ones and those clients declare, kept where every node sees them.
 
 A declared exchange is a `GroupRecord` named `amqp-exchange/<vhost>/<name>` with no filters and its settings in
-`attrs` ({type, durable, auto_delete, internal}): the store is shared by every node of a cluster, so an exchange
+`attrs` ({type, durable, auto_delete, internal, alternate}, and `bindings`: the exchange-to-exchange bindings
+whose source it is, [[destination, key, filter, arguments], ...] as `routing` reads them; a predeclared
+exchange gets a record when it is first such a source): the store is shared by every node of a cluster, so an exchange
 declared through one node can be published to through any other (a record without filters reads nothing). A
 non-durable one carries `attrs["node"]` and goes when that node restarts, as `ConsumerGroups.load` drops
 non-durable groups. Nodes cache what they read for `CACHE_S`: a deletion elsewhere is seen that late.
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tidewire.gateway.protocols.amqp.mapping import PREDECLARED
+from tidewire.gateway.protocols.amqp.queues import stored_bindings
 from tidewire.store.base import GroupRecord
 
 if TYPE_CHECKING:
@@ -29,13 +32,20 @@ class Exchange:
     durable: bool = True
     auto_delete: bool = False
     internal: bool = False
+    alternate: str = ""  # the `alternate-exchange` argument
+    bindings: tuple[tuple[str, ...], ...] = ()  # exchange-to-exchange bindings from it (`routing.stored_bindings`)
 
     @property
     def predeclared(self) -> bool:
         return self.name == "" or self.name in PREDECLARED
 
+    @property
+    def routes_at_publish(self) -> bool:
+        """Does a publish to it need `routing` (what its topic filters alone do not route)?"""
+        return self.kind == "headers" or bool(self.alternate) or bool(self.bindings)
 
-_DEFAULTS = {name: Exchange(name, kind) for name, kind in PREDECLARED.items()} | {"": Exchange("", "direct")}
+
+DEFAULTS = {name: Exchange(name, kind) for name, kind in PREDECLARED.items()} | {"": Exchange("", "direct")}
 
 
 def record_name(vhost: str, name: str) -> str:
@@ -49,17 +59,27 @@ class Exchanges:
         self.node = node
         self._cache: dict[tuple[str, str], tuple[Exchange, float]] = {}
         # every exchange type seen (by name), to give deliveries their routing key back (`mapping.origin`)
-        self.kinds: dict[str, str] = {name: ex.kind for name, ex in _DEFAULTS.items()}
+        self.kinds: dict[str, str] = {name: ex.kind for name, ex in DEFAULTS.items()}
 
     async def get(self, vhost: str, name: str) -> Exchange | None:
-        known = _DEFAULTS.get(name)
-        if known is not None:
-            return known
+        if name == "":
+            return DEFAULTS[name]
         cached = self._cache.get((vhost, name))
         if cached is not None and self.node.clock.monotonic() - cached[1] < CACHE_S:
             return cached[0]
-        record = await self.node.store.get_group(record_name(vhost, name))
+        try:
+            record = await self.node.store.get_group(record_name(vhost, name))
+        except Exception:
+            # The store cannot answer: what was known still routes (a predeclared exchange always exists), and
+            # the publish waits for the store where it is appended, as it did before exchanges had bindings.
+            known = cached[0] if cached is not None else DEFAULTS.get(name)
+            if known is None:
+                raise
+            return known
         if record is None:
+            known = DEFAULTS.get(name)  # a predeclared exchange without a record: no bindings from it
+            if known is not None:
+                return self._remember(vhost, known)
             self._cache.pop((vhost, name), None)
             return None
         return self._remember(vhost, _from_record(name, record))
@@ -79,12 +99,35 @@ class Exchanges:
             return existing
         attrs: dict[str, object] = {"type": exchange.kind, "durable": exchange.durable,
                                     "auto_delete": exchange.auto_delete, "internal": exchange.internal}
+        if exchange.alternate:
+            attrs["alternate"] = exchange.alternate
         if not exchange.durable:
             attrs["node"] = self.node.node_id
         await self.node.store.put_group(GroupRecord(record_name(vhost, exchange.name), [], exchange.durable,
                                                     self.node.store.last_seq(), int(self.node.clock.time() * 1000),
                                                     attrs))
         return self._remember(vhost, exchange)
+
+    async def set_bindings(self, vhost: str, exchange: Exchange, bindings: list[list[str]]) -> Exchange:
+        """Store the exchange-to-exchange bindings whose source `exchange` is (read, changed, written back: two
+        nodes binding from one exchange at the same instant may lose one, as for a queue's bindings)."""
+        store = self.node.store
+        record = await store.get_group(record_name(vhost, exchange.name))
+        if record is None:  # a predeclared exchange's first binding
+            record = GroupRecord(record_name(vhost, exchange.name), [], True, store.last_seq(),
+                                 int(self.node.clock.time() * 1000),
+                                 {"type": exchange.kind, "durable": True, "auto_delete": False,
+                                  "internal": exchange.internal})
+        record.attrs["bindings"] = bindings
+        await store.put_group(record)
+        return self._remember(vhost, _from_record(exchange.name, record))
+
+    async def sources_of(self, vhost: str, destination: str) -> list[Exchange]:
+        """Every exchange of the vhost with a binding to `destination` (a scan: exchange deletion is rare)."""
+        prefix = record_name(vhost, "")
+        found = [_from_record(r.name[len(prefix):], r) for r in await self.node.store.list_groups()
+                 if r.name.startswith(prefix)]
+        return [ex for ex in found if any(b[0] == destination for b in ex.bindings)]
 
     async def delete(self, vhost: str, name: str) -> None:
         self._cache.pop((vhost, name), None)
@@ -93,6 +136,8 @@ class Exchanges:
 
 def _from_record(name: str, record: GroupRecord) -> Exchange:
     attrs = record.attrs
-    kind = attrs.get("type")
+    kind, alternate = attrs.get("type"), attrs.get("alternate")
     return Exchange(name, kind if isinstance(kind, str) else "direct", bool(attrs.get("durable", True)),
-                    bool(attrs.get("auto_delete", False)), bool(attrs.get("internal", False)))
+                    bool(attrs.get("auto_delete", False)), bool(attrs.get("internal", False)),
+                    alternate if isinstance(alternate, str) else "",
+                    tuple(tuple(b) for b in stored_bindings(attrs.get("bindings"))))

@@ -4,7 +4,8 @@ As RabbitMQ's MQTT plugin: `amq.topic` *is* the MQTT topic space; a routing key 
 `.` and `/` (`*` ↔ `+`, `#` ↔ `#` in binding keys). Every other exchange has a namespace of its own that MQTT
 `#` subscribers do not see (a `$` topic):
 
-- a topic exchange E: `$exchange/E/<mapped key>`; a direct exchange E: `$exchange/E/<escaped key>`;
+- a topic exchange E: `$exchange/E/<mapped key>`; a direct or headers exchange E: `$exchange/E/<escaped key>`
+  (a headers exchange's bindings are no topic filters: `routing` indexes what it routes into the queues);
   a fanout exchange E: `$exchange/E`;
 - the default exchange "": `$queue/<escaped queue name>`, which every queue is bound to (an MQTT client may
   publish there to reach one queue).
@@ -14,14 +15,16 @@ read as wildcards; an exchange named `p2p` is escaped as well, since `<first>/p2
 P2P form.
 
 Properties: content-type ↔ content type, correlation-id ↔ correlation data, reply-to ↔ response topic (through
-the key ↔ topic swap), headers ↔ user properties (values as strings: a header's type does not survive),
-expiration (ms) ↔ message expiry (s, rounded up), delivery-mode 2 ↔ QoS 1 (durable). The properties MQTT has
-no place for travel as user properties named `x-amqp-<name>` (message-id, timestamp (epoch s), type, app-id,
-priority, user-id, content-encoding) and are restored on delivery to AMQP.
+the key ↔ topic swap), headers ↔ user properties (values as strings, for MQTT and RocketMQ readers; the
+table with its AMQP types travels as well, base64 in `x-amqp-headers` (split over several if long), and is what
+an AMQP consumer gets back), expiration (ms) ↔ message expiry (s, rounded up), delivery-mode 2 ↔ QoS 1
+(durable). The properties MQTT has no place for travel as user properties named `x-amqp-<name>` (message-id,
+timestamp (epoch s), type, app-id, priority, user-id, content-encoding) and are restored on delivery to AMQP.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import re
@@ -29,15 +32,18 @@ from typing import Any
 
 from pamqp import commands
 
+from tidewire.gateway.protocols.amqp.codec import decode_table, encode_table
 from tidewire.store.base import Message
 from tidewire.store.properties import Properties
 
 AMQ_TOPIC = "amq.topic"
 PREDECLARED = {AMQ_TOPIC: "topic", "amq.direct": "direct", "amq.fanout": "fanout"}
-EXCHANGE_TYPES = frozenset({"topic", "direct", "fanout"})
+EXCHANGE_TYPES = frozenset({"topic", "direct", "fanout", "headers"})
 QUEUE_PREFIX = "$queue/"
 EXCHANGE_PREFIX = "$exchange/"
 AMQP_PREFIX = "x-amqp-"  # user properties holding AMQP-only basic properties
+TYPED_HEADERS = AMQP_PREFIX + "headers"  # the headers table with its types (base64 of its AMQP bytes)
+_CHUNK = 49152  # base64 characters per `x-amqp-headers` user property (a multiple of 4, under 65535)
 MAX_USER_STRING = 65535  # an MQTT UTF-8 string
 
 # What pamqp-based clients accept in an exchange or queue name (they validate what they receive).
@@ -118,18 +124,27 @@ def publish_topic(exchange: str, kind: str, key: str) -> str:
     base = EXCHANGE_PREFIX + _exchange_level(exchange)
     if kind == "fanout":
         return base
-    if kind == "direct":
+    if kind == "direct" or kind == "headers":
         return base + "/" + escape(key)
     return base + "/" + key_to_topic(key)
 
 
+def exchange_filter(exchange: str) -> str:
+    """The topic filter of everything published to `exchange`."""
+    return "#" if exchange == AMQ_TOPIC else EXCHANGE_PREFIX + _exchange_level(exchange) + "/#"
+
+
 def binding_filter(exchange: str, kind: str, key: str) -> str | None:
-    """The topic filter a binding of `key` to `exchange` stands for (None: not expressible)."""
+    """The topic filter a binding of `key` to `exchange` stands for (None: not expressible). A headers
+    exchange's binding reads all it may route (the key plays no part): what an ACL checks, never a queue's
+    filter."""
     if exchange == AMQ_TOPIC:
         return binding_to_filter(key)
     base = EXCHANGE_PREFIX + _exchange_level(exchange)
     if kind == "fanout":
         return base
+    if kind == "headers":
+        return exchange_filter(exchange)
     if kind == "direct":
         return base + "/" + escape(key)
     mapped = binding_to_filter(key)
@@ -206,12 +221,16 @@ def properties_in(props: commands.Basic.Properties | None, username: str | None)
         if value is not None and value != "":
             user.append((AMQP_PREFIX + name, _stringify(value)))
     headers = props.headers
-    if isinstance(headers, dict):
+    if isinstance(headers, dict) and headers:
         for key, raw in headers.items():
             pair = (_stringify(key), _stringify(raw))
             if len(pair[0].encode()) > MAX_USER_STRING or len(pair[1].encode()) > MAX_USER_STRING:
                 return f"header '{pair[0][:40]}' longer than {MAX_USER_STRING} bytes"
             user.append(pair)
+        table = encode_table(headers)
+        if table is not None:  # (a non-UTF-8 longstr, which pamqp cannot write back: strings only)
+            text = base64.b64encode(table).decode()
+            user.extend((TYPED_HEADERS, text[i:i + _CHUNK]) for i in range(0, len(text), _CHUNK))
     return out, 1 if props.delivery_mode == 2 else 0
 
 
@@ -228,14 +247,30 @@ def properties_out(message: Message, now_ms: int) -> commands.Basic.Properties:
     if props.expiry_interval is not None:
         out.expiration = str(props.expiry_interval * 1000)
     headers: dict[str, Any] = {}
+    typed: list[str] = []
     for key, value in props.user:
-        if key.startswith(AMQP_PREFIX):
+        if key == TYPED_HEADERS:
+            typed.append(value)
+        elif key.startswith(AMQP_PREFIX):
             _restore(out, key[len(AMQP_PREFIX):], value)
         elif len(key.encode()) <= 128:  # a field table key is a shortstr, and pamqp cuts keys over 128 bytes
             headers[key] = value
+    if typed:
+        # The AMQP publisher's table, types and all; a user property added since (an MQTT rule) as a string.
+        table = _typed_table("".join(typed))
+        if table is not None:
+            headers = {**{k: v for k, v in headers.items() if k not in table}, **table}
     if headers:
         out.headers = headers
     return out
+
+
+def _typed_table(text: str) -> dict[str, Any] | None:
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    return decode_table(raw)
 
 
 def _restore(out: commands.Basic.Properties, name: str, value: str) -> None:

@@ -5,7 +5,8 @@ topic filters (`mapping.binding_filter`) plus `$queue/<name>` (the default excha
 The log holds each message once; the group holds a position and its claims, so a durable queue's position
 survives a restart and any node can serve it. `attrs` keep the AMQP settings: `exclusive` (the owning
 connection's id), `auto_delete`, `expires_ms` (x-expires), `ttl_ms` (x-message-ttl), `bindings`
-([[exchange, key, filter], ...]) and `used_ms` (last use of an expiring queue seen by a node).
+([[exchange, key, filter, arguments], ...]: a headers exchange's binding has no filter, `routing` routes it;
+arguments are `routing.encode_arguments`'s text) and `used_ms` (last use of an expiring queue seen by a node).
 
 Limits of the mapping, by design: message counts are estimates (claims pending, ready or unacked, plus what is
 new after the cursor, at most `COUNT_CAP` per binding); consumer counts, exclusive consumers and auto-delete
@@ -137,21 +138,22 @@ class Queues:
         return stored, created
 
     # --- bindings ----------------------------------------------------------------------------------------
-    async def bind(self, record: GroupRecord, exchange: str, key: str, topic_filter: str) -> None:
+    async def bind(self, record: GroupRecord, exchange: str, key: str, topic_filter: str,
+                   arguments: str = "") -> None:
         bindings = _bindings(record)
-        if [exchange, key, topic_filter] not in bindings:
-            bindings.append([exchange, key, topic_filter])
+        if [exchange, key, topic_filter, arguments] not in bindings:
+            bindings.append([exchange, key, topic_filter, arguments])
         await self._store_bindings(record, bindings)
 
-    async def unbind(self, record: GroupRecord, exchange: str, key: str) -> None:
-        bindings = [b for b in _bindings(record) if not (b[0] == exchange and b[1] == key)]
+    async def unbind(self, record: GroupRecord, exchange: str, key: str, arguments: str = "") -> None:
+        bindings = [b for b in _bindings(record) if not (b[0] == exchange and b[1] == key and b[3] == arguments)]
         await self._store_bindings(record, bindings)
 
     async def _store_bindings(self, record: GroupRecord, bindings: list[list[str]]) -> None:
         # A copy: `record` may be the very object node.groups holds, and set_filters diffs old against new.
         changed = dataclasses.replace(record, attrs={**record.attrs, "bindings": bindings})
         queue = str(record.attrs.get("queue", record.name.rsplit("/", 1)[-1]))
-        await self.node.groups.set_filters(changed, [queue_topic(queue), *(b[2] for b in bindings)])
+        await self.node.groups.set_filters(changed, [queue_topic(queue), *(b[2] for b in bindings if b[2])])
 
     async def bound_to(self, vhost: str, exchange: str) -> list[GroupRecord]:
         """Every queue of the vhost with a binding to `exchange` (a scan: exchange deletion is rare)."""
@@ -276,10 +278,15 @@ class Queues:
 
 
 def _bindings(record: GroupRecord) -> list[list[str]]:
-    raw = record.attrs.get("bindings")
+    return stored_bindings(record.attrs.get("bindings"))
+
+
+def stored_bindings(raw: object) -> list[list[str]]:
+    """[[exchange, key, filter, arguments], ...] of a record's `bindings` (an exchange record's too, its first
+    element the destination); entries of three, stored before arguments were kept, have none."""
     if not isinstance(raw, list):
         return []
-    return [list(map(str, b)) for b in raw if isinstance(b, list) and len(b) == 3]
+    return [[*map(str, b), ""][:4] for b in raw if isinstance(b, list) and len(b) in (3, 4)]
 
 
 def _show(value: object) -> str:

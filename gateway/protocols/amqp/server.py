@@ -19,6 +19,7 @@ from tidewire.gateway.protocols.amqp.core import ConnectionCore
 from tidewire.gateway.protocols.amqp.events import Limits
 from tidewire.gateway.protocols.amqp.exchanges import Exchanges
 from tidewire.gateway.protocols.amqp.queues import Queues
+from tidewire.gateway.protocols.amqp.routing import Routing
 from tidewire.gateway.transport.listeners import Listener, make_listener, open_listener
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ log = logging.getLogger("tidewire.amqp")
 EXPIRY_CHECK_S = 0.5  # how often x-expires queues are looked at
 STOP_GRACE_S = 1.0  # how long stop() waits for the cleanups of closed connections to make progress
 CAPABILITIES = {"publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
-                "connection.blocked": True, "exchange_exchange_bindings": False, "per_consumer_qos": True,
+                "connection.blocked": True, "exchange_exchange_bindings": True, "per_consumer_qos": True,
                 "authentication_failure_close": True}
 
 
@@ -47,6 +48,7 @@ class AmqpServer:
         self.exchanges = Exchanges(node)
         self.held_keys = HeldKeys(node.writes, node.clock, settings.amqp_dedupe_seconds)
         self.queues = Queues(node)
+        self.routing = Routing(node.store, node.clock)
         self.connections: dict[str, set[AmqpConnection]] = {"amqp": set(), "amqps": set()}
         self.listeners: dict[str, Listener] = {}  # their limits, PROXY protocol and deadlines are MQTT's
         self.ports: dict[str, int] = {}

@@ -171,6 +171,19 @@ async def test_the_embedded_store_appends_one_batch_at_a_time_in_the_step(tmp_pa
         await store.close()
 
 
+async def test_a_message_is_indexed_into_its_routes_too(tmp_path: Path) -> None:
+    store = EmbeddedStore(tmp_path, fsync="never")
+    await store.open()
+    try:
+        p = Pipeline(store)
+        p.appends.add(Message("t", b"x", qos=1, routes=("$queue/q", "all")), "ack")
+        await p.run_until_idle()
+        assert p.landed[0].batch[0].queues == ("t", "all", "$queue/q")  # each once
+        assert [m.topic for m in (await store.read("$queue/q", 0, 10)).messages] == ["t"]
+    finally:
+        await store.close()
+
+
 async def test_at_stop_the_acks_not_landed_are_taken_and_what_is_in_flight_still_lands(
         redis_store: RedisStore) -> None:
     p = Pipeline(redis_store)
