@@ -19,6 +19,7 @@ from pamqp import commands
 from tidewire.extensions.hooks import SubscribeAccess
 from tidewire.gateway.core.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
 from tidewire.gateway.core.topics import valid_topic_filter
+from tidewire.gateway.protocols.amqp.arguments import parse_arguments
 from tidewire.gateway.protocols.amqp.codec import (
     ACCESS_REFUSED,
     COMMAND_INVALID,
@@ -43,7 +44,7 @@ from tidewire.gateway.protocols.amqp.mapping import (
     properties_in,
     publish_topic,
 )
-from tidewire.gateway.protocols.amqp.queues import QueueSpec, group_name, parse_arguments
+from tidewire.gateway.protocols.amqp.queues import QueueSpec, group_name
 from tidewire.store.base import PROTOCOL_AMQP, GroupRecord, Message
 
 if TYPE_CHECKING:
@@ -182,6 +183,11 @@ class Channel:
             if seq is not None:
                 self._settle_confirms([seq], Basic.Ack)
             return None
+        backlog = conn.server.queues.backlog
+        limited = backlog.limited(topic)
+        if limited:  # checked against the queues' limits, and in them, before the next command
+            await backlog.publish(message, self, seq, limited)
+            return None
         self.node.publish(message, self, seq)
         return None
 
@@ -271,7 +277,7 @@ class Channel:
                 return fault(PRECONDITION_FAILED, "invalid queue name", method)
             elif name.startswith("amq.") and await self.node.store.get_group(group_name(vhost, name)) is None:
                 return fault(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", method)
-            spec = QueueSpec(name, bool(method.durable), bool(method.exclusive), bool(method.auto_delete), *args)
+            spec = QueueSpec(name, bool(method.durable), bool(method.exclusive), bool(method.auto_delete), args)
             declared = await queues.declare(vhost, spec, conn.id, method)
             if isinstance(declared, Fault):
                 return declared
@@ -380,6 +386,7 @@ class Channel:
         if not method.nowait:
             self._reply(Basic.ConsumeOk(tag))
         queues.touch(found.name)
+        await queues.backlog.trim(found)  # the head it starts from is within the queue's limits
         self.deliveries.consume(found.name, str(found.attrs.get("queue", method.queue)), tag, bool(method.no_ack),
                                 bool(method.exclusive))
         return None
@@ -394,9 +401,11 @@ class Channel:
         found = await self._queue(method.queue, method)
         if isinstance(found, Fault):
             return found
-        self.conn.server.queues.touch(found.name)
+        queues = self.conn.server.queues
+        queues.touch(found.name)
         await self._learn_exchanges(found)
-        await self.deliveries.get(found.name, bool(method.no_ack), 0)
+        await queues.backlog.trim(found)
+        await self.deliveries.get(found.name, bool(method.no_ack), lambda: queues.message_count(found))
         return None
 
     async def _ack(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:

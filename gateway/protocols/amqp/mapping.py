@@ -17,7 +17,9 @@ Properties: content-type ↔ content type, correlation-id ↔ correlation data, 
 the key ↔ topic swap), headers ↔ user properties (values as strings: a header's type does not survive),
 expiration (ms) ↔ message expiry (s, rounded up), delivery-mode 2 ↔ QoS 1 (durable). The properties MQTT has
 no place for travel as user properties named `x-amqp-<name>` (message-id, timestamp (epoch s), type, app-id,
-priority, user-id, content-encoding) and are restored on delivery to AMQP.
+priority, user-id, content-encoding) and are restored on delivery to AMQP. The `x-death` header (an array of
+tables, `dead_letters`) travels as JSON in `x-amqp-x-death` and comes back typed (count a long, time a
+timestamp), whether the gateway dead-lettered the message or a client republished it with the header.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ EXCHANGE_TYPES = frozenset({"topic", "direct", "fanout"})
 QUEUE_PREFIX = "$queue/"
 EXCHANGE_PREFIX = "$exchange/"
 AMQP_PREFIX = "x-amqp-"  # user properties holding AMQP-only basic properties
+DEATHS = AMQP_PREFIX + "x-death"  # the user property holding the x-death header, as JSON
 MAX_USER_STRING = 65535  # an MQTT UTF-8 string
 
 # What pamqp-based clients accept in an exchange or queue name (they validate what they receive).
@@ -208,6 +211,9 @@ def properties_in(props: commands.Basic.Properties | None, username: str | None)
     headers = props.headers
     if isinstance(headers, dict):
         for key, raw in headers.items():
+            if key == "x-death" and isinstance(raw, list):
+                user.append((DEATHS, encode_deaths(raw)))
+                continue
             pair = (_stringify(key), _stringify(raw))
             if len(pair[0].encode()) > MAX_USER_STRING or len(pair[1].encode()) > MAX_USER_STRING:
                 return f"header '{pair[0][:40]}' longer than {MAX_USER_STRING} bytes"
@@ -229,12 +235,50 @@ def properties_out(message: Message, now_ms: int) -> commands.Basic.Properties:
         out.expiration = str(props.expiry_interval * 1000)
     headers: dict[str, Any] = {}
     for key, value in props.user:
-        if key.startswith(AMQP_PREFIX):
+        if key == DEATHS:
+            headers["x-death"] = decode_deaths(value)
+        elif key.startswith(AMQP_PREFIX):
             _restore(out, key[len(AMQP_PREFIX):], value)
         elif len(key.encode()) <= 128:  # a field table key is a shortstr, and pamqp cuts keys over 128 bytes
             headers[key] = value
     if headers:
         out.headers = headers
+    return out
+
+
+def encode_deaths(deaths: list[Any]) -> str:
+    """The x-death header as stored: JSON, times as epoch seconds, byte strings as text."""
+    entries: list[dict[str, Any]] = []
+    for entry in deaths:
+        if isinstance(entry, dict):
+            entries.append({_stringify(k): _plain(v) for k, v in entry.items()})
+    return json.dumps(entries, separators=(",", ":"))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp())
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return _stringify(value)
+
+
+def decode_deaths(text: str) -> list[dict[str, Any]]:
+    """The stored x-death header as AMQP gives it: `time` a timestamp, the rest as they were."""
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return []
+    out: list[dict[str, Any]] = []
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, dict):
+            if isinstance(entry.get("time"), int):
+                entry["time"] = datetime.datetime.fromtimestamp(entry["time"], datetime.UTC)
+            out.append(entry)
     return out
 
 
