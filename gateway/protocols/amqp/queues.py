@@ -192,6 +192,10 @@ class Queues:
         """Ready messages, exact (deliveries awaiting their ack are not counted, as in RabbitMQ), once expired
         heads are gone and the queue is within its length limits."""
         await self.backlog.trim(record)
+        return await self.ready_count(record)
+
+    async def ready_count(self, record: GroupRecord) -> int:
+        """Ready messages, exact, as they are now (no trim: for Get-Ok, right after one)."""
         count, _ = await self.backlog.ready(record)
         return count
 
