@@ -72,8 +72,6 @@ class Backlog:
         self._locks: dict[str, asyncio.Lock] = {}  # group → lock of its limited publishes on this node
         self._users: dict[str, int] = {}
         self._leases: dict[str, float] = {}  # group → monotonic time until which this node holds its trim lease
-        self.refused = 0  # publishes refused by reject-publish(-dlx)
-        self.dropped = 0  # messages dropped from the head (dead-lettered or not)
 
     # --- counting ----------------------------------------------------------------------------------------
     async def ready(self, record: GroupRecord, with_bytes: bool = False) -> tuple[int, int]:
@@ -127,7 +125,6 @@ class Backlog:
                 return dropped
             await self.dead_letters.deliveries(record, taken, MAXLEN)
             dropped += len(taken)
-            self.dropped += len(taken)
 
     async def _hold(self, name: str) -> bool:
         clock = self.node.clock
@@ -181,9 +178,10 @@ class Backlog:
             count, size = await self.ready(record, args.max_length_bytes is not None)
             if (args.max_length is not None and count >= args.max_length) or (
                     args.max_length_bytes is not None and size + len(message.payload) > args.max_length_bytes):
-                self.refused += 1
                 if args.overflow == "reject-publish-dlx":
                     await self.dead_letters.messages(record, [message], MAXLEN)
+                else:
+                    self.node.counters.drop("queue_full")
                 sink.failed([token], f"queue '{record.attrs.get('queue', record.name)}' is full")
                 return False
         landed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()

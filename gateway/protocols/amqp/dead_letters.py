@@ -5,7 +5,8 @@ pushed out by a length limit (`maxlen`) is republished to the queue's `x-dead-le
 Store once: the dead-lettered copy is a new append (RabbitMQ republishes too), the original's claim is settled
 only once the copy is durable. A node dying in between leaves the claim to lapse: the message is dead-lettered
 again (at least once, where RabbitMQ's default is at most once). No dead-letter exchange, or one that does not
-exist: the message is dropped, as in RabbitMQ.
+exist: the message is dropped, as in RabbitMQ (one a length limit drops is counted as
+`tidewire_dropped_total{reason="queue_full"}`).
 
 `x-death` is an array of tables, newest first: reason, queue, time, exchange, routing-keys, count (and
 original-expiration when the message had its own). A message dead-lettered again from the same queue for the
@@ -90,21 +91,21 @@ class DeadLetters:
     def __init__(self, node: Node, exchanges: Exchanges) -> None:
         self.node = node
         self.exchanges = exchanges
-        self.count = 0  # messages dead-lettered by this node (republished)
 
     async def messages(self, record: GroupRecord, messages: Sequence[Message], reason: str) -> None:
         """Republish `messages` of the queue to its dead-letter exchange (if any); returns once they are durable."""
-        args = QueueArgs.of(record.attrs)
-        if args.dlx is None or not messages:
+        if not messages:
             return
-        target = await self.exchanges.get(vhost_of(record), args.dlx)
+        args = QueueArgs.of(record.attrs)
+        target = None if args.dlx is None else await self.exchanges.get(vhost_of(record), args.dlx)
         if target is None:
+            if reason == MAXLEN:
+                self.node.counters.drop("queue_full", len(messages))
             return
         now = int(self.node.clock.time() * 1000)
         queue = str(record.attrs.get("queue", ""))
         copies = [dead_lettered(m, reason, queue, target, args.dlrk, self.exchanges.kinds, now) for m in messages]
         await asyncio.gather(*publish_future(self.node.publish, copies))
-        self.count += len(copies)
 
     async def deliveries(self, record: GroupRecord, deliveries: Sequence[Delivery], reason: str) -> None:
         """Dead-letter claimed messages of the queue, then settle their claims."""
