@@ -12,6 +12,10 @@ exist: the message is dropped, as in RabbitMQ (one a length limit drops is count
 original-expiration when the message had its own). A message dead-lettered again from the same queue for the
 same reason has that entry's count raised and moved to the front. `x-first-death-reason`, `-queue` and
 `-exchange` are set the first time and kept.
+
+Cycles: a message that went round queues dead-lettering it with no rejection anywhere on the way (expiring in a
+queue that dead-letters back to itself, say) is dropped when it comes back to a queue it was dead-lettered from
+and is to be dead-lettered again: RabbitMQ drops it as it comes back, here it goes round once more.
 """
 
 from __future__ import annotations
@@ -43,14 +47,11 @@ def vhost_of(record: GroupRecord) -> str:
     return record.name[len("amqp/"):len(record.name) - len(queue) - 1]
 
 
-def dead_lettered(message: Message, reason: str, queue: str, target: Exchange, routing_key: str | None,
-                  kinds: dict[str, str], now_ms: int) -> Message:
-    """The copy of `message` that `queue` dead-letters to `target` (pure)."""
-    props = Properties.from_block(message.properties)
-    exchange, key = origin(message.topic, kinds)
+def _deaths(message: Message) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    """The message's x-death entries and its other user properties."""
     deaths: list[dict[str, Any]] = []
     user: list[tuple[str, str]] = []
-    for name, value in props.user:
+    for name, value in Properties.from_block(message.properties).user:
         if name == DEATHS:
             try:
                 loaded = json.loads(value)
@@ -59,6 +60,23 @@ def dead_lettered(message: Message, reason: str, queue: str, target: Exchange, r
             deaths = [d for d in loaded if isinstance(d, dict)] if isinstance(loaded, list) else []
         else:
             user.append((name, value))
+    return deaths, user
+
+
+def cyclic(message: Message, queue: str, reason: str) -> bool:
+    """Was the message dead-lettered from `queue` before, with no rejection on its way (a cycle to break)?"""
+    if reason == REJECTED:
+        return False
+    deaths, _ = _deaths(message)
+    return any(d.get("queue") == queue for d in deaths) and not any(d.get("reason") == REJECTED for d in deaths)
+
+
+def dead_lettered(message: Message, reason: str, queue: str, target: Exchange, routing_key: str | None,
+                  kinds: dict[str, str], now_ms: int) -> Message:
+    """The copy of `message` that `queue` dead-letters to `target` (pure)."""
+    props = Properties.from_block(message.properties)
+    exchange, key = origin(message.topic, kinds)
+    deaths, user = _deaths(message)
     now_s = now_ms // 1000
     for i, entry in enumerate(deaths):
         if entry.get("queue") == queue and entry.get("reason") == reason:
@@ -104,7 +122,12 @@ class DeadLetters:
             return
         now = int(self.node.clock.time() * 1000)
         queue = str(record.attrs.get("queue", ""))
-        copies = [dead_lettered(m, reason, queue, target, args.dlrk, self.exchanges.kinds, now) for m in messages]
+        kept = [m for m in messages if not cyclic(m, queue, reason)]
+        if len(kept) < len(messages):
+            self.node.counters.drop(reason, len(messages) - len(kept))
+        copies = [dead_lettered(m, reason, queue, target, args.dlrk, self.exchanges.kinds, now) for m in kept]
+        if not copies:
+            return
         await asyncio.gather(*publish_future(self.node.publish, copies))
 
     async def deliveries(self, record: GroupRecord, deliveries: Sequence[Delivery], reason: str) -> None:

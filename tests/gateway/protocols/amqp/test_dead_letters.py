@@ -260,3 +260,23 @@ async def test_expiry_without_consumer_is_driven_by_the_sweep_on_the_node_clock(
     user = dict(Properties.from_block(got[0].message.properties).user)
     assert '"reason":"expired"' in user[DEATHS] and '"queue":"q"' in user[DEATHS]
     assert user["x-first-death-queue"] == "q"
+
+
+async def test_a_dead_letter_cycle_without_rejection_is_broken(clocked_node: Node, clock: FakeClock) -> None:
+    """A queue whose expired messages are dead-lettered back to itself: the message comes back once (x-death
+    expired, count 1), and when it expires there again it is dropped (counted), not sent round for ever."""
+    node = clocked_node
+    queues = Queues(node)
+    args = QueueArgs(ttl_ms=5000, dlx="", dlrk="loop")
+    declared = await queues.declare("/", QueueSpec("loop", True, False, False, args), "conn-1",
+                                    commands.Queue.Declare(queue="loop"))
+    assert not isinstance(declared, Fault)
+    record, _ = declared
+    await asyncio.gather(*publish_future(node.publish, [Message(queue_topic("loop"), b"m", 1)]))
+    clock.advance(5.1)
+    await queues.sweep()
+    assert await queues.message_count(record) == 1  # back once, dead-lettered from 'loop'
+    clock.advance(5.1)
+    await queues.sweep()
+    assert await queues.message_count(record) == 0
+    assert node.counters.drops.get("expired") == 1
