@@ -280,3 +280,21 @@ async def test_a_dead_letter_cycle_without_rejection_is_broken(clocked_node: Nod
     await queues.sweep()
     assert await queues.message_count(record) == 0
     assert node.counters.drops.get("expired") == 1
+
+
+async def test_max_length_bytes_drops_the_oldest_bodies(clocked_node: Node) -> None:
+    """x-max-length-bytes 10 with four 4-byte bodies: the sweep drops the two oldest (no dead-letter exchange:
+    counted as queue_full), 8 bytes stay; the ready count is exact."""
+    node = clocked_node
+    queues = Queues(node)
+    declared = await queues.declare("/", QueueSpec("bytes", True, False, False, QueueArgs(max_length_bytes=10)),
+                                    "conn-1", commands.Queue.Declare(queue="bytes"))
+    assert not isinstance(declared, Fault)
+    record, _ = declared
+    await asyncio.gather(*publish_future(node.publish, [Message(queue_topic("bytes"), b"m%03d" % i, 1)
+                                                        for i in range(4)]))
+    await queues.sweep()
+    assert await queues.backlog.ready(record, with_bytes=True) == (2, 8)
+    assert node.counters.drops.get("queue_full") == 2
+    got = await node.groups.receive(record.name, 8, 30_000, 0)
+    assert [d.message.payload for d in got] == [b"m002", b"m003"]
