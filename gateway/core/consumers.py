@@ -131,7 +131,8 @@ class _Group:
                 self._taking.discard(id(consumer))
             if batch and consumer in self.consumers:
                 consumer.deliver(batch)
-                self.groups.counters.consumed(self.name, batch)
+                if not isinstance(consumer, _Poll) or consumer.counted:
+                    self.groups.counters.consumed(self.name, batch)
                 delivered += len(batch)
             elif batch:  # it left while the claim was made: give them back at once
                 await self.groups.store.set_visibility(self.name, [(d.claim.seq, d.claim.token) for d in batch], 0)
@@ -487,13 +488,15 @@ class ConsumerGroups:
             group.pull()
         return claims
 
-    async def receive(self, name: str, max_messages: int, visibility_ms: int, wait_s: float) -> list[Delivery]:
+    async def receive(self, name: str, max_messages: int, visibility_ms: int, wait_s: float,
+                      counted: bool = True) -> list[Delivery]:
         """One poll: up to `max_messages`, waiting up to `wait_s` for the first (RocketMQ ReceiveMessage, AMQP
-        Basic.Get with `wait_s` 0). Empty if nothing came."""
+        Basic.Get with `wait_s` 0). Empty if nothing came. Not `counted`: taken to be dropped, not delivered
+        (AMQP's drop-head), so not counted as sent."""
         group = self._groups.get(name)
         if group is None:
             return []
-        poll = _Poll(max_messages, visibility_ms)
+        poll = _Poll(max_messages, visibility_ms, counted)
         group.consumers.append(poll)
         if len(group.consumers) == 1:
             for topic_filter in group.record.filters:
@@ -523,11 +526,12 @@ class ConsumerGroups:
 class _Poll:
     """A consumer for one poll: takes up to its batch, once."""
 
-    __slots__ = ("done", "got", "size", "visibility_ms")
+    __slots__ = ("counted", "done", "got", "size", "visibility_ms")
 
-    def __init__(self, size: int, visibility_ms: int) -> None:
+    def __init__(self, size: int, visibility_ms: int, counted: bool) -> None:
         self.size = size
         self.visibility_ms = visibility_ms
+        self.counted = counted
         self.got: list[Delivery] = []
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 

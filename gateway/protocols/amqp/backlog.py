@@ -120,7 +120,7 @@ class Backlog:
                 over = max(over, 1)  # the head's size is known once it is taken: one at a time
             if over <= 0:
                 return dropped
-            taken = await self.node.groups.receive(record.name, over, HOLD_MS, 0)
+            taken = await self.node.groups.receive(record.name, over, HOLD_MS, 0, counted=False)
             if not taken:
                 return dropped
             await self.dead_letters.deliveries(record, taken, MAXLEN)

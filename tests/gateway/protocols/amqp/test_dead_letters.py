@@ -296,5 +296,6 @@ async def test_max_length_bytes_drops_the_oldest_bodies(clocked_node: Node) -> N
     await queues.sweep()
     assert await queues.backlog.ready(record, with_bytes=True) == (2, 8)
     assert node.counters.drops.get("queue_full") == 2
+    assert node.counters.messages_out == 0  # dropped, not delivered
     got = await node.groups.receive(record.name, 8, 30_000, 0)
     assert [d.message.payload for d in got] == [b"m002", b"m003"]
