@@ -294,8 +294,9 @@ class BackendSettings(BaseModel):
                                      "once; 0: off (AMQP does not require message-ids to be unique)")
     amqp_max_unacked: int = Field(10_000, ge=1, description="unacked deliveries per consumer when prefetch is "
                                                             "0 (unlimited in AMQP)")
-    consumer_timeout: int = Field(1800, ge=1, description="s an AMQP delivery may stay unacked before other "
-                                                          "consumers may get it (RabbitMQ's consumer_timeout)")
+    consumer_timeout: int = Field(1800, ge=1, description="s an AMQP delivery may stay unacked before its channel "
+                                                          "is closed with 406 and it is requeued (RabbitMQ's "
+                                                          "consumer_timeout; a queue's x-consumer-timeout wins)")
     rocketmq_port: Port = Field(8081, ge=0, le=65535, description="RocketMQ 5 gRPC")
     rocketmq_endpoint: str | None = Field(None, description="host:port RocketMQ clients reach this node at; "
                                                             "default: host and rocketmq_port")

@@ -405,6 +405,10 @@ class Store(Protocol):
     async def group_position(self, group: str) -> tuple[int, int]:
         """(cursor, number of pending claims); (-1, 0) for an unknown group."""
 
+    async def ready_claims(self, group: str, now_ms: int) -> list[int]:
+        """The seqs of the group's pending claims visible at `now_ms` (requeued, lapsed or released: ready to be
+        reclaimed), ascending; the rest of its claims are held by consumers. Empty for an unknown group."""
+
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         """Messages by seq, ascending; seqs no longer stored (retention) are left out."""
 

@@ -231,6 +231,10 @@ class GroupTable:
         g = self._groups.get(name)
         return (-1, 0) if g is None else (g.cursor, len(g.pending))
 
+    def ready_claims(self, name: str, now_ms: int) -> list[int]:
+        g = self._groups.get(name)
+        return [] if g is None else sorted(s for s, p in g.pending.items() if p.visible_at <= now_ms)
+
     # --- claims ---------------------------------------------------------------------------------------------
     def claim(self, name: str, after: int, upto: int, seqs: Sequence[int], owner: str,
               visible_at_ms: int) -> tuple[list[Claim], int]:
@@ -398,3 +402,6 @@ class GroupCalls:
 
     async def group_position(self, group: str) -> tuple[int, int]:
         return self._groups.group_position(group)
+
+    async def ready_claims(self, group: str, now_ms: int) -> list[int]:
+        return self._groups.ready_claims(group, now_ms)

@@ -7,6 +7,11 @@ after the group's cursor (through the shared queue cache), and `store.claim` han
 claimer; what a consumer does not settle in time (or gives back) becomes visible again and `store.reclaim`
 hands it out once more, counted as a redelivery. Nothing here knows AMQP or RocketMQ: a handler implements
 `Consumer` (credit + deliver) and calls `ack` / `requeue`.
+
+Expiry (`expiry`): a message past its own deadline or the group's TTL is never delivered. By default it is
+passed over; a group with an `Expired` sink (AMQP dead-lettering) has it claimed and handed to the sink, which
+settles it. `expire_head` does the same for the head of the unclaimed backlog when nobody consumes, on the
+caller's schedule (the clock is the node's).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ class DeliveryCounters(Protocol):
         """A consumer of `group` was handed `deliveries` (one call per batch)."""
 
 RECLAIM_INTERVAL = 1.0  # s between looks for claims that lapsed (a consumer elsewhere died or timed out)
+EXPIRED_HOLD_MS = 60_000  # expired messages claimed for the sink stay hidden this long if it never settles them
+EXPIRE_BATCH = 500
 _FAR = 1 << 62
 
 
@@ -56,13 +63,16 @@ class Consumer(Protocol):
 
 
 Matcher = Callable[[Message], bool]
+# Expired messages of the group `name`, claimed for the sink: it settles them (once dead-lettered). If it raises,
+# they are visible again a second later.
+Expired = Callable[[str, list["Delivery"]], Coroutine[Any, Any, None]]
 
 
 class _Group:
     """The node-local reader of one group: its local consumers, the cursor as last learnt from the store."""
 
-    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "groups", "matcher", "name", "reclaim_due",
-                 "record")
+    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "expired", "groups", "matcher", "name",
+                 "reclaim_due", "record", "ttl_ms")
 
     def __init__(self, groups: ConsumerGroups, record: GroupRecord) -> None:
         self.groups = groups  # the node's groups: the store, cache, clock and counters this one reads
@@ -71,6 +81,8 @@ class _Group:
         self.cursor = record.start_seq
         self.consumers: list[Consumer] = []
         self.matcher: Matcher | None = None
+        self.ttl_ms: int | None = None
+        self.expired: Expired | None = None
         self.reclaim_due = True
         self._wanted = False
         self._task: asyncio.Task[None] | None = None
@@ -112,25 +124,75 @@ class _Group:
             if credit <= 0 or consumer not in self.consumers or id(consumer) in self._taking:
                 continue
             self._taking.add(id(consumer))
+            expired: list[Delivery] = []
             try:
-                batch = await self._take(consumer, credit)
+                batch = await self._take(consumer, credit, expired)
             finally:
                 self._taking.discard(id(consumer))
             if batch and consumer in self.consumers:
                 consumer.deliver(batch)
-                self.groups.counters.consumed(self.name, batch)
+                if not isinstance(consumer, _Poll) or consumer.counted:
+                    self.groups.counters.consumed(self.name, batch)
                 delivered += len(batch)
             elif batch:  # it left while the claim was made: give them back at once
                 await self.groups.store.set_visibility(self.name, [(d.claim.seq, d.claim.token) for d in batch], 0)
                 self.reclaim_due = True
                 self._wanted = True
+            await self._expire(expired)
         return delivered
 
-    async def _take(self, consumer: Consumer, credit: int) -> list[Delivery]:
+    def _expired(self, message: Message, now_ms: int) -> bool:
+        if message.expires_at_ms and message.expires_at_ms <= now_ms:
+            return True
+        return self.ttl_ms is not None and message.timestamp_ms + self.ttl_ms <= now_ms
+
+    async def _expire(self, expired: list[Delivery]) -> None:
+        sink = self.expired
+        if not expired or sink is None:
+            return
+        try:
+            await sink(self.name, expired)
+        except Exception:
+            later = int(self.groups.clock.time() * 1000) + 1000
+            await self.groups.store.set_visibility(self.name, [(d.claim.seq, d.claim.token) for d in expired], later)
+            raise
+
+    async def expire_head(self) -> int:
+        """Expired messages at the head of the unclaimed backlog (up to the first one still fresh) go to the sink,
+        or are passed over without one; returns how many. For a queue nobody consumes (RabbitMQ expires at the
+        head whether or not a consumer is attached)."""
+        store = self.groups.store
+        done = 0
+        while True:
+            now = int(self.groups.clock.time() * 1000)
+            candidates, upto = await self._read_new(EXPIRE_BATCH, keep_expired=True)
+            before = self.cursor
+            head: list[Message] = []
+            for message in candidates:
+                if not self._expired(message, now):
+                    break
+                head.append(message)
+            if not head:
+                return done
+            last = upto if len(head) == len(candidates) else head[-1].seq
+            seqs = [m.seq for m in head] if self.expired is not None else []
+            claims, cursor = await store.claim(self.name, before, last, seqs, self.groups.node_id,
+                                               now + EXPIRED_HOLD_MS)
+            self.cursor = max(before, cursor)
+            by_seq = {m.seq: m for m in head}
+            await self._expire([Delivery(by_seq[c.seq], c) for c in claims])
+            done += len(claims) if self.expired is not None else len(head)
+            if self.cursor <= before or len(head) < len(candidates):
+                return done
+
+    async def _take(self, consumer: Consumer, credit: int, expired: list[Delivery]) -> list[Delivery]:
+        """Claim up to `credit` messages for `consumer`; expired ones claimed on the way (a group with a sink) are
+        added to `expired` instead."""
         store = self.groups.store
         now = int(self.groups.clock.time() * 1000)
         visible_at = now + consumer.visibility_ms
         batch: list[Delivery] = []
+        keep_expired = self.expired is not None
         if self.reclaim_due:
             claims = await store.reclaim(self.name, self.groups.node_id, now, visible_at, credit)
             if len(claims) < credit:
@@ -140,7 +202,9 @@ class _Group:
                 gone: list[tuple[int, int]] = []
                 for claim in claims:
                     message = by_seq.get(claim.seq)
-                    if message is None or not self._wanted_message(message, now):
+                    if message is not None and keep_expired and self._expired(message, now):
+                        expired.append(Delivery(message, claim))
+                    elif message is None or not self._wanted_message(message, now):
                         gone.append((claim.seq, claim.token))  # retention took it, or it expired: settled
                     else:
                         batch.append(Delivery(message, claim))
@@ -148,7 +212,7 @@ class _Group:
                     await store.settle(self.name, gone)
                 credit -= len(batch)
         while credit > 0:
-            candidates, upto = await self._read_new(credit)
+            candidates, upto = await self._read_new(credit, keep_expired)
             if upto <= self.cursor:
                 break
             seqs = [m.seq for m in candidates]
@@ -157,20 +221,25 @@ class _Group:
             self.cursor = max(before, cursor)
             if claims:
                 by_seq = {m.seq: m for m in candidates}
-                batch += [Delivery(by_seq[c.seq], c) for c in claims]
-                credit -= len(claims)
+                for c in claims:
+                    message = by_seq[c.seq]
+                    if keep_expired and self._expired(message, now):
+                        expired.append(Delivery(message, c))
+                    else:
+                        batch.append(Delivery(message, c))
+                        credit -= 1
             elif self.cursor <= before:
                 break  # nothing moved: read again on the next notify
         return batch
 
     def _wanted_message(self, message: Message, now_ms: int) -> bool:
-        if message.expires_at_ms and message.expires_at_ms <= now_ms:
+        if self._expired(message, now_ms):
             return False
         return self.matcher is None or self.matcher(message)
 
-    async def _read_new(self, limit: int) -> tuple[list[Message], int]:
+    async def _read_new(self, limit: int, keep_expired: bool = False) -> tuple[list[Message], int]:
         """Messages of the group's queues after its cursor (merged, deduplicated, filtered) up to `limit`, and
-        the seq up to which that answer is complete."""
+        the seq up to which that answer is complete. Expired ones are passed over unless `keep_expired`."""
         cache = self.groups.cache
         after = self.cursor
         merged: dict[int, Message] = {}
@@ -192,7 +261,8 @@ class _Group:
             if seq > upto:
                 break
             message = merged[seq]
-            if self._wanted_message(message, now):
+            if self._wanted_message(message, now) or (keep_expired and self._expired(message, now) and (
+                    self.matcher is None or self.matcher(message))):
                 wanted.append(message)
                 if len(wanted) == limit:
                     return wanted, seq  # cut: complete only up to the last one taken
@@ -337,12 +407,35 @@ class ConsumerGroups:
             return bool(self._routes.match(topic))
         return False
 
+    def known(self, name: str) -> GroupRecord | None:
+        """The group's definition as this node last read it (None: not known here)."""
+        group = self._groups.get(name)
+        return None if group is None else group.record
+
+    def routed_groups(self, topic: str) -> list[GroupRecord]:
+        """The definitions of the groups known here (declared or used on this node, or loaded) that read `topic`."""
+        names = {name for _, found in self._routes.match(topic) for name in found}
+        return [self._groups[name].record for name in sorted(names) if name in self._groups]
+
     def matcher(self, name: str, matcher: Matcher | None) -> None:
         """What of the group's messages its consumers on this node want (RocketMQ tags/SQL, AMQP TTL); the rest
         is passed over, never claimed. Every node must use the same matcher for a group."""
         group = self._groups.get(name)
         if group is not None:
             group.matcher = matcher
+
+    def expiry(self, name: str, ttl_ms: int | None, expired: Expired | None) -> None:
+        """The group's message TTL (ms after the append; None: only messages' own deadlines) and what becomes of
+        expired messages (None: passed over). Every node must use the same for a group."""
+        group = self._groups.get(name)
+        if group is not None:
+            group.ttl_ms = ttl_ms
+            group.expired = expired
+
+    async def expire_head(self, name: str) -> int:
+        """See `_Group.expire_head`; 0 for a group this node does not know."""
+        group = self._groups.get(name)
+        return 0 if group is None else await group.expire_head()
 
     # --- consuming -------------------------------------------------------------------------------------
     def consume(self, name: str, consumer: Consumer) -> bool:
@@ -395,13 +488,15 @@ class ConsumerGroups:
             group.pull()
         return claims
 
-    async def receive(self, name: str, max_messages: int, visibility_ms: int, wait_s: float) -> list[Delivery]:
+    async def receive(self, name: str, max_messages: int, visibility_ms: int, wait_s: float,
+                      counted: bool = True) -> list[Delivery]:
         """One poll: up to `max_messages`, waiting up to `wait_s` for the first (RocketMQ ReceiveMessage, AMQP
-        Basic.Get with `wait_s` 0). Empty if nothing came."""
+        Basic.Get with `wait_s` 0). Empty if nothing came. Not `counted`: taken to be dropped, not delivered
+        (AMQP's drop-head), so not counted as sent."""
         group = self._groups.get(name)
         if group is None:
             return []
-        poll = _Poll(max_messages, visibility_ms)
+        poll = _Poll(max_messages, visibility_ms, counted)
         group.consumers.append(poll)
         if len(group.consumers) == 1:
             for topic_filter in group.record.filters:
@@ -431,11 +526,12 @@ class ConsumerGroups:
 class _Poll:
     """A consumer for one poll: takes up to its batch, once."""
 
-    __slots__ = ("done", "got", "size", "visibility_ms")
+    __slots__ = ("counted", "done", "got", "size", "visibility_ms")
 
-    def __init__(self, size: int, visibility_ms: int) -> None:
+    def __init__(self, size: int, visibility_ms: int, counted: bool) -> None:
         self.size = size
         self.visibility_ms = visibility_ms
+        self.counted = counted
         self.got: list[Delivery] = []
         self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 

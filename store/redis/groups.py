@@ -52,6 +52,13 @@ redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3])
 return 0
 """
 
+# KEYS: 1 hidden, 2 ready. ARGV: 1 now_ms. Returns the seqs visible at now_ms (found due, or due by their score).
+READY_CLAIMS = """
+local out = redis.call('ZRANGE', KEYS[2], 0, -1)
+for _, s in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do out[#out + 1] = s end
+return out
+"""
+
 # KEYS: 1 definitions, 2 cursors, 3 pending, 4 hidden, 5 ready. ARGV: 1 name, 2 owner set prefix.
 DELETE_GROUP = _LIB + """
 redis.call('HDEL', KEYS[1], ARGV[1])
@@ -223,6 +230,7 @@ return out
 _PUT = Script("put_group", PUT_GROUP)
 _DELETE = Script("delete_group", DELETE_GROUP)
 _POSITION = Script("group_position", POSITION)
+_READY_CLAIMS = Script("ready_claims", READY_CLAIMS)
 _CLAIM = Script("claim", CLAIM)
 _RECLAIM = Script("reclaim", RECLAIM)
 _SETTLE = Script("settle", SETTLE)
@@ -280,6 +288,10 @@ class RedisGroups:
     async def group_position(self, name: str) -> tuple[int, int]:
         cursor, pending = await self._conn.run((_POSITION, [self._gk_cursors, self._keys(name)[0]], [name]))
         return int(cursor), int(pending)
+
+    async def ready_claims(self, group: str, now_ms: int) -> list[int]:
+        _, hidden, ready = self._keys(group)
+        return sorted({int(s) for s in await self._conn.run((_READY_CLAIMS, [hidden, ready], [now_ms]))})
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
                     visible_at_ms: int) -> tuple[list[Claim], int]:

@@ -206,6 +206,9 @@ class DelayingStore:
     async def group_position(self, group: str) -> tuple[int, int]:
         return await self._call(lambda: self.inner.group_position(group))
 
+    async def ready_claims(self, group: str, now_ms: int) -> list[int]:
+        return await self._call(lambda: self.inner.ready_claims(group, now_ms))
+
     async def dedupe_ids(self, scope: str) -> list[str]:
         return await self._call(lambda: self.inner.dedupe_ids(scope))
 

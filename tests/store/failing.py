@@ -18,7 +18,7 @@ CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "pu
                    "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "release_wildcards", "wildcards",
                    "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
-                   "set_visibility", "release_owner", "group_position", "fetch", "read_log", "hold_log",
+                   "set_visibility", "release_owner", "group_position", "ready_claims", "fetch", "read_log", "hold_log",
                    "log_holds", "get_bans", "put_ban", "delete_ban"})
 
 
@@ -224,6 +224,10 @@ class FailingStore:
     async def group_position(self, group: str) -> tuple[int, int]:
         self._check("group_position")
         return await self.inner.group_position(group)
+
+    async def ready_claims(self, group: str, now_ms: int) -> list[int]:
+        self._check("ready_claims")
+        return await self.inner.ready_claims(group, now_ms)
 
     async def dedupe_ids(self, scope: str) -> list[str]:
         self._check("dedupe_ids")

@@ -233,6 +233,27 @@ async def test_set_visibility_gives_a_new_token(engine: Engine) -> None:
     assert await s.set_visibility(rec.name, [], 0) == []
 
 
+async def test_ready_claims_are_those_visible_now(engine: Engine) -> None:
+    """What a queue's ready count adds to its unclaimed backlog: requeued, lapsed and released claims, not those
+    a consumer holds (RabbitMQ's message count leaves out the unacked)."""
+    s = engine.store
+    rec = await new_group(s)
+    await fill(s, 5)
+    (a, b, c, d, e), _ = await take(s, rec.name, "n1", visible_at_ms=1000)
+    assert await s.ready_claims(rec.name, 999) == []
+    await s.set_visibility(rec.name, [(c.seq, c.token)], 0)  # requeued
+    await s.set_visibility(rec.name, [(a.seq, a.token)], 2000)  # held longer
+    await s.settle(rec.name, [(e.seq, e.token)])
+    assert await s.ready_claims(rec.name, 999) == [c.seq]
+    assert await s.ready_claims(rec.name, 1000) == [b.seq, c.seq, d.seq]  # b and d lapsed
+    got = await s.reclaim(rec.name, "n2", 1000, LATER, 1)  # reclaimed: held again
+    assert [x.seq for x in got] == [b.seq]
+    assert await s.ready_claims(rec.name, 1000) == [c.seq, d.seq]
+    assert await s.release_owner(rec.name, "n2") == 1
+    assert await s.ready_claims(rec.name, 2000) == [a.seq, b.seq, c.seq, d.seq]
+    assert await s.ready_claims("nope", 1000) == []
+
+
 async def test_release_owner_makes_its_claims_visible(engine: Engine) -> None:
     s = engine.store
     # Names and owners that share a prefix at a ':' must not mix.

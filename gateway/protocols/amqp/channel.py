@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from tidewire.gateway.core.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
+from tidewire.gateway.protocols.amqp.arguments import parse_arguments
 from tidewire.gateway.protocols.amqp.codec import (
     ACCESS_REFUSED,
     NO_ROUTE,
@@ -40,7 +41,7 @@ from tidewire.gateway.protocols.amqp.mapping import (
     publish_topic,
     queue_topic,
 )
-from tidewire.gateway.protocols.amqp.queues import QueueSpec, group_name, parse_arguments
+from tidewire.gateway.protocols.amqp.queues import QueueSpec, group_name
 from tidewire.gateway.protocols.amqp.routing import encode_arguments, route
 from tidewire.store.base import PROTOCOL_AMQP, GroupRecord, Message
 
@@ -183,6 +184,11 @@ class Channel:
             if seq is not None:
                 self._settle_confirms([seq], Basic.Ack)
             return None
+        backlog = conn.server.queues.backlog
+        limited = backlog.limited(topic)
+        if limited:  # checked against the queues' limits, and in them, before the next command
+            await backlog.publish(message, self, seq, limited)
+            return None
         self.node.publish(message, self, seq)
         return None
 
@@ -240,7 +246,7 @@ class Channel:
                 return fault(PRECONDITION_FAILED, "invalid queue name", method)
             elif name.startswith("amq.") and await self.node.store.get_group(group_name(vhost, name)) is None:
                 return fault(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", method)
-            spec = QueueSpec(name, bool(method.durable), bool(method.exclusive), bool(method.auto_delete), *args)
+            spec = QueueSpec(name, bool(method.durable), bool(method.exclusive), bool(method.auto_delete), args)
             declared = await queues.declare(vhost, spec, conn.id, method)
             if isinstance(declared, Fault):
                 return declared
@@ -345,6 +351,7 @@ class Channel:
         if not method.nowait:
             self._reply(Basic.ConsumeOk(tag))
         queues.touch(found.name)
+        await queues.backlog.trim(found)  # the head it starts from is within the queue's limits
         self.deliveries.consume(found.name, str(found.attrs.get("queue", method.queue)), tag, bool(method.no_ack),
                                 bool(method.exclusive))
         return None
@@ -359,9 +366,11 @@ class Channel:
         found = await self._queue(method.queue, method)
         if isinstance(found, Fault):
             return found
-        self.conn.server.queues.touch(found.name)
+        queues = self.conn.server.queues
+        queues.touch(found.name)
         await self._learn_exchanges(found)
-        await self.deliveries.get(found.name, bool(method.no_ack), 0)
+        await queues.backlog.trim(found)
+        await self.deliveries.get(found.name, bool(method.no_ack), lambda: queues.ready_count(found))
         return None
 
     async def _ack(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:

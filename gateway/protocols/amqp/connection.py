@@ -175,7 +175,20 @@ class AmqpConnection(asyncio.Protocol):
             return
         if self.expires_at is not None and self.clock.time() >= self.expires_at:
             self.shutdown(Fault(CONNECTION_FORCED, "credentials expired"))
+        self._consumer_timeouts(now)
         self._schedule_tick()
+
+    def _consumer_timeouts(self, now: float) -> None:
+        """A channel with a delivery unacked past its consumer timeout is closed with 406 (the worker requeues
+        what it held, as for any closed channel)."""
+        for number, channel in list(self.channels.items()):
+            overdue = channel.deliveries.overdue(now)
+            if overdue is not None and self.core.channel_open(number):
+                log.info("amqp.consumer_timeout", extra={"conn": self.id, "channel": number, "detail": overdue.text})
+                self.core.close_channel(number, overdue)
+                self._events.append(ChannelClosed(number))
+                self._wakeup.set()
+                self._flush()
 
     # --- flow control --------------------------------------------------------------------------------------
     def _pause(self, why: str) -> None:

@@ -5,18 +5,25 @@ own prefetch, or `amqp_max_unacked` for prefetch 0), within the channel's shared
 no-ack consumer takes a batch at a time while the socket drains (the write buffer is its only limit) and its
 deliveries are settled as they are sent. A delivery's tag maps to its claim (group, seq, token): Ack settles
 it, Nack/Reject with requeue gives it back (redelivered: the claim's delivery count goes above 1), without
-requeue settles it (there are no dead-letter exchanges). Closing the channel requeues what it left unacked.
+requeue dead-letters it (`dead_letters`, reason `rejected`) and settles it. Closing the channel requeues what
+it left unacked.
+
+Consumer timeout, as RabbitMQ: a delivery (Basic.Deliver or Get-Ok) not acked within the queue's
+`x-consumer-timeout` or the node's `consumer_timeout` closes the channel with 406 PRECONDITION_FAILED
+(`overdue`, checked on the connection's tick), which requeues what it held. Its claim stays hidden a little
+longer than that (`CLAIM_MARGIN_MS`), so no other consumer gets the message while the channel still holds it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from pamqp import commands
 
 from tidewire.gateway.core.consumers import Delivery
 from tidewire.gateway.protocols.amqp.codec import PRECONDITION_FAILED, Fault, Method, fault
+from tidewire.gateway.protocols.amqp.dead_letters import REJECTED
 from tidewire.gateway.protocols.amqp.mapping import origin, properties_out
 from tidewire.store.base import Message
 
@@ -24,6 +31,7 @@ if TYPE_CHECKING:
     from tidewire.gateway.protocols.amqp.connection import AmqpConnection
 
 Basic = commands.Basic
+CLAIM_MARGIN_MS = 5_000  # a claim outlives its consumer timeout by this: the channel is closed first
 
 
 class Unacked(NamedTuple):
@@ -31,6 +39,7 @@ class Unacked(NamedTuple):
     seq: int
     token: int
     consumer: AmqpConsumer | None  # None: a Basic.Get
+    due: float  # the consumer timeout: monotonic time by which it must be acked
 
 
 class AmqpConsumer:
@@ -77,7 +86,7 @@ class Deliveries:
         settings = conn.node.settings
         self.max_unacked = settings.amqp_max_unacked
         self.batch = settings.pull_batch
-        self.visibility_ms = settings.consumer_timeout * 1000
+        self.timeout_ms = settings.consumer_timeout * 1000  # unless the queue has x-consumer-timeout
 
     # --- the Consumer protocol, for node.groups ----------------------------------------------------------
     def credit_for(self, consumer: AmqpConsumer) -> int:
@@ -96,17 +105,31 @@ class Deliveries:
             conn.spawn(conn.node.groups.requeue(consumer.group, [(d.claim.seq, d.claim.token) for d in batch]))
             return
         settled: list[tuple[int, int]] = []
+        due = conn.clock.monotonic() + self._timeout_ms(consumer.group) / 1000
         for message, claim in batch:
             tag = self._tag()
             self._send(Basic.Deliver(consumer.tag, tag, claim.deliveries > 1, *self._origin(message.topic)), message)
             if consumer.no_ack:
                 settled.append((claim.seq, claim.token))
             else:
-                self.unacked[tag] = Unacked(consumer.group, claim.seq, claim.token, consumer)
+                self.unacked[tag] = Unacked(consumer.group, claim.seq, claim.token, consumer, due)
                 consumer.unacked += 1
         if settled:
             conn.spawn(conn.node.groups.ack(consumer.group, settled))
             conn.node.groups.wake(consumer.group)  # its credit never runs out: ask for the next batch
+
+    def _timeout_ms(self, group: str) -> int:
+        return self.conn.server.queues.args(group).consumer_timeout_ms or self.timeout_ms
+
+    def overdue(self, now: float) -> Fault | None:
+        """A delivery past its consumer timeout (the channel must close), or None."""
+        for item in self.unacked.values():
+            if item.due <= now:
+                return Fault(PRECONDITION_FAILED, f"delivery acknowledgement on channel {self.number} timed out. "
+                                                  f"Timeout value used: {self._timeout_ms(item.group)} ms. This "
+                                                  "timeout value can be configured, see consumers doc guide to "
+                                                  "learn more")
+        return None
 
     def _origin(self, topic: str) -> tuple[str, str]:
         return origin(topic, self.conn.server.exchanges.kinds)
@@ -132,7 +155,8 @@ class Deliveries:
 
     # --- commands ----------------------------------------------------------------------------------------
     def consume(self, group: str, queue: str, tag: str, no_ack: bool, exclusive: bool) -> None:
-        consumer = AmqpConsumer(self, tag, queue, group, no_ack, exclusive, self.prefetch, self.visibility_ms)
+        visibility_ms = self._timeout_ms(group) + CLAIM_MARGIN_MS
+        consumer = AmqpConsumer(self, tag, queue, group, no_ack, exclusive, self.prefetch, visibility_ms)
         self.consumers[tag] = consumer
         self.conn.server.queues.local_consumers.setdefault(group, set()).add(consumer)
         self.conn.node.groups.consume(group, consumer)
@@ -158,10 +182,11 @@ class Deliveries:
         if record is not None and record.attrs.get("auto_delete"):
             await server.queues.delete(record)  # its last consumer (on this node) is gone
 
-    async def get(self, group: str, no_ack: bool, count: int) -> None:
-        """Basic.Get: one message claimed now, or Get-Empty."""
+    async def get(self, group: str, no_ack: bool, remaining: Callable[[], Awaitable[int]]) -> None:
+        """Basic.Get: one message claimed now (Get-Ok counts the ready messages left), or Get-Empty."""
         node = self.conn.node
-        got = await node.groups.receive(group, 1, self.visibility_ms, 0)
+        timeout_ms = self._timeout_ms(group)
+        got = await node.groups.receive(group, 1, timeout_ms + CLAIM_MARGIN_MS, 0)
         if not got:
             self.conn.core.send_method(self.number, Basic.GetEmpty())
             return
@@ -169,12 +194,18 @@ class Deliveries:
         if self.closed or not self.conn.core.channel_open(self.number):
             await node.groups.requeue(group, [(claim.seq, claim.token)])
             return
-        tag = self._tag()
-        self._send(Basic.GetOk(tag, claim.deliveries > 1, *self._origin(message.topic), message_count=count), message)
         if no_ack:
             await node.groups.ack(group, [(claim.seq, claim.token)])
-        else:
-            self.unacked[tag] = Unacked(group, claim.seq, claim.token, None)
+        count = await remaining()
+        if self.closed or not self.conn.core.channel_open(self.number):
+            if not no_ack:
+                await node.groups.requeue(group, [(claim.seq, claim.token)])
+            return
+        tag = self._tag()
+        self._send(Basic.GetOk(tag, claim.deliveries > 1, *self._origin(message.topic), message_count=count), message)
+        if not no_ack:
+            self.unacked[tag] = Unacked(group, claim.seq, claim.token, None,
+                                        self.conn.clock.monotonic() + timeout_ms / 1000)
 
     def qos(self, count: int, shared: bool) -> None:
         if shared:
@@ -216,9 +247,13 @@ class Deliveries:
                 item.consumer.unacked -= 1
                 consumers.add(item.consumer)
         groups = self.conn.node.groups
+        dead_letters = self.conn.server.queues.dead_letters
         for group, handles in by_group.items():
+            record = groups.known(group)
             if requeue:
                 await groups.requeue(group, handles)
+            elif record is not None:
+                await dead_letters.settled(record, handles, REJECTED)
             else:
                 await groups.ack(group, handles)
         self._wake(self.consumers.values() if self.channel_prefetch else consumers)

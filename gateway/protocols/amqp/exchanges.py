@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tidewire.gateway.protocols.amqp.mapping import PREDECLARED
-from tidewire.gateway.protocols.amqp.queues import stored_bindings
 from tidewire.store.base import GroupRecord
 
 if TYPE_CHECKING:
@@ -141,3 +140,11 @@ def _from_record(name: str, record: GroupRecord) -> Exchange:
                     bool(attrs.get("auto_delete", False)), bool(attrs.get("internal", False)),
                     alternate if isinstance(alternate, str) else "",
                     tuple(tuple(b) for b in stored_bindings(attrs.get("bindings"))))
+
+
+def stored_bindings(raw: object) -> list[list[str]]:
+    """[[exchange, key, filter, arguments], ...] of a record's `bindings` (an exchange record's too, its first
+    element the destination); entries of three, stored before arguments were kept, have none."""
+    if not isinstance(raw, list):
+        return []
+    return [[*map(str, b), ""][:4] for b in raw if isinstance(b, list) and len(b) in (3, 4)]

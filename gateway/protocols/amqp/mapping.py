@@ -20,6 +20,9 @@ table with its AMQP types travels as well, base64 in `x-amqp-headers` (split ove
 an AMQP consumer gets back), expiration (ms) ↔ message expiry (s, rounded up), delivery-mode 2 ↔ QoS 1
 (durable). The properties MQTT has no place for travel as user properties named `x-amqp-<name>` (message-id,
 timestamp (epoch s), type, app-id, priority, user-id, content-encoding) and are restored on delivery to AMQP.
+The `x-death` header (an array of tables, `dead_letters`) travels as JSON in `x-amqp-x-death`, which
+dead-lettering updates, and comes back typed (count a long, time a timestamp), whether the gateway dead-lettered
+the message or a client republished it with the header.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ EXCHANGE_PREFIX = "$exchange/"
 AMQP_PREFIX = "x-amqp-"  # user properties holding AMQP-only basic properties
 TYPED_HEADERS = AMQP_PREFIX + "headers"  # the headers table with its types (base64 of its AMQP bytes)
 _CHUNK = 49152  # base64 characters per `x-amqp-headers` user property (a multiple of 4, under 65535)
+DEATHS = AMQP_PREFIX + "x-death"  # the user property holding the x-death header, as JSON
 MAX_USER_STRING = 65535  # an MQTT UTF-8 string
 
 # What pamqp-based clients accept in an exchange or queue name (they validate what they receive).
@@ -223,11 +227,14 @@ def properties_in(props: commands.Basic.Properties | None, username: str | None)
     headers = props.headers
     if isinstance(headers, dict) and headers:
         for key, raw in headers.items():
+            if key == "x-death" and isinstance(raw, list):
+                user.append((DEATHS, encode_deaths(raw)))
+                continue
             pair = (_stringify(key), _stringify(raw))
             if len(pair[0].encode()) > MAX_USER_STRING or len(pair[1].encode()) > MAX_USER_STRING:
                 return f"header '{pair[0][:40]}' longer than {MAX_USER_STRING} bytes"
             user.append(pair)
-        table = encode_table(headers)
+        table = encode_table({k: v for k, v in headers.items() if not (k == "x-death" and isinstance(v, list))})
         if table is not None:  # (a non-UTF-8 longstr, which pamqp cannot write back: strings only)
             text = base64.b64encode(table).decode()
             user.extend((TYPED_HEADERS, text[i:i + _CHUNK]) for i in range(0, len(text), _CHUNK))
@@ -248,9 +255,12 @@ def properties_out(message: Message, now_ms: int) -> commands.Basic.Properties:
         out.expiration = str(props.expiry_interval * 1000)
     headers: dict[str, Any] = {}
     typed: list[str] = []
+    deaths: list[dict[str, Any]] | None = None
     for key, value in props.user:
         if key == TYPED_HEADERS:
             typed.append(value)
+        elif key == DEATHS:
+            deaths = decode_deaths(value)
         elif key.startswith(AMQP_PREFIX):
             _restore(out, key[len(AMQP_PREFIX):], value)
         elif len(key.encode()) <= 128:  # a field table key is a shortstr, and pamqp cuts keys over 128 bytes
@@ -260,6 +270,8 @@ def properties_out(message: Message, now_ms: int) -> commands.Basic.Properties:
         table = _typed_table("".join(typed))
         if table is not None:
             headers = {**{k: v for k, v in headers.items() if k not in table}, **table}
+    if deaths is not None:
+        headers["x-death"] = deaths
     if headers:
         out.headers = headers
     return out
@@ -271,6 +283,40 @@ def _typed_table(text: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return decode_table(raw)
+def encode_deaths(deaths: list[Any]) -> str:
+    """The x-death header as stored: JSON, times as epoch seconds, byte strings as text."""
+    entries: list[dict[str, Any]] = []
+    for entry in deaths:
+        if isinstance(entry, dict):
+            entries.append({_stringify(k): _plain(v) for k, v in entry.items()})
+    return json.dumps(entries, separators=(",", ":"))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime.datetime):
+        return int(value.timestamp())
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return _stringify(value)
+
+
+def decode_deaths(text: str) -> list[dict[str, Any]]:
+    """The stored x-death header as AMQP gives it: `time` a timestamp, the rest as they were."""
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return []
+    out: list[dict[str, Any]] = []
+    for entry in entries if isinstance(entries, list) else ():
+        if isinstance(entry, dict):
+            if isinstance(entry.get("time"), int):
+                entry["time"] = datetime.datetime.fromtimestamp(entry["time"], datetime.UTC)
+            out.append(entry)
+    return out
 
 
 def _restore(out: commands.Basic.Properties, name: str, value: str) -> None:

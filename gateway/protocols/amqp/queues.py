@@ -4,14 +4,17 @@ A queue is the consumer group `amqp/<vhost>/<queue>` (`node.groups`): its filter
 topic filters (`mapping.binding_filter`) plus `$queue/<name>` (the default exchange's binding every queue has).
 The log holds each message once; the group holds a position and its claims, so a durable queue's position
 survives a restart and any node can serve it. `attrs` keep the AMQP settings: `exclusive` (the owning
-connection's id), `auto_delete`, `expires_ms` (x-expires), `ttl_ms` (x-message-ttl), `bindings`
-([[exchange, key, filter, arguments], ...]: a headers exchange's binding has no filter, `routing` routes it;
-arguments are `routing.encode_arguments`'s text) and `used_ms` (last use of an expiring queue seen by a node).
+connection's id), `auto_delete`, the `x-` arguments (`arguments.QueueArgs`: x-expires, x-message-ttl,
+dead-lettering, length limits, x-consumer-timeout), `bindings` ([[exchange, key, filter, arguments], ...]: a
+headers exchange's binding has no filter, `routing` routes it; arguments are `routing.encode_arguments`'s text)
+and `used_ms` (last use of an expiring queue seen by a node).
 
-Limits of the mapping, by design: message counts are estimates (claims pending, ready or unacked, plus what is
-new after the cursor, at most `COUNT_CAP` per binding); consumer counts, exclusive consumers and auto-delete
-see this node's consumers only; two nodes binding the same queue at the same instant may lose one binding
-(the record is read, changed and written back).
+Message counts are exact (`backlog.Backlog.ready`). Expired messages are dead-lettered (`dead_letters`) or
+passed over by the consumer groups (`ConsumerGroups.expiry`); `sweep` expires the heads and trims the limited
+queues this node declared or used, every `server.EXPIRY_CHECK_S` on the node's clock, so that happens with no
+consumer attached. Limits of the mapping, by design: consumer counts, exclusive consumers and auto-delete see
+this node's consumers only; two nodes binding the same queue at the same instant may lose one binding (the
+record is read, changed and written back).
 """
 
 from __future__ import annotations
@@ -21,16 +24,20 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidewire.gateway.core.consumers import Delivery
 from tidewire.gateway.core.topics import matches
+from tidewire.gateway.protocols.amqp.arguments import ARGUMENT_NAMES, ATTRS, QueueArgs, show
+from tidewire.gateway.protocols.amqp.backlog import Backlog
 from tidewire.gateway.protocols.amqp.codec import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Fault, Method, fault
+from tidewire.gateway.protocols.amqp.dead_letters import EXPIRED, DeadLetters
+from tidewire.gateway.protocols.amqp.exchanges import Exchanges, stored_bindings
 from tidewire.gateway.protocols.amqp.mapping import queue_topic
-from tidewire.store.base import GroupRecord, Message
+from tidewire.store.base import GroupRecord
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node
 
 GROUP_PREFIX = "amqp/"
-COUNT_CAP = 1000  # messages counted per binding for a message count (a count is an estimate, not a scan)
 PURGE_BATCH = 1000
 _FAR_MS = 1 << 50
 
@@ -45,22 +52,7 @@ class QueueSpec:
     durable: bool
     exclusive: bool
     auto_delete: bool
-    expires_ms: int | None
-    ttl_ms: int | None
-
-
-def parse_arguments(arguments: Any) -> tuple[int | None, int | None] | str:
-    """(x-expires, x-message-ttl) from Queue.Declare's arguments, or why they are invalid. Other arguments are
-    accepted and ignored (x-queue-type, x-max-length, ... : not implemented)."""
-    if not isinstance(arguments, dict):
-        return None, None
-    expires = arguments.get("x-expires")
-    ttl = arguments.get("x-message-ttl")
-    if expires is not None and (not isinstance(expires, int) or isinstance(expires, bool) or expires <= 0):
-        return f"invalid arg 'x-expires': {str(expires)[:20]}"
-    if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0):
-        return f"invalid arg 'x-message-ttl': {str(ttl)[:20]}"
-    return expires, ttl
+    args: QueueArgs = dataclasses.field(default_factory=QueueArgs)
 
 
 class Cancellable(Protocol):
@@ -71,8 +63,11 @@ class Cancellable(Protocol):
 class Queues:
     """Queue operations for every connection of this node (one per server)."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, exchanges: Exchanges | None = None) -> None:
         self.node = node
+        self.dead_letters = DeadLetters(node, exchanges if exchanges is not None else Exchanges(node))
+        self.backlog = Backlog(node, self.dead_letters)
+        self._swept: set[str] = set()  # groups with a TTL, a dead-letter exchange or a limit, used on this node
         self.local_consumers: dict[str, set[Cancellable]] = {}  # group → consumers on this node
         self._expiring: dict[str, tuple[int, float]] = {}  # group → (x-expires ms, last use here, monotonic)
         self._stored_use: dict[str, float] = {}  # group → when `used_ms` was last written (monotonic)
@@ -93,16 +88,22 @@ class Queues:
         return record
 
     def _install(self, record: GroupRecord) -> None:
-        clock = self.node.clock
-        ttl = record.attrs.get("ttl_ms")
-        if isinstance(ttl, int):
-            def fresh(message: Message, ttl: int = ttl) -> bool:
-                return message.timestamp_ms + ttl > int(clock.time() * 1000)
+        args = QueueArgs.of(record.attrs)
+        sink = None
+        if args.dlx is not None:
+            async def sink(name: str, deliveries: list[Delivery], record: GroupRecord = record) -> None:
+                await self.dead_letters.deliveries(record, deliveries, EXPIRED)
 
-            self.node.groups.matcher(record.name, fresh)
-        expires = record.attrs.get("expires_ms")
-        if isinstance(expires, int):
-            self._expiring[record.name] = (expires, clock.monotonic())
+        self.node.groups.expiry(record.name, args.ttl_ms, sink)
+        if args.ttl_ms is not None or args.dlx is not None or args.limited:
+            self._swept.add(record.name)
+        if args.expires_ms is not None:
+            self._expiring[record.name] = (args.expires_ms, self.node.clock.monotonic())
+
+    def args(self, name: str) -> QueueArgs:
+        """The queue's arguments as this node knows them (defaults for a queue it does not know)."""
+        record = self.node.groups.known(name)
+        return QueueArgs() if record is None else QueueArgs.of(record.attrs)
 
     def touch(self, name: str) -> None:
         """The queue is used (declared, consumed, read): an x-expires queue's clock starts again."""
@@ -114,8 +115,7 @@ class Queues:
     async def declare(self, vhost: str, spec: QueueSpec, conn_id: str,
                       method: Method) -> tuple[GroupRecord, bool] | Fault:
         attrs: dict[str, Any] = {"queue": spec.name, "exclusive": conn_id if spec.exclusive else "",
-                                 "auto_delete": spec.auto_delete, "expires_ms": spec.expires_ms,
-                                 "ttl_ms": spec.ttl_ms, "bindings": []}
+                                 "auto_delete": spec.auto_delete, **spec.args.attrs(), "bindings": []}
         record = GroupRecord(group_name(vhost, spec.name), [queue_topic(spec.name)], spec.durable, attrs=attrs)
         stored, created = await self.node.groups.declare(record)
         if not created:
@@ -124,15 +124,16 @@ class Queues:
                 return found
             stored = found
             current = stored.attrs
+            theirs_args = QueueArgs.of(current)
             for arg, mine, theirs in (("durable", spec.durable, stored.durable),
                                       ("exclusive", spec.exclusive, bool(current.get("exclusive"))),
                                       ("auto_delete", spec.auto_delete, bool(current.get("auto_delete"))),
-                                      ("x-expires", spec.expires_ms, current.get("expires_ms")),
-                                      ("x-message-ttl", spec.ttl_ms, current.get("ttl_ms"))):
+                                      *((ARGUMENT_NAMES[a], getattr(spec.args, a), getattr(theirs_args, a))
+                                        for a in ATTRS)):
                 if mine != theirs:
                     return fault(PRECONDITION_FAILED, f"inequivalent arg '{arg}' for queue '{spec.name}' in vhost "
-                                                      f"'{vhost}': received '{_show(mine)}' but current is "
-                                                      f"'{_show(theirs)}'", method)
+                                                      f"'{vhost}': received '{show(mine)}' but current is "
+                                                      f"'{show(theirs)}'", method)
         self._install(stored)
         self.touch(stored.name)
         return stored, created
@@ -190,20 +191,19 @@ class Queues:
 
     # --- contents ----------------------------------------------------------------------------------------
     async def message_count(self, record: GroupRecord) -> int:
-        """Estimate: claims pending (ready, or delivered and unacked) plus new messages after the cursor."""
-        store = self.node.store
-        cursor, pending = await store.group_position(record.name)
-        if cursor < 0:
-            return 0
-        seqs: set[int] = set()
-        for topic_filter in record.filters:
-            messages, _ = await store.read(topic_filter, cursor, COUNT_CAP)
-            seqs.update(m.seq for m in messages)
-        return pending + len(seqs)
+        """Ready messages, exact (deliveries awaiting their ack are not counted, as in RabbitMQ), once expired
+        heads are gone and the queue is within its length limits."""
+        await self.backlog.trim(record)
+        return await self.ready_count(record)
+
+    async def ready_count(self, record: GroupRecord) -> int:
+        """Ready messages, exact, as they are now (no trim: for Get-Ok, right after one)."""
+        count, _ = await self.backlog.ready(record)
+        return count
 
     async def purge(self, record: GroupRecord) -> int:
         """Drop what is ready: new messages (the cursor moves to the log's end) and claims visible again.
-        Deliveries still unacked stay, as in RabbitMQ. Returns the estimated count dropped."""
+        Deliveries still unacked stay, as in RabbitMQ. Returns the count dropped."""
         count = await self.message_count(record)
         store = self.node.store
         cursor, _ = await store.group_position(record.name)
@@ -219,13 +219,15 @@ class Queues:
                 return count
 
     async def delete(self, record: GroupRecord) -> int:
-        """Delete the queue; its consumers on this node get Basic.Cancel. Returns the estimated message count."""
+        """Delete the queue; its consumers on this node get Basic.Cancel. Returns its ready message count."""
         count = await self.message_count(record)
         for consumer in list(self.local_consumers.get(record.name, ())):
             consumer.server_cancel()
         self.local_consumers.pop(record.name, None)
         self._expiring.pop(record.name, None)
         self._stored_use.pop(record.name, None)
+        self._swept.discard(record.name)
+        self.backlog.forget(record.name)
         await self.node.groups.delete(record.name)
         return count
 
@@ -255,6 +257,20 @@ class Queues:
                 continue
             await self.delete(record)
 
+    # --- expiry at the head and length limits, whether or not a consumer is attached ---------------------
+    async def sweep(self) -> None:
+        """Expired messages at the heads of the queues this node used go (dead-lettered if the queue says so);
+        limited queues are trimmed (`Backlog.trim`). On the node's clock: the server calls it every
+        `EXPIRY_CHECK_S`, a test calls it after moving its clock."""
+        groups = self.node.groups
+        for name in list(self._swept):
+            record = groups.known(name)
+            if record is None:
+                self._swept.discard(name)
+                continue
+            await groups.expire_head(name)
+            await self.backlog.trim(record)
+
     async def _write_use(self, name: str) -> None:
         record = await self.node.store.get_group(name)
         if record is not None:
@@ -279,17 +295,3 @@ class Queues:
 
 def _bindings(record: GroupRecord) -> list[list[str]]:
     return stored_bindings(record.attrs.get("bindings"))
-
-
-def stored_bindings(raw: object) -> list[list[str]]:
-    """[[exchange, key, filter, arguments], ...] of a record's `bindings` (an exchange record's too, its first
-    element the destination); entries of three, stored before arguments were kept, have none."""
-    if not isinstance(raw, list):
-        return []
-    return [[*map(str, b), ""][:4] for b in raw if isinstance(b, list) and len(b) in (3, 4)]
-
-
-def _show(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "none" if value is None else str(value)

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from tidewire.gateway.core.topics import matches
 from tidewire.gateway.protocols.amqp.codec import decode_table, encode_table
-from tidewire.gateway.protocols.amqp.exchanges import CACHE_S, DEFAULTS, record_name
+from tidewire.gateway.protocols.amqp.exchanges import CACHE_S, DEFAULTS, record_name, stored_bindings
 from tidewire.gateway.protocols.amqp.headers import headers_match
 from tidewire.gateway.protocols.amqp.mapping import publish_topic
-from tidewire.gateway.protocols.amqp.queues import group_name, stored_bindings
+from tidewire.gateway.protocols.amqp.queues import group_name
 from tidewire.store.base import GroupRecord
 
 if TYPE_CHECKING:

@@ -1,5 +1,6 @@
 """The AMQP 0.9.1 backend: its listeners (plain on `amqp_port`, TLS on `amqps_port`), its connections, the
-node-wide exchange and queue views they share, and the x-expires sweep. `gateway.server` starts and stops it."""
+node-wide exchange and queue views they share, and the sweep of queues (x-expires, expiry at the heads, length
+limits). `gateway.server` starts and stops it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tidewire.amqp")
 
-EXPIRY_CHECK_S = 0.5  # how often x-expires queues are looked at
+EXPIRY_CHECK_S = 0.5  # how often x-expires queues, expired heads and length limits are looked at
 STOP_GRACE_S = 1.0  # how long stop() waits for the cleanups of closed connections to make progress
 CAPABILITIES = {"publisher_confirms": True, "basic.nack": True, "consumer_cancel_notify": True,
                 "connection.blocked": True, "exchange_exchange_bindings": True, "per_consumer_qos": True,
@@ -47,7 +48,7 @@ class AmqpServer:
                                            "cluster_name": settings.node_id, "capabilities": dict(CAPABILITIES)}
         self.exchanges = Exchanges(node)
         self.held_keys = HeldKeys(node.writes, node.clock, settings.amqp_dedupe_seconds)
-        self.queues = Queues(node)
+        self.queues = Queues(node, self.exchanges)
         self.routing = Routing(node.store, node.clock)
         self.connections: dict[str, set[AmqpConnection]] = {"amqp": set(), "amqps": set()}
         self.listeners: dict[str, Listener] = {}  # their limits, PROXY protocol and deadlines are MQTT's
@@ -141,5 +142,6 @@ class AmqpServer:
             await asyncio.sleep(EXPIRY_CHECK_S)
             try:
                 await self.queues.expire_due()
+                await self.queues.sweep()
             except Exception:  # the store is down: try again next round
                 log.warning("amqp.expiry_failed", exc_info=True)

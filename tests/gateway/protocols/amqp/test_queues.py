@@ -19,6 +19,7 @@ from tests.gateway.protocols.amqp.helpers import collector, settle_for
 from tests.waiting import wait_until
 from tidewire.gateway.core.ingress import publish_future
 from tidewire.gateway.node import Node
+from tidewire.gateway.protocols.amqp.arguments import QueueArgs
 from tidewire.gateway.protocols.amqp.codec import Fault
 from tidewire.gateway.protocols.amqp.mapping import queue_topic
 from tidewire.gateway.protocols.amqp.queues import Queues, QueueSpec, group_name
@@ -174,7 +175,8 @@ def test_x_expires_deletes_an_unused_queue(amqp_gateway: AmqpGateway, pika_facto
 # --- in-process, on the node's clock moved by hand ---------------------------------------------------------------
 
 def _spec(name: str, expires_ms: int | None = None, ttl_ms: int | None = None) -> QueueSpec:
-    return QueueSpec(name, durable=True, exclusive=False, auto_delete=False, expires_ms=expires_ms, ttl_ms=ttl_ms)
+    return QueueSpec(name, durable=True, exclusive=False, auto_delete=False,
+                     args=QueueArgs(expires_ms=expires_ms, ttl_ms=ttl_ms))
 
 
 async def test_x_expires_counts_on_the_node_clock(clocked_node: Node, clock: FakeClock) -> None:
