@@ -372,7 +372,7 @@ class Store(Protocol):
     async def list_groups(self) -> list[GroupRecord]: ...
 
     async def delete_group(self, name: str) -> None:
-        """Remove the definition, the cursor and every claim."""
+        """Remove the definition, the cursor, every claim and every member."""
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
                     visible_at_ms: int) -> tuple[list[Claim], int]:
@@ -405,6 +405,22 @@ class Store(Protocol):
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         """Messages by seq, ascending; seqs no longer stored (retention) are left out."""
 
+    # --- who consumes a group now, cluster-wide (`store.members`) ---------------------------------------------
+    async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
+        """Register consumer `member` of `group`, held by process `process` (its membership token) of node `node`.
+        Atomically refused (-1) while an exclusive member holds the group, or if `exclusive` and the group has
+        members; else (idempotent per member) returns how many members the group has now."""
+
+    async def leave_group(self, group: str, member: str) -> int:
+        """Unregister `member` (a no-op if it is none); returns how many members are left."""
+
+    async def group_members(self, group: str) -> int:
+        """How many members `group` has now."""
+
+    async def release_members(self, node: str, process: str = "") -> list[str]:
+        """Unregister the members held by `process` of node `node` (empty: by any process of it, as at the node's
+        start, when every earlier one is gone). Returns the groups this left without members."""
+
     # --- the log for readers (see LogSource) -------------------------------------------------------------
     def log_partitions(self) -> int: ...
 
@@ -427,6 +443,9 @@ class GroupRecord:
     start_seq: int = 0  # where a new group's cursor starts (the log's last seq when declared)
     created_ms: int = 0
     attrs: dict[str, Any] = field(default_factory=dict)  # the protocol's own settings, JSON values only
+    # Filters taken off the group (an AMQP Queue.Unbind) -> the last seq of theirs it still reads: what was
+    # routed to it before stays in it until consumed (`gateway.core.consumers`).
+    drains: dict[str, int] = field(default_factory=dict)
 
 
 class Claim(NamedTuple):

@@ -87,6 +87,18 @@ class DelayingStore:
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         return await self._call(self.inner.wildcards)
 
+    async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
+        return await self._call(lambda: self.inner.join_group(group, member, node, process, exclusive))
+
+    async def leave_group(self, group: str, member: str) -> int:
+        return await self._call(lambda: self.inner.leave_group(group, member))
+
+    async def group_members(self, group: str) -> int:
+        return await self._call(lambda: self.inner.group_members(group))
+
+    async def release_members(self, node: str, process: str = "") -> list[str]:
+        return await self._call(lambda: self.inner.release_members(node, process))
+
     async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
         return await self._call(lambda: self.inner.lease(key, owner, ttl_ms))
 

@@ -7,10 +7,15 @@ survives a restart and any node can serve it. `attrs` keep the AMQP settings: `e
 connection's id), `auto_delete`, `expires_ms` (x-expires), `ttl_ms` (x-message-ttl), `bindings`
 ([[exchange, key, filter], ...]) and `used_ms` (last use of an expiring queue seen by a node).
 
+Consumers are members of the group in the store (`Store.join_group`), so exclusive consumers, consumer counts
+and auto-delete hold across the cluster; a process that dies leaves no member behind (the survivor that saw it
+die releases its members and deletes its exclusive queues: `process_gone`; a node's next start releases those
+of its earlier processes: `drop_orphans`). An unbound binding keeps what it routed to the queue
+(`ConsumerGroups.set_filters`).
+
 Limits of the mapping, by design: message counts are estimates (claims pending, ready or unacked, plus what is
-new after the cursor, at most `COUNT_CAP` per binding); consumer counts, exclusive consumers and auto-delete
-see this node's consumers only; two nodes binding the same queue at the same instant may lose one binding
-(the record is read, changed and written back).
+new after the cursor, at most `COUNT_CAP` per binding); two nodes binding the same queue at the same instant may
+lose one binding (the record is read, changed and written back).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ GROUP_PREFIX = "amqp/"
 COUNT_CAP = 1000  # messages counted per binding for a message count (a count is an estimate, not a scan)
 PURGE_BATCH = 1000
 _FAR_MS = 1 << 50
+_NO_LAST = 1 << 62  # a bound filter: every seq of its queue is the queue's
 
 
 def group_name(vhost: str, queue: str) -> str:
@@ -115,6 +121,8 @@ class Queues:
         attrs: dict[str, Any] = {"queue": spec.name, "exclusive": conn_id if spec.exclusive else "",
                                  "auto_delete": spec.auto_delete, "expires_ms": spec.expires_ms,
                                  "ttl_ms": spec.ttl_ms, "bindings": []}
+        if spec.exclusive:  # it goes with this process too, if the process dies (`process_gone`)
+            attrs["process"] = self.node.topology.holder
         record = GroupRecord(group_name(vhost, spec.name), [queue_topic(spec.name)], spec.durable, attrs=attrs)
         stored, created = await self.node.groups.declare(record)
         if not created:
@@ -194,9 +202,10 @@ class Queues:
         if cursor < 0:
             return 0
         seqs: set[int] = set()
-        for topic_filter in record.filters:
+        sources = [(f, _NO_LAST) for f in record.filters] + [(f, last) for f, last in record.drains.items()]
+        for topic_filter, last in sources:  # (an unbound filter's messages count up to its last seq)
             messages, _ = await store.read(topic_filter, cursor, COUNT_CAP)
-            seqs.update(m.seq for m in messages)
+            seqs.update(m.seq for m in messages if m.seq <= last)
         return pending + len(seqs)
 
     async def purge(self, record: GroupRecord) -> int:
@@ -226,6 +235,37 @@ class Queues:
         self._stored_use.pop(record.name, None)
         await self.node.groups.delete(record.name)
         return count
+
+    # --- consumers, counted cluster-wide (`Store.join_group`) ----------------------------------------------
+    async def join(self, name: str, member: str, exclusive: bool) -> bool:
+        """Register a consumer of the queue; False if an exclusive consumer holds it anywhere in the cluster, or
+        if `exclusive` and it has a consumer anywhere."""
+        node = self.node
+        return await node.store.join_group(name, member, node.node_id, node.topology.holder, exclusive) >= 0
+
+    async def leave(self, name: str, member: str) -> None:
+        """A consumer stopped: an auto-delete queue goes when that was its last consumer anywhere."""
+        store = self.node.store
+        if await store.leave_group(name, member):
+            return
+        record = await store.get_group(name)
+        if record is not None and record.attrs.get("auto_delete"):
+            await self.delete(record)
+
+    async def consumer_count(self, record: GroupRecord) -> int:
+        return await self.node.store.group_members(record.name)
+
+    async def process_gone(self, process: str, emptied: list[str]) -> None:
+        """A process of the cluster died (`ConsumerGroups.owner_gone`, on the survivor that saw it): the exclusive
+        queues of its connections go, and so do the auto-delete queues its consumers were the last of."""
+        emptied_set = set(emptied)
+        for record in await self.node.store.list_groups():
+            attrs = record.attrs
+            if not record.name.startswith(GROUP_PREFIX):
+                continue
+            if (attrs.get("exclusive") and attrs.get("process") == process) or (
+                    record.name in emptied_set and attrs.get("auto_delete")):
+                await self.delete(record)
 
     # --- x-expires ---------------------------------------------------------------------------------------
     async def expire_due(self) -> None:
@@ -267,12 +307,17 @@ class Queues:
                 await self.delete(record)
 
     async def drop_orphans(self) -> None:
-        """At start: exclusive queues of this node's previous life (their connections are gone)."""
-        marker = "-" + self.node.node_id + "-"
-        for record in await self.node.store.list_groups():
+        """At start: exclusive queues of this node's previous life (their connections are gone), its consumers
+        (no longer members) and the auto-delete queues they were the last consumers of."""
+        node = self.node
+        emptied = set(await node.store.release_members(node.node_id))
+        marker = "-" + node.node_id + "-"
+        for record in await node.store.list_groups():
             owner = record.attrs.get("exclusive")
-            if record.name.startswith(GROUP_PREFIX) and isinstance(owner, str) and marker in owner:
-                await self.node.groups.delete(record.name)
+            if record.name.startswith(GROUP_PREFIX) and (
+                    (isinstance(owner, str) and marker in owner) or (
+                    record.name in emptied and record.attrs.get("auto_delete"))):
+                await node.groups.delete(record.name)
 
 
 def _bindings(record: GroupRecord) -> list[list[str]]:

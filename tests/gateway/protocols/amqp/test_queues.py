@@ -46,11 +46,17 @@ def test_server_named_queue_bind_unbind(amqp_gateway: AmqpGateway, pika_factory:
     publish(channel, "a.b.c", b"1")
     publish(channel, "a.b.d", b"2")
     assert channel.basic_get(queue, auto_ack=True)[2] == b"1"
-    # (consumed before the unbind: a queue reads its bindings' topics, what an unbound binding had routed
-    # and nobody took yet is no longer read)
-    channel.queue_unbind(queue, "amq.topic", "a.*.c")
     publish(channel, "a.b.c", b"3")
-    assert channel.basic_get(queue, auto_ack=True) == (None, None, None)
+    publish(channel, "a.x.c", b"4")
+    # As RabbitMQ: what the binding routed before the unbind stays in the queue (its backlog), what is
+    # published after it is not routed there
+    channel.queue_unbind(queue, "amq.topic", "a.*.c")
+    publish(channel, "a.b.c", b"5")
+    assert channel.queue_declare(queue, passive=True).method.message_count == 2
+    assert [channel.basic_get(queue, auto_ack=True)[2] for _ in range(3)] == [b"3", b"4", None]
+    channel.queue_bind(queue, "amq.topic", "a.*.c")  # bound again: from now on, as a new binding
+    publish(channel, "a.y.c", b"6")
+    assert [channel.basic_get(queue, auto_ack=True)[2] for _ in range(2)] == [b"6", None]
 
 
 def test_declare_refusals(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
