@@ -39,6 +39,19 @@ def counted_filter(topic_filter: str) -> bool:
     return ("+" in topic_filter or "#" in topic_filter) and not topic_filter.startswith(P2P_PREFIX)
 
 
+# How a stored session's exact-topic subscription is indexed among the members of a filter (`shared_members`):
+# under this mark and the topic, so that `subscribed` finds an offline subscriber of a topic.
+EXACT_MARK = "\x01"
+
+
+def indexed_filter(topic_filter: str) -> str | None:
+    """The name a session's subscription is indexed under for `subscribed`: a counted filter as it is, an exact
+    topic marked (`EXACT_MARK`); None for a P2P queue."""
+    if counted_filter(topic_filter):
+        return topic_filter
+    return None if topic_filter.startswith(P2P_PREFIX) else EXACT_MARK + topic_filter
+
+
 def expiry_deadline(record: SessionRecord) -> int | None:
     """When a stored session expires (ms), or None: online, or never expiring."""
     if record.disconnected_at_ms == 0 or record.expiry_interval >= NEVER_EXPIRES:
@@ -309,6 +322,11 @@ class Store(Protocol):
 
     async def shared_members(self, group_key: str) -> list[str]:
         """Client ids of the stored sessions subscribed to `$share/<group>/<filter>`."""
+
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        """Does a stored session (online or offline; shared groups aside) hold one of `filters` (exact topics or
+        counted filters) as a subscription? From the indexes its puts keep (a session stored by an earlier build
+        is seen once it is stored again). An AMQP mandatory publish asks it for a topic nothing else reads."""
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         """Batched update of `(offset, sent_upto, epoch)` per client id (a no-op for unknown sessions and for

@@ -561,6 +561,9 @@ class RedisStore(RedisGroups, RedisMembers, RedisLog):
     async def shared_members(self, group_key: str) -> list[str]:
         return await self._meta.shared_members(group_key)
 
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        return await self._meta.subscribed(filters)
+
     async def set_retained(self, topic: str, message: Message | None) -> None:
         await self._meta.set_retained(topic, message)
 

@@ -1,6 +1,7 @@
 """AMQP queues across a 3-node cluster, as RabbitMQ behaves, with the unmodified clients (pika, aio-pika): an
 unbound queue keeps its backlog; an exclusive queue is locked on every node and goes with its connection, even
-when its node is killed; exclusive consumers, consumer counts and auto-delete count every node's consumers."""
+when its node is killed; exclusive consumers, consumer counts and auto-delete count every node's consumers; a
+mandatory publish is returned only when nothing anywhere would get it (an offline MQTT session would)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pika.adapters.blocking_connection import BlockingChannel
 
 from tests.cluster.conftest import ClusterFactory
 from tests.gateway.protocols.amqp.conftest import PikaFactory, pika_factory  # noqa: F401 - a fixture
+from tests.integration.conftest import PahoFactory
 from tests.waiting import until, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -152,3 +154,30 @@ def test_a_killed_node_frees_its_exclusive_queues_and_consumers(cluster: Cluster
     assert on2.channel().queue_declare("work", passive=True).method.consumer_count == 0
     assert refused(lambda: on2.channel().basic_consume("work", lambda *a: None, exclusive=True)) == 0
     assert refused(lambda: on2.channel().queue_declare("held", exclusive=True)) == 0
+
+
+def test_mandatory_counts_an_offline_session_of_another_node(cluster: ClusterFactory, pika_factory: PikaFactory,  # noqa: F811
+                                                             paho_factory: PahoFactory) -> None:
+    c = cluster(3)
+    n1, n2, n3 = c.nodes
+    away = paho_factory(n1.port, "away-1", clean=False)
+    away.connect(session_expiry=3600)
+    away.subscribe("away/dev/cmd", 1)
+    away.disconnect()  # only this offline persistent session subscribes
+    c.kill9(n1)  # and the node it was on is gone: no node's lookup names a reader of its topic any more
+    c.wait_gone("n1")
+    channel = pika_factory(n3.amqp_port).channel()
+    channel.confirm_delivery()
+    returned = 0
+    for i in range(20):
+        try:
+            channel.basic_publish("amq.topic", "away.dev.cmd", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2),
+                                  mandatory=True)
+        except pika.exceptions.UnroutableError:
+            returned += 1
+    with pytest.raises(pika.exceptions.UnroutableError):  # nobody anywhere: still returned
+        channel.basic_publish("amq.topic", "nobody.anywhere", b"x", mandatory=True)
+    assert returned == 0
+    back = paho_factory(n2.port, "away-1", clean=False)
+    assert back.connect(session_expiry=3600).session_present  # back, on another node: everything waited for it
+    assert [m.payload for m in back.expect(20, 10)] == [f"m{i}".encode() for i in range(20)]

@@ -87,6 +87,9 @@ class DelayingStore:
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         return await self._call(self.inner.wildcards)
 
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        return await self._call(lambda: self.inner.subscribed(filters))
+
     async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
         return await self._call(lambda: self.inner.join_group(group, member, node, process, exclusive))
 

@@ -19,7 +19,7 @@ CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "pu
                    "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
                    "set_visibility", "release_owner", "group_position", "fetch", "read_log", "hold_log",
-                   "log_holds", "get_bans", "put_ban", "delete_ban", "join_group", "leave_group",
+                   "log_holds", "get_bans", "put_ban", "delete_ban", "join_group", "leave_group", "subscribed",
                    "group_members", "release_members"})
 
 
@@ -87,6 +87,10 @@ class FailingStore:
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         self._check("wildcards")
         return await self.inner.wildcards()
+
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        self._check("subscribed")
+        return await self.inner.subscribed(filters)
 
     async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
         self._check("join_group")

@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tidewire.gateway.core.topics import matches
+from tidewire.gateway.core.topics import first_level_queue, matches
 from tidewire.gateway.protocols.amqp.codec import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Fault, Method, fault
 from tidewire.gateway.protocols.amqp.mapping import queue_topic
 from tidewire.store.base import GroupRecord, Message
@@ -172,15 +172,23 @@ class Queues:
             await self._store_bindings(record, [b for b in _bindings(record) if b[0] != exchange])
 
     async def routed_in_store(self, topic: str) -> bool:
-        """Does a group stored *now* (on any node) read `topic`? For a mandatory publish that this node's view
-        (`node.groups.routed`, refreshed once a second) finds unroutable: the client may have bound the queue
-        through another node a moment ago. One store read serves every caller that arrived before it began;
-        when the store cannot answer, the publish counts as routed (stored, never wrongly returned)."""
+        """Does a group stored *now* (on any node) read `topic`, or a stored session (an offline persistent one
+        included) subscribe to it exactly or to its first level (`<first>/#`; its other wildcards are in the
+        cluster-wide set `node.groups.routed` saw)? For a mandatory publish that this node's view finds
+        unroutable (groups refreshed once a second): the client may have bound the queue through another node a
+        moment ago, and an offline session gets the message when it comes back. One read of the groups serves
+        every caller that arrived before it began; when the store cannot answer, the publish counts as routed
+        (stored, never wrongly returned)."""
         try:
             records = await self._groups_now()
+            if any(matches(topic_filter, topic) for record in records for topic_filter in record.filters):
+                return True
+            candidates = [topic, first_level_queue(topic)]
+            if not topic.startswith("$"):
+                candidates.append("#")
+            return await self.node.store.subscribed(candidates)
         except Exception:
             return True
-        return any(matches(topic_filter, topic) for record in records for topic_filter in record.filters)
 
     async def _groups_now(self) -> list[GroupRecord]:
         arrived = self._listings
