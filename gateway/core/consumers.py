@@ -360,6 +360,12 @@ class ConsumerGroups:
                 return upto
             after = upto
 
+    async def reread(self, name: str) -> None:
+        """Another node changed the group's filters: read the definition now, before its consumers here claim
+        more (a group this node does not know stays unknown; a deleted one is forgotten)."""
+        if name in self._groups:
+            await self.get(name)
+
     async def delete(self, name: str) -> None:
         self._forget(name)
         await self.store.delete_group(name)

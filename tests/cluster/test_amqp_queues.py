@@ -181,3 +181,33 @@ def test_mandatory_counts_an_offline_session_of_another_node(cluster: ClusterFac
     back = paho_factory(n2.port, "away-1", clean=False)
     assert back.connect(session_expiry=3600).session_present  # back, on another node: everything waited for it
     assert [m.payload for m in back.expect(20, 10)] == [f"m{i}".encode() for i in range(20)]
+
+
+async def test_bindings_changed_through_one_node_hold_for_a_consumer_on_another(cluster: ClusterFactory) -> None:
+    n1, n2, n3 = cluster(3).nodes
+    conns = [await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{n.amqp_port}/", timeout=10) for n in (n1, n2, n3)]
+    try:
+        c1, c2, c3 = [await conn.channel() for conn in conns]
+        queue = await c1.declare_queue("live", durable=True)
+        await queue.bind("amq.topic", "lv.a")
+        got: list[str] = []
+
+        async def take(message: Any) -> None:
+            got.append(message.body.decode())
+            await message.ack()
+
+        await queue.consume(take)  # on n1
+        exchange = await c3.get_exchange("amq.topic")
+        await (await c2.get_queue("live")).bind("amq.topic", "lv.b")  # through n2
+        await exchange.publish(aio_pika.Message(b"new-binding"), routing_key="lv.b")
+        await exchange.publish(aio_pika.Message(b"old-binding"), routing_key="lv.a")
+        await until(lambda: "old-binding" in got, 10.0, "the n1 consumer reading the old binding")
+        await until(lambda: "new-binding" in got, 3.0, "what the binding made on n2 routed, not skipped")
+        await (await c2.get_queue("live")).unbind("amq.topic", "lv.a")
+        await exchange.publish(aio_pika.Message(b"unbound"), routing_key="lv.a")
+        await exchange.publish(aio_pika.Message(b"still-bound"), routing_key="lv.b")
+        await until(lambda: "still-bound" in got, 10.0, "the n1 consumer reading the binding left")
+        assert got == ["new-binding", "old-binding", "still-bound"]  # nothing lost, nothing after its unbind
+    finally:
+        for conn in conns:
+            await conn.close()

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from tidewire.gateway.node import Node
 
 GROUP_PREFIX = "amqp/"
+REBIND = "amqp.rebind"  # the cluster call that has every node read a queue's bindings again
 COUNT_CAP = 1000  # messages counted per binding for a message count (a count is an estimate, not a scan)
 PURGE_BATCH = 1000
 _FAR_MS = 1 << 50
@@ -83,6 +84,7 @@ class Queues:
         self._stored_use: dict[str, float] = {}  # group → when `used_ms` was last written (monotonic)
         self._listing: asyncio.Task[list[GroupRecord]] | None = None  # the store read of every group in flight
         self._listings = 0  # how many such reads were started
+        node.topology.answer(REBIND, self._rebound)
 
     # --- lookups -----------------------------------------------------------------------------------------
     async def find(self, vhost: str, queue: str, conn_id: str, method: Method) -> GroupRecord | Fault:
@@ -160,6 +162,15 @@ class Queues:
         changed = dataclasses.replace(record, attrs={**record.attrs, "bindings": bindings})
         queue = str(record.attrs.get("queue", record.name.rsplit("/", 1)[-1]))
         await self.node.groups.set_filters(changed, [queue_topic(queue), *(b[2] for b in bindings)])
+        # Bind-Ok / Unbind-Ok once every live node reads the new bindings: a consumer elsewhere reading the old
+        # ones would take what is published after an unbind, or move the queue's cursor past what a new
+        # binding routes (lost to the queue).
+        await self.node.topology.ask_others(REBIND, record.name, None)
+
+    async def _rebound(self, name: str) -> int:
+        """Another node changed the queue's bindings (`_store_bindings`)."""
+        await self.node.groups.reread(name)
+        return 204
 
     async def bound_to(self, vhost: str, exchange: str) -> list[GroupRecord]:
         """Every queue of the vhost with a binding to `exchange` (a scan: exchange deletion is rare)."""
