@@ -385,6 +385,10 @@ class Store(Protocol):
         """Create or replace the group's definition. A new group's cursor starts at `record.start_seq`; an
         existing group keeps its cursor and claims."""
 
+    async def add_group(self, record: GroupRecord) -> bool:
+        """Create the group as `put_group` does, atomically unless one of that name exists (then nothing changes):
+        True if it was created. Of nodes declaring one queue at once, exactly one creates it."""
+
     async def get_group(self, name: str) -> GroupRecord | None: ...
 
     async def list_groups(self) -> list[GroupRecord]: ...

@@ -309,16 +309,24 @@ class ConsumerGroups:
             group._task.cancel()
 
     async def declare(self, record: GroupRecord) -> tuple[GroupRecord, bool]:
-        """Create the group unless it exists; returns the stored definition and whether it was created. A new
-        group starts at the log's end; `attrs["node"]` records the declaring node."""
-        stored = await self.store.get_group(record.name)
-        if stored is not None:
-            self._know(stored)
-            return stored, False
-        record.start_seq = self.store.last_seq()
-        record.created_ms = record.created_ms or int(self.clock.time() * 1000)
-        record.attrs.setdefault("node", self.node_id)
-        return await self.set_filters(record, record.filters), True
+        """Create the group unless it exists; returns the stored definition and whether it was created (by this
+        call: of nodes declaring it at once, one creates it and the others get its definition). A new group
+        starts at the log's end; `attrs["node"]` records the declaring node."""
+        while True:
+            stored = await self.store.get_group(record.name)
+            if stored is not None:
+                self._know(stored)
+                return stored, False
+            new = copy.copy(record)
+            new.filters = sorted(set(record.filters))
+            new.start_seq = self.store.last_seq()
+            new.created_ms = record.created_ms or int(self.clock.time() * 1000)
+            new.attrs = {"node": self.node_id, **record.attrs}
+            group = self._know(new)
+            await self.subscriptions.wildcards_registered(new.filters)  # indexed before anyone can read it
+            if await self.store.add_group(new):
+                group.pull()
+                return new, True
 
     async def get(self, name: str) -> GroupRecord | None:
         record = await self.store.get_group(name)

@@ -5,6 +5,7 @@ mandatory publish is returned only when nothing anywhere would get it (an offlin
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -211,3 +212,19 @@ async def test_bindings_changed_through_one_node_hold_for_a_consumer_on_another(
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_racing_exclusive_declares_on_two_nodes_give_the_queue_one_owner(cluster: ClusterFactory) -> None:
+    n1, n2, _ = cluster(3).nodes
+    a, b = [await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{n.amqp_port}/", timeout=10) for n in (n1, n2)]
+    try:
+        owners = []
+        for i in range(40):
+            on_a, on_b = await a.channel(), await b.channel()
+            results = await asyncio.gather(on_a.declare_queue(f"race{i}", exclusive=True),
+                                           on_b.declare_queue(f"race{i}", exclusive=True), return_exceptions=True)
+            owners.append(sum(not isinstance(r, BaseException) for r in results))
+        assert owners == [1] * 40  # never both (each would think it owns the queue), never neither
+    finally:
+        await a.close()
+        await b.close()

@@ -90,6 +90,9 @@ class DelayingStore:
     async def subscribed(self, filters: Sequence[str]) -> bool:
         return await self._call(lambda: self.inner.subscribed(filters))
 
+    async def add_group(self, record: GroupRecord) -> bool:
+        return await self._call(lambda: self.inner.add_group(record))
+
     async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
         return await self._call(lambda: self.inner.join_group(group, member, node, process, exclusive))
 

@@ -20,7 +20,7 @@ CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "pu
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
                    "set_visibility", "release_owner", "group_position", "fetch", "read_log", "hold_log",
                    "log_holds", "get_bans", "put_ban", "delete_ban", "join_group", "leave_group", "subscribed",
-                   "group_members", "release_members"})
+                   "add_group", "group_members", "release_members"})
 
 
 class FailingStore:
@@ -91,6 +91,10 @@ class FailingStore:
     async def subscribed(self, filters: Sequence[str]) -> bool:
         self._check("subscribed")
         return await self.inner.subscribed(filters)
+
+    async def add_group(self, record: GroupRecord) -> bool:
+        self._check("add_group")
+        return await self.inner.add_group(record)
 
     async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
         self._check("join_group")

@@ -1,5 +1,5 @@
 """The group-member contract of `store.base.Store` (`store.members`: who consumes each group now, cluster-wide),
-run against each engine of `engine`; and a group definition's `drains` (an unbound filter's last seq)."""
+the atomic `add_group` and a group definition's `drains` (an unbound filter's last seq), on every engine."""
 
 from __future__ import annotations
 
@@ -79,3 +79,17 @@ async def test_drains_are_kept_with_the_definition(engine: Engine) -> None:
     await s.put_group(record)
     assert await s.get_group(G) == record
     assert [g for g in await s.list_groups() if g.name == G] == [record]
+
+
+async def test_add_group_creates_once(engine: Engine) -> None:
+    s = engine.store
+    mine = [GroupRecord(G, ["t"], attrs={"exclusive": f"conn{i}"}, start_seq=0) for i in range(10)]
+    created = await asyncio.gather(*(s.add_group(record) for record in mine))
+    assert sorted(created) == [False] * 9 + [True]
+    winner = mine[created.index(True)]
+    assert await s.get_group(G) == winner
+    assert await s.group_position(G) == (0, 0)
+    assert not await s.add_group(GroupRecord(G, ["other"]))
+    assert await s.get_group(G) == winner  # a refused add changes nothing
+    await s.delete_group(G)
+    assert await s.add_group(GroupRecord(G, ["other"]))
