@@ -25,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.topics import first_level_queue, matches
 from tidewire.gateway.protocols.amqp.codec import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Fault, Method, fault
 from tidewire.gateway.protocols.amqp.mapping import queue_topic
@@ -263,13 +264,34 @@ class Queues:
         return await node.store.join_group(name, member, node.node_id, node.topology.holder, exclusive) >= 0
 
     async def leave(self, name: str, member: str) -> None:
-        """A consumer stopped: an auto-delete queue goes when that was its last consumer anywhere."""
+        """A consumer stopped: an auto-delete queue goes when that was its last consumer anywhere. If the store
+        cannot take that now, it is retried in the background (the channel closes meanwhile): a member left
+        registered would keep an exclusive consumer's lock."""
+        try:
+            await self._leave(name, member)
+        except Exception as exc:
+            self.node.spawn(self._leave_later(name, member, exc))
+
+    async def _leave(self, name: str, member: str) -> None:
         store = self.node.store
         if await store.leave_group(name, member):
             return
         record = await store.get_group(name)
         if record is not None and record.attrs.get("auto_delete"):
             await self.delete(record)
+
+    async def _leave_later(self, name: str, member: str, exc: Exception) -> None:
+        retry = Backoff("amqp consumer leave", self.node.clock, self.node.store_health)
+        while True:
+            await asyncio.sleep(retry.failed(exc))
+            try:
+                await self._leave(name, member)
+            except Exception as again:
+                stop_if_cancelled()
+                exc = again
+            else:
+                retry.succeeded()
+                return
 
     async def consumer_count(self, record: GroupRecord) -> int:
         return await self.node.store.group_members(record.name)
