@@ -221,8 +221,8 @@ class ClusterRole:
             if will.owner in gone:
                 await store.delete_will(will.client_id)
                 node.publish(will.message)
-        for owner in gone:  # what their consumers (AMQP, RocketMQ, $share) held unacked goes to the others
-            await node.groups.owner_gone(owner)
+        for owner, token in dead.items():  # what their consumers (AMQP, RocketMQ, $share) held goes to the others
+            await node.groups.owner_gone(owner, token)
         # Their wildcard holds would keep their filters indexed forever. Sessions they parked (before this node
         # started, so not counted here) may still need them: this node holds every stored session's filters
         # first, then the dead processes' holds go.

@@ -39,6 +39,19 @@ def counted_filter(topic_filter: str) -> bool:
     return ("+" in topic_filter or "#" in topic_filter) and not topic_filter.startswith(P2P_PREFIX)
 
 
+# How a stored session's exact-topic subscription is indexed among the members of a filter (`shared_members`):
+# under this mark and the topic, so that `subscribed` finds an offline subscriber of a topic.
+EXACT_MARK = "\x01"
+
+
+def indexed_filter(topic_filter: str) -> str | None:
+    """The name a session's subscription is indexed under for `subscribed`: a counted filter as it is, an exact
+    topic marked (`EXACT_MARK`); None for a P2P queue."""
+    if counted_filter(topic_filter):
+        return topic_filter
+    return None if topic_filter.startswith(P2P_PREFIX) else EXACT_MARK + topic_filter
+
+
 def expiry_deadline(record: SessionRecord) -> int | None:
     """When a stored session expires (ms), or None: online, or never expiring."""
     if record.disconnected_at_ms == 0 or record.expiry_interval >= NEVER_EXPIRES:
@@ -313,6 +326,11 @@ class Store(Protocol):
     async def shared_members(self, group_key: str) -> list[str]:
         """Client ids of the stored sessions subscribed to `$share/<group>/<filter>`."""
 
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        """Does a stored session (online or offline; shared groups aside) hold one of `filters` (exact topics or
+        counted filters) as a subscription? From the indexes its puts keep (a session stored by an earlier build
+        is seen once it is stored again). An AMQP mandatory publish asks it for a topic nothing else reads."""
+
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         """Batched update of `(offset, sent_upto, epoch)` per client id (a no-op for unknown sessions and for
         an epoch below the stored one)."""
@@ -370,12 +388,16 @@ class Store(Protocol):
         """Create or replace the group's definition. A new group's cursor starts at `record.start_seq`; an
         existing group keeps its cursor and claims."""
 
+    async def add_group(self, record: GroupRecord) -> bool:
+        """Create the group as `put_group` does, atomically unless one of that name exists (then nothing changes):
+        True if it was created. Of nodes declaring one queue at once, exactly one creates it."""
+
     async def get_group(self, name: str) -> GroupRecord | None: ...
 
     async def list_groups(self) -> list[GroupRecord]: ...
 
     async def delete_group(self, name: str) -> None:
-        """Remove the definition, the cursor and every claim."""
+        """Remove the definition, the cursor, every claim and every member."""
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
                     visible_at_ms: int) -> tuple[list[Claim], int]:
@@ -412,6 +434,22 @@ class Store(Protocol):
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         """Messages by seq, ascending; seqs no longer stored (retention) are left out."""
 
+    # --- who consumes a group now, cluster-wide (`store.members`) ---------------------------------------------
+    async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
+        """Register consumer `member` of `group`, held by process `process` (its membership token) of node `node`.
+        Atomically refused (-1) while an exclusive member holds the group, or if `exclusive` and the group has
+        members; else (idempotent per member) returns how many members the group has now."""
+
+    async def leave_group(self, group: str, member: str) -> int:
+        """Unregister `member` (a no-op if it is none); returns how many members are left."""
+
+    async def group_members(self, group: str) -> int:
+        """How many members `group` has now."""
+
+    async def release_members(self, node: str, process: str = "") -> list[str]:
+        """Unregister the members held by `process` of node `node` (empty: by any process of it, as at the node's
+        start, when every earlier one is gone). Returns the groups this left without members."""
+
     # --- the log for readers (see LogSource) -------------------------------------------------------------
     def log_partitions(self) -> int: ...
 
@@ -434,6 +472,9 @@ class GroupRecord:
     start_seq: int = 0  # where a new group's cursor starts (the log's last seq when declared)
     created_ms: int = 0
     attrs: dict[str, Any] = field(default_factory=dict)  # the protocol's own settings, JSON values only
+    # Filters taken off the group (an AMQP Queue.Unbind) -> the last seq of theirs it still reads: what was
+    # routed to it before stays in it until consumed (`gateway.core.consumers`).
+    drains: dict[str, int] = field(default_factory=dict)
 
 
 class Claim(NamedTuple):

@@ -374,6 +374,12 @@ class GroupCalls:
     async def put_group(self, record: GroupRecord) -> None:
         self._groups.put_group(record)
 
+    async def add_group(self, record: GroupRecord) -> bool:
+        if self._groups.get_group(record.name) is not None:
+            return False
+        self._groups.put_group(record)
+        return True
+
     async def get_group(self, name: str) -> GroupRecord | None:
         return self._groups.get_group(name)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
@@ -42,6 +42,7 @@ class DeliveryCounters(Protocol):
 RECLAIM_INTERVAL = 1.0  # s between looks for claims that lapsed (a consumer elsewhere died or timed out)
 EXPIRED_HOLD_MS = 60_000  # expired messages claimed for the sink stay hidden this long if it never settles them
 EXPIRE_BATCH = 500
+HORIZON_PAGE = 1000  # messages read at a time to find where a filter's queue ends (`set_filters`)
 _FAR = 1 << 62
 
 
@@ -66,6 +67,7 @@ Matcher = Callable[[Message], bool]
 # Expired messages of the group `name`, claimed for the sink: it settles them (once dead-lettered). If it raises,
 # they are visible again a second later.
 Expired = Callable[[str, list["Delivery"]], Coroutine[Any, Any, None]]
+ProcessGone = Callable[[str, list[str]], Awaitable[None]]  # (dead process, groups its death left without members)
 
 
 class _Group:
@@ -244,15 +246,20 @@ class _Group:
         after = self.cursor
         merged: dict[int, Message] = {}
         upto = _FAR
-        for queue in self.record.filters:
+        record = self.record
+        sources = [(queue, _FAR) for queue in record.filters]
+        sources += [(queue, last) for queue, last in record.drains.items() if last > after]
+        for queue, last in sources:
             cached = cache.get(queue, after, limit)
             if cached is None or cached[1] <= after:
                 messages, horizon = await self.groups.store.read(queue, after, limit)
             else:
                 messages, horizon = cached
-            upto = min(upto, horizon)
+            if horizon < last:  # (a drained filter read past its last seq has nothing more for the group)
+                upto = min(upto, horizon)
             for message in messages:
-                merged[message.seq] = message
+                if message.seq <= last:
+                    merged[message.seq] = message
         if upto == _FAR:
             return [], after
         now = int(self.groups.clock.time() * 1000)
@@ -285,6 +292,7 @@ class ConsumerGroups:
         self._routes: FilterTrie[str] = FilterTrie()  # filter → group names, for `routed`
         self._routes_read = 0.0
         self._reclaim_task: asyncio.Task[None] | None = None
+        self._process_gone: list[ProcessGone] = []
 
     # --- lifecycle ---------------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -306,13 +314,25 @@ class ConsumerGroups:
             if group._task is not None:
                 group._task.cancel()
 
-    async def owner_gone(self, owner: str) -> None:
-        """A node died: what it had claimed is visible again now, not when the claims lapse."""
+    async def owner_gone(self, owner: str, process: str) -> None:
+        """A node's process (`process`: its membership token) died: what it had claimed is visible again now,
+        not when the claims lapse; the consumers it held are no longer members (`Store.join_group`), and the
+        handlers given to `on_process_gone` learn which groups that left without any (an AMQP auto-delete queue
+        goes then)."""
         for record in await self.store.list_groups():
             if await self.store.release_owner(record.name, owner) and (
                     group := self._groups.get(record.name)) is not None:
                 group.reclaim_due = True
                 group.pull()
+        if not process:
+            return  # (no token known: a successor's members must not be taken for its)
+        emptied = await self.store.release_members(owner, process)
+        for handler in self._process_gone:
+            await handler(process, emptied)
+
+    def on_process_gone(self, handler: ProcessGone) -> None:
+        """`await handler(process, emptied)` after a dead process's members were released (see `owner_gone`)."""
+        self._process_gone.append(handler)
 
     async def _reclaim_loop(self) -> None:
         while True:
@@ -359,16 +379,24 @@ class ConsumerGroups:
             group._task.cancel()
 
     async def declare(self, record: GroupRecord) -> tuple[GroupRecord, bool]:
-        """Create the group unless it exists; returns the stored definition and whether it was created. A new
-        group starts at the log's end; `attrs["node"]` records the declaring node."""
-        stored = await self.store.get_group(record.name)
-        if stored is not None:
-            self._know(stored)
-            return stored, False
-        record.start_seq = self.store.last_seq()
-        record.created_ms = record.created_ms or int(self.clock.time() * 1000)
-        record.attrs.setdefault("node", self.node_id)
-        return await self.set_filters(record, record.filters), True
+        """Create the group unless it exists; returns the stored definition and whether it was created (by this
+        call: of nodes declaring it at once, one creates it and the others get its definition). A new group
+        starts at the log's end; `attrs["node"]` records the declaring node."""
+        while True:
+            stored = await self.store.get_group(record.name)
+            if stored is not None:
+                self._know(stored)
+                return stored, False
+            new = copy.copy(record)
+            new.filters = sorted(set(record.filters))
+            new.start_seq = self.store.last_seq()
+            new.created_ms = record.created_ms or int(self.clock.time() * 1000)
+            new.attrs = {"node": self.node_id, **record.attrs}
+            group = self._know(new)
+            await self.subscriptions.wildcards_registered(new.filters)  # indexed before anyone can read it
+            if await self.store.add_group(new):
+                group.pull()
+                return new, True
 
     async def get(self, name: str) -> GroupRecord | None:
         record = await self.store.get_group(name)
@@ -380,14 +408,41 @@ class ConsumerGroups:
 
     async def set_filters(self, record: GroupRecord, filters: list[str]) -> GroupRecord:
         """Store the group with these filters (bind/unbind); returns the stored definition (a copy of `record`)
-        once every node indexes what is published from now on into the new filters' queues."""
+        once every node indexes what is published from now on into the new filters' queues.
+
+        A filter taken off keeps what it routed to the group so far, as a queue keeps its messages when a binding
+        goes (RabbitMQ): the group reads it on up to the seq its queue is complete to now (`GroupRecord.drains`),
+        never past it, until its cursor passes that seq. The messages stay stored once; only that bound is kept."""
         record = copy.copy(record)  # `_know` compares with the filters held before: maybe this very object's
-        record.filters = sorted(set(filters))
+        wanted = sorted(set(filters))
+        drains = {f: last for f, last in record.drains.items() if f not in wanted}
+        for topic_filter in set(record.filters) - set(wanted):
+            drains[topic_filter] = await self._complete_to(topic_filter)  # before its hold goes, below
+        if drains:
+            cursor, _ = await self.store.group_position(record.name)
+            drains = {f: last for f, last in drains.items() if last > cursor}
+        record.filters = wanted
+        record.drains = drains
         group = self._know(record)
         await self.subscriptions.wildcards_registered(record.filters)
         await self.store.put_group(record)
         group.pull()
         return record
+
+    async def _complete_to(self, queue: str) -> int:
+        """The seq up to which `queue` is complete now: every message stored in it so far is at or below it."""
+        after = self.store.last_seq()  # (what another node stored since may lie above this node's last_seq)
+        while True:
+            messages, upto = await self.store.read(queue, after, HORIZON_PAGE)
+            if len(messages) < HORIZON_PAGE:
+                return upto
+            after = upto
+
+    async def reread(self, name: str) -> None:
+        """Another node changed the group's filters: read the definition now, before its consumers here claim
+        more (a group this node does not know stays unknown; a deleted one is forgotten)."""
+        if name in self._groups:
+            await self.get(name)
 
     async def delete(self, name: str) -> None:
         self._forget(name)

@@ -29,6 +29,7 @@ from tidewire.store.embedded.record_calls import RecordCalls
 from tidewire.store.embedded.segment_index import IndexWriter
 from tidewire.store.embedded.segments import CommitLog
 from tidewire.store.groups import GroupCalls, GroupTable, KVDeletes, KVSets
+from tidewire.store.members import GroupMembers
 
 log = logging.getLogger("tidewire.store")
 
@@ -88,6 +89,7 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
         self._ring: list[Message | None] = [None] * self._ring_size
         self._next_seq = 1
         self._registry = MemoryRegistry()
+        self._members = GroupMembers()
         self._groups = GroupTable(self._group_write, self._group_written)
         # Group commit: every write bumps _write_gen; a sync round makes everything up to the gen it
         # captured durable.
@@ -256,6 +258,23 @@ class EmbeddedStore(RecordCalls, GroupCalls, EmbeddedLog):
 
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         return self._registry.wildcard_version, frozenset(self._registry.wildcard_holders)
+
+    # --- group members (one node: in memory, they end with it) -----------------------------------------------
+    async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
+        return self._members.join(group, member, node, process, exclusive)
+
+    async def leave_group(self, group: str, member: str) -> int:
+        return self._members.leave(group, member)
+
+    async def group_members(self, group: str) -> int:
+        return self._members.count(group)
+
+    async def release_members(self, node: str, process: str = "") -> list[str]:
+        return self._members.release(node, process)
+
+    async def delete_group(self, name: str) -> None:
+        await super().delete_group(name)
+        self._members.drop(name)
 
     # --- durability -----------------------------------------------------------------------------------------
     async def sync(self) -> None:

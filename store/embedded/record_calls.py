@@ -4,6 +4,8 @@ group-commit round, which fsyncs the metadata WAL with the log (`MetaStore.sync_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tidewire.store.base import SHARED_PREFIX, Ban, Message, SessionRecord, WillRecord
 from tidewire.store.embedded.meta.store import MetaStore
 
@@ -58,6 +60,9 @@ class RecordCalls:
 
     async def shared_members(self, group_key: str) -> list[str]:
         return self._meta.shared_members(group_key)
+
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        return self._meta.subscribed(filters)
 
     # --- retained -------------------------------------------------------------------------------------------
     async def set_retained(self, topic: str, message: Message | None) -> None:

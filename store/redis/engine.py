@@ -98,6 +98,7 @@ from tidewire.store.redis.fence import AppendFence
 from tidewire.store.redis.groups import RedisGroups
 from tidewire.store.redis.log import PartitionKeys as _Partition
 from tidewire.store.redis.log import RedisLog
+from tidewire.store.redis.members import RedisMembers
 from tidewire.store.redis.meta import EPOCH_TTL, RedisMeta
 from tidewire.store.redis.replicas import BACKLOG, ReplicaWaits
 from tidewire.store.redis.scripts import (
@@ -145,7 +146,7 @@ def _wild(queue: str) -> bool:
     return "+" in queue or "#" in queue
 
 
-class RedisStore(RedisGroups, RedisLog):
+class RedisStore(RedisGroups, RedisMembers, RedisLog):
     def __init__(
         self,
         url: str = "redis://127.0.0.1:6379/0",
@@ -190,6 +191,7 @@ class RedisStore(RedisGroups, RedisLog):
         self._meta = RedisMeta(self._conn, prefix, epoch_ttl)
         self._parts = [_Partition(prefix, n) for n in range(partitions)]
         self._init_groups(prefix, [part.msg for part in self._parts])
+        self._init_members(prefix)
         self._hint = 0  # the highest seq or counter this store has seen: floor of its clock, seal of its reads
         self._sealed = 0  # last_seq(): sealed on every partition
         self._version_raised = 0  # every partition's version copy is known to be at least this
@@ -490,6 +492,10 @@ class RedisStore(RedisGroups, RedisLog):
         await self._raise_versions(version)
         return version, filters
 
+    async def delete_group(self, name: str) -> None:
+        await super().delete_group(name)
+        await self._drop_members(name)  # a second script: a member left behind would only be counted
+
     async def _raise_versions(self, version: int) -> None:
         """Every partition's copy up to `version` before the caller learns it (copies only ever rise)."""
         if version <= self._version_raised:
@@ -554,6 +560,9 @@ class RedisStore(RedisGroups, RedisLog):
 
     async def shared_members(self, group_key: str) -> list[str]:
         return await self._meta.shared_members(group_key)
+
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        return await self._meta.subscribed(filters)
 
     async def set_retained(self, topic: str, message: Message | None) -> None:
         await self._meta.set_retained(topic, message)

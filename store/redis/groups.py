@@ -59,6 +59,13 @@ for _, s in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])) do out
 return out
 """
 
+# As PUT_GROUP, unless the group exists. Returns 1 if it was created, else 0.
+ADD_GROUP = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end
+redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3])
+return 1
+"""
+
 # KEYS: 1 definitions, 2 cursors, 3 pending, 4 hidden, 5 ready. ARGV: 1 name, 2 owner set prefix.
 DELETE_GROUP = _LIB + """
 redis.call('HDEL', KEYS[1], ARGV[1])
@@ -228,6 +235,7 @@ return out
 """
 
 _PUT = Script("put_group", PUT_GROUP)
+_ADD = Script("add_group", ADD_GROUP)
 _DELETE = Script("delete_group", DELETE_GROUP)
 _POSITION = Script("group_position", POSITION)
 _READY_CLAIMS = Script("ready_claims", READY_CLAIMS)
@@ -273,6 +281,11 @@ class RedisGroups:
         check_group_name(record.name)
         await self._conn.run((_PUT, [self._gk_defs, self._gk_cursors],
                               [record.name, encode_group(record), record.start_seq]))
+
+    async def add_group(self, record: GroupRecord) -> bool:
+        check_group_name(record.name)
+        return bool(await self._conn.run((_ADD, [self._gk_defs, self._gk_cursors],
+                                          [record.name, encode_group(record), record.start_seq])))
 
     async def get_group(self, name: str) -> GroupRecord | None:
         value = await self._conn.command("HGET", self._gk_defs, name)

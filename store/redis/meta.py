@@ -8,9 +8,9 @@ Layout (every key under `{prefix}`, so each multi-key script is valid on Redis C
     :own    hash  client id -> owner node id         :will  hash  client id -> encoded will
     :ret    hash  topic -> retained body;  :rl  set of first levels;  :rb:<level>  set of retained topics
     :on     set   client ids of sessions online       :exp   zset  client id by expiry deadline (ms, offline only)
-    :sf     hash  client id -> its counted filters (`counted_filter`, NUL-joined; sessions that have some)
+    :sf     hash  client id -> its counted filters and marked exact topics (`indexed_filter`, NUL-joined)
     :flt    hash  counted filter -> how many sessions hold it (what `subscription_filters` answers)
-    :shm:<$share/...>  set of the client ids holding that filter
+    :shm:<$share/...>  set of the client ids holding that filter;  :shm:\x01<topic>  ... subscribed to exactly it
     :tomb   zset  client id without a record -> server ms since when;  :epc  the last claim number;
     :epf    the epoch floor
     :idx    the index version the sessions are indexed for (built once at open when lower, a page at a time)
@@ -53,10 +53,10 @@ from tidewire.store.base import (
     Message,
     SessionRecord,
     WillRecord,
-    counted_filter,
     decode_ban,
     encode_ban,
     expiry_deadline,
+    indexed_filter,
 )
 from tidewire.store.records import (
     OFFSETS,
@@ -107,6 +107,18 @@ _WILDCARDS_RELEASE = Script("wildcards_release", WILDCARDS_RELEASE)
 _STATS = Script("meta_stats", META_STATS)
 _LEASE = Script("lease", LEASE)
 _RELEASE = Script("release", RELEASE)
+# KEYS: 1 counted filter -> sessions. ARGV: 1 members key prefix, 2.. indexed filter names (`indexed_filter`).
+_SUBSCRIBED = Script("subscribed", """
+for i = 2, #ARGV do
+  local f = ARGV[i]
+  if string.byte(f, 1) == 1 then
+    if redis.call('EXISTS', ARGV[1] .. f) == 1 then return 1 end
+  elseif redis.call('HEXISTS', KEYS[1], f) == 1 then
+    return 1
+  end
+end
+return 0
+""")
 # Delete a ban only if it lapsed by ARGV[2] (epoch s): a ban renewed since it was read stays.
 _DELETE_LAPSED_BAN = Script("delete_lapsed_ban", """
 local v = redis.call('HGET', KEYS[1], ARGV[1])
@@ -141,10 +153,11 @@ INDEX_VERSION = 2  # 1: :on and :exp (the `sessidx` flag of earlier builds); 2: 
 
 
 def _counted(record: SessionRecord) -> str:
-    """The record's filters `subscription_filters` counts, NUL-joined in a stable order ('' for a group)."""
+    """The record's filters `subscription_filters` counts and its exact topics (marked, `indexed_filter`: kept
+    as members, for `subscribed`), NUL-joined in a stable order ('' for a group)."""
     if record.client_id.startswith(SHARED_PREFIX):
         return ""
-    return "\0".join(sorted(f for f in record.subscriptions if counted_filter(f)))
+    return "\0".join(sorted(name for f in record.subscriptions if (name := indexed_filter(f)) is not None))
 
 
 def _index_score(record: SessionRecord) -> int:
@@ -277,6 +290,13 @@ class RedisMeta:
 
     async def shared_members(self, group_key: str) -> list[str]:
         return [_text(m) for m in dict.fromkeys(await self._scan("SSCAN", self._p_members + group_key))]
+
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        names = [name for f in filters if (name := indexed_filter(f)) is not None]
+        if not names:
+            self._conn.check()
+            return False
+        return bool(await self._conn.run((_SUBSCRIBED, [self._sess_keys[7]], [self._p_members, *names])))
 
     async def set_offsets(self, offsets: dict[str, tuple[int, int, int]]) -> None:
         if not offsets:

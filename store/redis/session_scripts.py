@@ -11,10 +11,12 @@ from tidewire.store.redis.scripts import LUA_LIB
 
 # Sessions. KEYS (`RedisMeta._sess_keys`): 1 session hash (client id -> JSON), 2 offsets hash (packed offset,
 # sent_upto set by set_offsets after the last put), 3 epoch hash, 4 owner hash, 5 online set, 6 expiry zset,
-# 7 counted filters per session (client id -> filters joined by NUL; only sessions that have some), 8 filter
-# -> holder count, 9 tombstones (zset: client id without a record -> server ms it became so), 10 the claim
-# counter, 11 the epoch floor (the highest epoch of a pruned tombstone).
-# Shared members: set `<ARGV members prefix><$share/...>` of the client ids holding that filter.
+# 7 counted filters per session (client id -> filters joined by NUL; only sessions that have some; exact topics
+# marked by a leading 0x01 are kept as members, not counted), 8 filter -> holder count, 9 tombstones (zset:
+# client id without a record -> server ms it became so), 10 the claim counter, 11 the epoch floor (the highest
+# epoch of a pruned tombstone).
+# Shared members: set `<ARGV members prefix><$share/...>` of the client ids holding that filter (and
+# `<prefix>\x01<topic>` of those subscribed to exactly that topic).
 # Epochs: see `store.redis.meta` (a claim takes the next counter value; a tombstone older than its time to live
 # goes, raising the floor, and a put for a client id without an epoch entry is refused below the floor).
 _SESS = LUA_LIB + r"""
@@ -25,10 +27,14 @@ end
 local function count_filters(id, list, delta, members)
   if not list or list == '' then return end
   for _, f in ipairs(split(list, '\0')) do
-    if delta > 0 then redis.call('HINCRBY', KEYS[8], f, 1)
-    elseif redis.call('HINCRBY', KEYS[8], f, -1) <= 0 then redis.call('HDEL', KEYS[8], f) end
-    if string.sub(f, 1, 7) == '$share/' then
+    if string.byte(f, 1) == 1 then  -- an exact topic (`store.base.EXACT_MARK`): its subscribers, not counted
       if delta > 0 then redis.call('SADD', members .. f, id) else redis.call('SREM', members .. f, id) end
+    else
+      if delta > 0 then redis.call('HINCRBY', KEYS[8], f, 1)
+      elseif redis.call('HINCRBY', KEYS[8], f, -1) <= 0 then redis.call('HDEL', KEYS[8], f) end
+      if string.sub(f, 1, 7) == '$share/' then
+        if delta > 0 then redis.call('SADD', members .. f, id) else redis.call('SREM', members .. f, id) end
+      end
     end
   end
 end

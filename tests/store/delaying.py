@@ -87,6 +87,24 @@ class DelayingStore:
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         return await self._call(self.inner.wildcards)
 
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        return await self._call(lambda: self.inner.subscribed(filters))
+
+    async def add_group(self, record: GroupRecord) -> bool:
+        return await self._call(lambda: self.inner.add_group(record))
+
+    async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
+        return await self._call(lambda: self.inner.join_group(group, member, node, process, exclusive))
+
+    async def leave_group(self, group: str, member: str) -> int:
+        return await self._call(lambda: self.inner.leave_group(group, member))
+
+    async def group_members(self, group: str) -> int:
+        return await self._call(lambda: self.inner.group_members(group))
+
+    async def release_members(self, node: str, process: str = "") -> list[str]:
+        return await self._call(lambda: self.inner.release_members(node, process))
+
     async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
         return await self._call(lambda: self.inner.lease(key, owner, ttl_ms))
 

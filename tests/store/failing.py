@@ -19,7 +19,8 @@ CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "pu
                    "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
                    "set_visibility", "release_owner", "group_position", "ready_claims", "fetch", "read_log", "hold_log",
-                   "log_holds", "get_bans", "put_ban", "delete_ban"})
+                   "log_holds", "get_bans", "put_ban", "delete_ban", "join_group", "leave_group", "subscribed",
+                   "add_group", "group_members", "release_members"})
 
 
 class FailingStore:
@@ -86,6 +87,30 @@ class FailingStore:
     async def wildcards(self) -> tuple[int, frozenset[str]]:
         self._check("wildcards")
         return await self.inner.wildcards()
+
+    async def subscribed(self, filters: Sequence[str]) -> bool:
+        self._check("subscribed")
+        return await self.inner.subscribed(filters)
+
+    async def add_group(self, record: GroupRecord) -> bool:
+        self._check("add_group")
+        return await self.inner.add_group(record)
+
+    async def join_group(self, group: str, member: str, node: str, process: str, exclusive: bool) -> int:
+        self._check("join_group")
+        return await self.inner.join_group(group, member, node, process, exclusive)
+
+    async def leave_group(self, group: str, member: str) -> int:
+        self._check("leave_group")
+        return await self.inner.leave_group(group, member)
+
+    async def group_members(self, group: str) -> int:
+        self._check("group_members")
+        return await self.inner.group_members(group)
+
+    async def release_members(self, node: str, process: str = "") -> list[str]:
+        self._check("release_members")
+        return await self.inner.release_members(node, process)
 
     async def lease(self, key: str, owner: str, ttl_ms: int) -> int:
         self._check("lease")

@@ -69,3 +69,24 @@ async def test_filter_counts_members_and_groups(engine: Engine) -> None:
     if engine.persistent:
         s = await engine.reopen()
         assert await s.subscription_filters() == {"x/+": 1}
+
+
+async def test_subscribed_sees_stored_sessions_exact_topics_and_counted_filters(engine: Engine) -> None:
+    s = engine.store
+    assert not await s.subscribed(["dev/1/cmd", "dev/#"])
+    await s.put_session(session("a", "dev/1/cmd", "x/+"))  # offline, persistent
+    await s.put_session(session("b", "dev/#", "dev/2/cmd", online=True))
+    await s.put_session(SessionRecord("$share/g/grp/topic", offset=3))  # a group's record: not a subscriber
+    assert await s.subscribed(["dev/1/cmd"]) and await s.subscribed(["dev/2/cmd"])
+    assert await s.subscribed(["nothing", "dev/#"]) and await s.subscribed(["x/+"])
+    assert not await s.subscribed(["dev/3/cmd", "dev/1", "grp/topic", "x/#", "p2p#a"])
+    await s.put_session(session("a", "x/+"))  # unsubscribed from dev/1/cmd
+    await s.put_session(session("b", "dev/2/cmd", online=True))  # ... from dev/#
+    assert not await s.subscribed(["dev/1/cmd", "dev/#"])
+    assert await s.subscribed(["dev/2/cmd"])
+    if engine.persistent:
+        s = await engine.reopen()
+        assert await s.subscribed(["dev/2/cmd"]) and not await s.subscribed(["dev/1/cmd"])
+    await s.delete_session("b")
+    assert not await s.subscribed(["dev/2/cmd"])
+    assert await s.shared_members("grp/topic") == []  # the exact index is no shared group's membership

@@ -63,6 +63,9 @@ class Landed:
         self.sink.resume_publishes()
 
 
+_EVERY = 1 << 62  # a bound filter's last seq: every message of its queue is the queue's
+
+
 class Backlog:
     """Counts and limits of the node's AMQP queues (one per server)."""
 
@@ -87,17 +90,19 @@ class Backlog:
         size = 0
         if with_bytes and claimed:
             size = sum(len(m.payload) for m in await store.fetch(claimed))
-        if not with_bytes:
+        if not with_bytes and not record.drains:
             tails = [(await store.queue_tail(f, cursor, 0))[0] for f in record.filters]
             if sum(1 for t in tails if t) <= 1:  # no message counted twice
                 return len(claimed) + sum(tails), 0
         seen: set[int] = set()
-        for topic_filter in record.filters:
+        # An unbound filter (`drains`) still counts what it routed, up to its last seq.
+        sources = [(f, _EVERY) for f in record.filters] + list(record.drains.items())
+        for topic_filter, last in sources:
             after = cursor
-            while True:
+            while after < last:
                 messages, upto = await store.read(topic_filter, after, PAGE)
                 for m in messages:
-                    if m.seq not in seen:
+                    if m.seq <= last and m.seq not in seen:
                         seen.add(m.seq)
                         size += len(m.payload)
                 if len(messages) < PAGE:

@@ -256,7 +256,7 @@ class Channel:
         self.last_queue = queue = str(record.attrs.get("queue", name))
         if not method.nowait:
             count = 0 if created else await queues.message_count(record)
-            self._reply(Queue.DeclareOk(queue, count, len(queues.local_consumers.get(record.name, ()))))
+            self._reply(Queue.DeclareOk(queue, count, await queues.consumer_count(record)))
         return None
 
     async def _binding(self, method: Any) -> tuple[GroupRecord, Exchange] | Fault:
@@ -316,7 +316,7 @@ class Channel:
             if found.code != NOT_FOUND:
                 return found
         else:
-            if method.if_unused and queues.local_consumers.get(found.name):
+            if method.if_unused and await queues.consumer_count(found):
                 return fault(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.vhost}' in use", method)
             if method.if_empty and await queues.message_count(found):
                 return fault(PRECONDITION_FAILED, f"queue '{name}' in vhost '{self.vhost}' is not empty", method)
@@ -343,8 +343,8 @@ class Channel:
         tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
         if tag in self.deliveries.consumers:
             return fault(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag[:80]}'", method)
-        others = queues.local_consumers.get(found.name)
-        if others and (method.exclusive or any(getattr(c, "exclusive", False) for c in others)):
+        member = f"{self.conn.id}/{self.number}/{tag}"  # (unique in the cluster: a connection id names its node)
+        if not await queues.join(found.name, member, bool(method.exclusive)):
             queue = found.attrs.get("queue", method.queue)
             return fault(ACCESS_REFUSED, f"queue '{queue}' in vhost '{self.vhost}' in exclusive use", method)
         await self._learn_exchanges(found)
@@ -353,7 +353,7 @@ class Channel:
         queues.touch(found.name)
         await queues.backlog.trim(found)  # the head it starts from is within the queue's limits
         self.deliveries.consume(found.name, str(found.attrs.get("queue", method.queue)), tag, bool(method.no_ack),
-                                bool(method.exclusive))
+                                member)
         return None
 
     async def _cancel(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:

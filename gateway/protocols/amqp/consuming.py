@@ -45,17 +45,17 @@ class Unacked(NamedTuple):
 class AmqpConsumer:
     """A Basic.Consume: a competing consumer of the queue's group (`gateway.core.consumers.Consumer`)."""
 
-    __slots__ = ("active", "channel", "exclusive", "group", "no_ack", "prefetch", "queue", "tag", "unacked",
+    __slots__ = ("active", "channel", "group", "member", "no_ack", "prefetch", "queue", "tag", "unacked",
                  "visibility_ms")
 
-    def __init__(self, channel: Deliveries, tag: str, queue: str, group: str, no_ack: bool, exclusive: bool,
+    def __init__(self, channel: Deliveries, tag: str, queue: str, group: str, no_ack: bool, member: str,
                  prefetch: int, visibility_ms: int) -> None:
         self.channel = channel
         self.tag = tag
         self.queue = queue
         self.group = group
         self.no_ack = no_ack
-        self.exclusive = exclusive
+        self.member = member  # its id among the queue's consumers in the store (`Queues.join`)
         self.prefetch = prefetch
         self.visibility_ms = visibility_ms
         self.unacked = 0
@@ -154,9 +154,10 @@ class Deliveries:
             core.send_method(self.number, Basic.Cancel(consumer.tag))
 
     # --- commands ----------------------------------------------------------------------------------------
-    def consume(self, group: str, queue: str, tag: str, no_ack: bool, exclusive: bool) -> None:
+    def consume(self, group: str, queue: str, tag: str, no_ack: bool, member: str) -> None:
+        """Start a consumer already registered as `member` of the queue (`Queues.join`)."""
         visibility_ms = self._timeout_ms(group) + CLAIM_MARGIN_MS
-        consumer = AmqpConsumer(self, tag, queue, group, no_ack, exclusive, self.prefetch, visibility_ms)
+        consumer = AmqpConsumer(self, tag, queue, group, no_ack, member, self.prefetch, visibility_ms)
         self.consumers[tag] = consumer
         self.conn.server.queues.local_consumers.setdefault(group, set()).add(consumer)
         self.conn.node.groups.consume(group, consumer)
@@ -176,11 +177,7 @@ class Deliveries:
             if not local:
                 del server.queues.local_consumers[consumer.group]
         server.queues.touch(consumer.group)
-        if local:
-            return
-        record = await self.conn.node.store.get_group(consumer.group)
-        if record is not None and record.attrs.get("auto_delete"):
-            await server.queues.delete(record)  # its last consumer (on this node) is gone
+        await server.queues.leave(consumer.group, consumer.member)  # (an auto-delete queue's last goes with it)
 
     async def get(self, group: str, no_ack: bool, remaining: Callable[[], Awaitable[int]]) -> None:
         """Basic.Get: one message claimed now (Get-Ok counts the ready messages left), or Get-Empty."""

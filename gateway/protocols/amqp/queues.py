@@ -12,8 +12,15 @@ and `used_ms` (last use of an expiring queue seen by a node).
 Message counts are exact (`backlog.Backlog.ready`). Expired messages are dead-lettered (`dead_letters`) or
 passed over by the consumer groups (`ConsumerGroups.expiry`); `sweep` expires the heads and trims the limited
 queues this node declared or used, every `server.EXPIRY_CHECK_S` on the node's clock, so that happens with no
-consumer attached. Limits of the mapping, by design: consumer counts, exclusive consumers and auto-delete see
-this node's consumers only; two nodes binding the same queue at the same instant may lose one binding (the
+consumer attached.
+
+Consumers are members of the group in the store (`Store.join_group`), so exclusive consumers, consumer counts
+and auto-delete hold across the cluster; a process that dies leaves no member behind (the survivor that saw it
+die releases its members and deletes its exclusive queues: `process_gone`; a node's next start releases those
+of its earlier processes: `drop_orphans`). An unbound binding keeps what it routed to the queue
+(`ConsumerGroups.set_filters`, counted until drained).
+
+Limits of the mapping, by design: two nodes binding the same queue at the same instant may lose one binding (the
 record is read, changed and written back).
 """
 
@@ -25,7 +32,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.gateway.core.consumers import Delivery
-from tidewire.gateway.core.topics import matches
+from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.topics import first_level_queue, matches
 from tidewire.gateway.protocols.amqp.arguments import ARGUMENT_NAMES, ATTRS, QueueArgs, show
 from tidewire.gateway.protocols.amqp.backlog import Backlog
 from tidewire.gateway.protocols.amqp.codec import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Fault, Method, fault
@@ -38,6 +46,7 @@ if TYPE_CHECKING:
     from tidewire.gateway.node import Node
 
 GROUP_PREFIX = "amqp/"
+REBIND = "amqp.rebind"  # the cluster call that has every node read a queue's bindings again
 PURGE_BATCH = 1000
 _FAR_MS = 1 << 50
 
@@ -73,6 +82,7 @@ class Queues:
         self._stored_use: dict[str, float] = {}  # group → when `used_ms` was last written (monotonic)
         self._listing: asyncio.Task[list[GroupRecord]] | None = None  # the store read of every group in flight
         self._listings = 0  # how many such reads were started
+        node.topology.answer(REBIND, self._rebound)
 
     # --- lookups -----------------------------------------------------------------------------------------
     async def find(self, vhost: str, queue: str, conn_id: str, method: Method) -> GroupRecord | Fault:
@@ -116,6 +126,8 @@ class Queues:
                       method: Method) -> tuple[GroupRecord, bool] | Fault:
         attrs: dict[str, Any] = {"queue": spec.name, "exclusive": conn_id if spec.exclusive else "",
                                  "auto_delete": spec.auto_delete, **spec.args.attrs(), "bindings": []}
+        if spec.exclusive:  # it goes with this process too, if the process dies (`process_gone`)
+            attrs["process"] = self.node.topology.holder
         record = GroupRecord(group_name(vhost, spec.name), [queue_topic(spec.name)], spec.durable, attrs=attrs)
         stored, created = await self.node.groups.declare(record)
         if not created:
@@ -155,6 +167,15 @@ class Queues:
         changed = dataclasses.replace(record, attrs={**record.attrs, "bindings": bindings})
         queue = str(record.attrs.get("queue", record.name.rsplit("/", 1)[-1]))
         await self.node.groups.set_filters(changed, [queue_topic(queue), *(b[2] for b in bindings if b[2])])
+        # Bind-Ok / Unbind-Ok once every live node reads the new bindings: a consumer elsewhere reading the old
+        # ones would take what is published after an unbind, or move the queue's cursor past what a new
+        # binding routes (lost to the queue).
+        await self.node.topology.ask_others(REBIND, record.name, None)
+
+    async def _rebound(self, name: str) -> int:
+        """Another node changed the queue's bindings (`_store_bindings`)."""
+        await self.node.groups.reread(name)
+        return 204
 
     async def bound_to(self, vhost: str, exchange: str) -> list[GroupRecord]:
         """Every queue of the vhost with a binding to `exchange` (a scan: exchange deletion is rare)."""
@@ -167,15 +188,23 @@ class Queues:
             await self._store_bindings(record, [b for b in _bindings(record) if b[0] != exchange])
 
     async def routed_in_store(self, topic: str) -> bool:
-        """Does a group stored *now* (on any node) read `topic`? For a mandatory publish that this node's view
-        (`node.groups.routed`, refreshed once a second) finds unroutable: the client may have bound the queue
-        through another node a moment ago. One store read serves every caller that arrived before it began;
-        when the store cannot answer, the publish counts as routed (stored, never wrongly returned)."""
+        """Does a group stored *now* (on any node) read `topic`, or a stored session (an offline persistent one
+        included) subscribe to it exactly or to its first level (`<first>/#`; its other wildcards are in the
+        cluster-wide set `node.groups.routed` saw)? For a mandatory publish that this node's view finds
+        unroutable (groups refreshed once a second): the client may have bound the queue through another node a
+        moment ago, and an offline session gets the message when it comes back. One read of the groups serves
+        every caller that arrived before it began; when the store cannot answer, the publish counts as routed
+        (stored, never wrongly returned)."""
         try:
             records = await self._groups_now()
+            if any(matches(topic_filter, topic) for record in records for topic_filter in record.filters):
+                return True
+            candidates = [topic, first_level_queue(topic)]
+            if not topic.startswith("$"):
+                candidates.append("#")
+            return await self.node.store.subscribed(candidates)
         except Exception:
             return True
-        return any(matches(topic_filter, topic) for record in records for topic_filter in record.filters)
 
     async def _groups_now(self) -> list[GroupRecord]:
         arrived = self._listings
@@ -231,6 +260,58 @@ class Queues:
         await self.node.groups.delete(record.name)
         return count
 
+    # --- consumers, counted cluster-wide (`Store.join_group`) ----------------------------------------------
+    async def join(self, name: str, member: str, exclusive: bool) -> bool:
+        """Register a consumer of the queue; False if an exclusive consumer holds it anywhere in the cluster, or
+        if `exclusive` and it has a consumer anywhere."""
+        node = self.node
+        return await node.store.join_group(name, member, node.node_id, node.topology.holder, exclusive) >= 0
+
+    async def leave(self, name: str, member: str) -> None:
+        """A consumer stopped: an auto-delete queue goes when that was its last consumer anywhere. If the store
+        cannot take that now, it is retried in the background (the channel closes meanwhile): a member left
+        registered would keep an exclusive consumer's lock."""
+        try:
+            await self._leave(name, member)
+        except Exception as exc:
+            self.node.spawn(self._leave_later(name, member, exc))
+
+    async def _leave(self, name: str, member: str) -> None:
+        store = self.node.store
+        if await store.leave_group(name, member):
+            return
+        record = await store.get_group(name)
+        if record is not None and record.attrs.get("auto_delete"):
+            await self.delete(record)
+
+    async def _leave_later(self, name: str, member: str, exc: Exception) -> None:
+        retry = Backoff("amqp consumer leave", self.node.clock, self.node.store_health)
+        while True:
+            await asyncio.sleep(retry.failed(exc))
+            try:
+                await self._leave(name, member)
+            except Exception as again:
+                stop_if_cancelled()
+                exc = again
+            else:
+                retry.succeeded()
+                return
+
+    async def consumer_count(self, record: GroupRecord) -> int:
+        return await self.node.store.group_members(record.name)
+
+    async def process_gone(self, process: str, emptied: list[str]) -> None:
+        """A process of the cluster died (`ConsumerGroups.owner_gone`, on the survivor that saw it): the exclusive
+        queues of its connections go, and so do the auto-delete queues its consumers were the last of."""
+        emptied_set = set(emptied)
+        for record in await self.node.store.list_groups():
+            attrs = record.attrs
+            if not record.name.startswith(GROUP_PREFIX):
+                continue
+            if (attrs.get("exclusive") and attrs.get("process") == process) or (
+                    record.name in emptied_set and attrs.get("auto_delete")):
+                await self.delete(record)
+
     # --- x-expires ---------------------------------------------------------------------------------------
     async def expire_due(self) -> None:
         """Delete the x-expires queues nobody used for that long. Use on this node is tracked here; use on
@@ -285,12 +366,17 @@ class Queues:
                 await self.delete(record)
 
     async def drop_orphans(self) -> None:
-        """At start: exclusive queues of this node's previous life (their connections are gone)."""
-        marker = "-" + self.node.node_id + "-"
-        for record in await self.node.store.list_groups():
+        """At start: exclusive queues of this node's previous life (their connections are gone), its consumers
+        (no longer members) and the auto-delete queues they were the last consumers of."""
+        node = self.node
+        emptied = set(await node.store.release_members(node.node_id))
+        marker = "-" + node.node_id + "-"
+        for record in await node.store.list_groups():
             owner = record.attrs.get("exclusive")
-            if record.name.startswith(GROUP_PREFIX) and isinstance(owner, str) and marker in owner:
-                await self.node.groups.delete(record.name)
+            if record.name.startswith(GROUP_PREFIX) and (
+                    (isinstance(owner, str) and marker in owner) or (
+                    record.name in emptied and record.attrs.get("auto_delete"))):
+                await node.groups.delete(record.name)
 
 
 def _bindings(record: GroupRecord) -> list[list[str]]:

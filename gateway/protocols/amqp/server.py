@@ -50,6 +50,7 @@ class AmqpServer:
         self.held_keys = HeldKeys(node.writes, node.clock, settings.amqp_dedupe_seconds)
         self.queues = Queues(node, self.exchanges)
         self.routing = Routing(node.store, node.clock)
+        node.groups.on_process_gone(self.queues.process_gone)
         self.connections: dict[str, set[AmqpConnection]] = {"amqp": set(), "amqps": set()}
         self.listeners: dict[str, Listener] = {}  # their limits, PROXY protocol and deadlines are MQTT's
         self.ports: dict[str, int] = {}

@@ -8,6 +8,7 @@ One keyspace, ordered bytewise; the first byte names the namespace:
     X <u64 BE deadline> <client id>  -> b""  expiry index (finite expiry, disconnected)
     F <topic filter>                 -> <q   stored sessions subscribed to a counted filter (`counted_filter`)
     M <u32 BE len> <$share key> <id> -> b""  stored sessions subscribed to a shared subscription
+    M <u32 BE len> 0x01 <topic> <id> -> b""  stored sessions subscribed to exactly that topic (`Store.subscribed`)
     R <topic>                        -> retained message (store.records message body)
     W <client id>                    -> will (store.records.encode_will)
     G <u8 namespace> <key>           -> consumer-group record (store.groups), value as GroupTable wrote it
@@ -35,6 +36,7 @@ from struct import Struct
 from struct import error as StructError
 
 from tidewire.store.base import (
+    EXACT_MARK,
     SHARED_PREFIX,
     SessionRecord,
     SubscriptionRecord,
@@ -159,6 +161,8 @@ def index_keys(record: SessionRecord) -> set[bytes]:
     for key in record.subscriptions:
         if key.startswith(SHARED_PREFIX):
             keys.add(member_key(key, cid))
+        elif not counted_filter(key) and not cid.startswith(SHARED_PREFIX):
+            keys.add(member_key(EXACT_MARK + key, cid))
     return keys
 
 

@@ -19,7 +19,16 @@ from typing import cast
 
 from rocksdict import Rdict, ReadOptions, WriteBatch, WriteOptions
 
-from tidewire.store.base import Ban, Message, SessionRecord, WillRecord, decode_ban, encode_ban
+from tidewire.store.base import (
+    EXACT_MARK,
+    Ban,
+    Message,
+    SessionRecord,
+    WillRecord,
+    decode_ban,
+    encode_ban,
+    indexed_filter,
+)
 from tidewire.store.embedded.files import fsync_dir
 from tidewire.store.embedded.meta import keys as K
 from tidewire.store.embedded.meta.options import DEFAULT_LIMITS, MetaLimits, open_db
@@ -332,6 +341,19 @@ class MetaStore:
         prefix = K.member_prefix(group_key)
         n = len(prefix)
         return [key[n:].decode() for key, _ in self.scan(prefix)]
+
+    def subscribed(self, filters: Sequence[str]) -> bool:
+        """Does a stored session hold one of `filters` (`Store.subscribed`)?"""
+        for topic_filter in filters:
+            name = indexed_filter(topic_filter)
+            if name is None:
+                continue
+            if name.startswith(EXACT_MARK):
+                if next(self.scan(K.member_prefix(name)), None) is not None:
+                    return True
+            elif self._int(K.filter_key(name)) > 0:
+                return True
+        return False
 
     def high_seq(self) -> int:
         """The highest offset or sent_upto ever stored: the engine's next seq must be above it."""

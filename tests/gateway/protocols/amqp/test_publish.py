@@ -97,6 +97,16 @@ def test_mandatory_unroutable_comes_back_then_routable_is_confirmed(amqp_gateway
     device.subscribe("somebody/listens", qos=1)
     channel.basic_publish("amq.topic", "somebody.listens", b"kept", mandatory=True)
     assert device.get(5).payload == b"kept"
+    # Only an offline persistent session subscribes (to the exact topic, or to its first level): the message
+    # waits for it, so it is routed, not returned (as RabbitMQ's MQTT plugin, whose session has a queue)
+    away = paho_factory(gw.port, "dev-away", clean=False)
+    away.connect(session_expiry=3600)
+    away.subscribe([("away/dev/cmd", 1), ("fleet/#", 1)])
+    away.disconnect()
+    channel.basic_publish("amq.topic", "away.dev.cmd", b"waits", mandatory=True)
+    channel.basic_publish("amq.topic", "fleet.truck1.cmd", b"waits too", mandatory=True)
+    away.connect(session_expiry=3600)
+    assert sorted(m.payload for m in away.expect(2, 5)) == [b"waits", b"waits too"]
 
 
 def test_publish_to_missing_exchange_closes_the_channel_404(amqp_gateway: AmqpGateway,

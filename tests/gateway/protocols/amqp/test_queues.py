@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
+from typing import cast
 
 import pika
 import pika.exceptions
@@ -16,14 +18,20 @@ from pika.adapters.blocking_connection import BlockingChannel
 from tests.gateway.fakeclock import FakeClock
 from tests.gateway.protocols.amqp.conftest import AmqpGateway, PikaFactory
 from tests.gateway.protocols.amqp.helpers import collector, settle_for
-from tests.waiting import wait_until
+from tests.store.failing import FailingStore
+from tests.waiting import until, wait_until
+from tidewire.extensions.hooks import AllowAll
+from tidewire.gateway.config import Settings
 from tidewire.gateway.core.ingress import publish_future
 from tidewire.gateway.node import Node
 from tidewire.gateway.protocols.amqp.arguments import QueueArgs
 from tidewire.gateway.protocols.amqp.codec import Fault
 from tidewire.gateway.protocols.amqp.mapping import queue_topic
 from tidewire.gateway.protocols.amqp.queues import Queues, QueueSpec, group_name
-from tidewire.store.base import Message
+from tidewire.lookup.base import InProcessLookup
+from tidewire.notify.base import LocalNotifier
+from tidewire.store.base import Message, Store
+from tidewire.store.embedded.engine import EmbeddedStore
 
 
 def closed_with(code: int, action: object) -> None:
@@ -47,11 +55,17 @@ def test_server_named_queue_bind_unbind(amqp_gateway: AmqpGateway, pika_factory:
     publish(channel, "a.b.c", b"1")
     publish(channel, "a.b.d", b"2")
     assert channel.basic_get(queue, auto_ack=True)[2] == b"1"
-    # (consumed before the unbind: a queue reads its bindings' topics, what an unbound binding had routed
-    # and nobody took yet is no longer read)
-    channel.queue_unbind(queue, "amq.topic", "a.*.c")
     publish(channel, "a.b.c", b"3")
-    assert channel.basic_get(queue, auto_ack=True) == (None, None, None)
+    publish(channel, "a.x.c", b"4")
+    # As RabbitMQ: what the binding routed before the unbind stays in the queue (its backlog), what is
+    # published after it is not routed there
+    channel.queue_unbind(queue, "amq.topic", "a.*.c")
+    publish(channel, "a.b.c", b"5")
+    assert channel.queue_declare(queue, passive=True).method.message_count == 2
+    assert [channel.basic_get(queue, auto_ack=True)[2] for _ in range(3)] == [b"3", b"4", None]
+    channel.queue_bind(queue, "amq.topic", "a.*.c")  # bound again: from now on, as a new binding
+    publish(channel, "a.y.c", b"6")
+    assert [channel.basic_get(queue, auto_ack=True)[2] for _ in range(2)] == [b"6", None]
 
 
 def test_declare_refusals(amqp_gateway: AmqpGateway, pika_factory: PikaFactory) -> None:
@@ -210,3 +224,35 @@ async def test_x_message_ttl_counts_on_the_node_clock(clocked_node: Node, clock:
     clock.advance(2.5)  # "old" is 5.5 s old, "new" 2.5 s
     got = await node.groups.receive(record.name, 8, 30_000, 0)
     assert [d.message.payload for d in got] == [b"new"]
+
+
+async def test_a_consumer_that_stops_while_the_store_fails_leaves_once_it_is_back(tmp_path: Path) -> None:
+    """The member of an exclusive consumer left registered would lock the queue for good: its leave is retried
+    until the store takes it, and an auto-delete queue then goes."""
+    settings = Settings(data_dir=tmp_path, port=0, sys_events=False, node_id="n1")
+    inner = EmbeddedStore(tmp_path, fsync="never")
+    await inner.open()
+    store = FailingStore(inner)
+    lookup = InProcessLookup()
+    node = Node(settings, cast(Store, store), lookup, LocalNotifier(lookup), AllowAll())
+    await node.start()
+    try:
+        queues = Queues(node)
+        method = commands.Queue.Declare(queue="temp")
+        spec = QueueSpec("temp", durable=False, exclusive=False, auto_delete=True)
+        assert not isinstance(await queues.declare("/", spec, "conn-1", method), Fault)
+        name = group_name("/", "temp")
+        assert await queues.join(name, "conn-1/1/ctag", exclusive=True)
+        assert not await queues.join(name, "conn-2/1/ctag", exclusive=False)  # locked by the exclusive one
+        store.fail("leave_group")
+        await queues.leave(name, "conn-1/1/ctag")  # returns at once: the channel closes meanwhile
+        assert await inner.group_members(name) == 1 and store.failures["leave_group"] == 1
+        store.heal()
+        await until(lambda: _gone(inner, name), 5.0, "the leave retried and the auto-delete queue deleted")
+    finally:
+        await node.stop()
+        await inner.close()
+
+
+async def _gone(store: EmbeddedStore, name: str) -> bool:
+    return await store.group_members(name) == 0 and await store.get_group(name) is None
