@@ -385,8 +385,8 @@ class Store(Protocol):
 
         `lanes` maps some of the seqs to a lane (a RocketMQ message group): a lane's claims are handed out one
         at a time in seq order. A seq whose lane already has a pending claim is claimed held back (owner "",
-        never due, not returned); `settle` of a lane's first claim makes the next one due at once, for
-        `reclaim` (deliveries 2 then: the first was the hold). Lanes are part of the claims: they survive
+        deliveries 0, never due, not returned); `settle` of a lane's first claim makes the next one due at once,
+        for `reclaim` (which counts its first delivery). Lanes are part of the claims: they survive
         restarts and go with `delete_group`."""
 
     async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:

@@ -262,7 +262,7 @@ class GroupTable:
         for i, s in enumerate(new):
             lane = lanes.get(s, "") if lanes else ""
             if lane in busy:
-                made.append((s, _Pending(1, first + i, HELD, "", lane)))
+                made.append((s, _Pending(0, first + i, HELD, "", lane)))  # 0: not handed out yet
             else:
                 made.append((s, _Pending(1, first + i, visible_at_ms, owner, lane)))
                 if lane:
@@ -343,8 +343,9 @@ class GroupTable:
         freed: dict[int, _Pending] = {}
         for lane in {p.lane for p in done.values() if p.lane}:
             nxt = next((s for s in g.lanes.get(lane, ()) if s not in done), None)
-            if nxt is not None and (p := g.pending[nxt]).visible_at == HELD:
-                freed[nxt] = _Pending(p.deliveries, p.token, 0, "", lane)
+            back = g.pending.get(nxt) if nxt is not None else None
+            if nxt is not None and back is not None and back.visible_at == HELD:
+                freed[nxt] = _Pending(back.deliveries, back.token, 0, "", lane)
         self._persist([(GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in freed.items()],
                       [(GROUP_CLAIM, _claim_key(name, s)) for s in done])
         for s, p in done.items():

@@ -7,6 +7,11 @@ after the group's cursor (through the shared queue cache), and `store.claim` han
 claimer; what a consumer does not settle in time (or gives back) becomes visible again and `store.reclaim`
 hands it out once more, counted as a redelivery. Nothing here knows AMQP or RocketMQ: a handler implements
 `Consumer` (credit + deliver) and calls `ack` / `requeue`.
+
+A group's handler may also name, per message, a lane (`Lane`: RocketMQ message groups; the store hands a
+lane's messages out one at a time, in order, see `Store.claim`) and a due time (`Due`: RocketMQ delay and timer
+messages; one claimed before it is due is hidden until then, so the due time lives in the store's claim and
+any node hands it out when due).
 """
 
 from __future__ import annotations
@@ -56,13 +61,15 @@ class Consumer(Protocol):
 
 
 Matcher = Callable[[Message], bool]
+Lane = Callable[[Message], str]  # "": in no lane
+Due = Callable[[Message], int]  # ms since the epoch; 0: at once
 
 
 class _Group:
     """The node-local reader of one group: its local consumers, the cursor as last learnt from the store."""
 
-    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "groups", "matcher", "name", "reclaim_due",
-                 "record")
+    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "due", "groups", "lane", "matcher", "name",
+                 "reclaim_due", "record")
 
     def __init__(self, groups: ConsumerGroups, record: GroupRecord) -> None:
         self.groups = groups  # the node's groups: the store, cache, clock and counters this one reads
@@ -71,6 +78,8 @@ class _Group:
         self.cursor = record.start_seq
         self.consumers: list[Consumer] = []
         self.matcher: Matcher | None = None
+        self.lane: Lane | None = None
+        self.due: Due | None = None
         self.reclaim_due = True
         self._wanted = False
         self._task: asyncio.Task[None] | None = None
@@ -146,6 +155,7 @@ class _Group:
                         batch.append(Delivery(message, claim))
                 if gone:
                     await store.settle(self.name, gone)
+                batch = await self._hold_early(batch, now)
                 credit -= len(batch)
         while credit > 0:
             candidates, upto = await self._read_new(credit)
@@ -153,15 +163,36 @@ class _Group:
                 break
             seqs = [m.seq for m in candidates]
             before = self.cursor
-            claims, cursor = await store.claim(self.name, before, upto, seqs, self.groups.node_id, visible_at)
+            lanes = None
+            if self.lane is not None:
+                lanes = {m.seq: lane for m in candidates if (lane := self.lane(m))}
+            claims, cursor = await store.claim(self.name, before, upto, seqs, self.groups.node_id, visible_at, lanes)
             self.cursor = max(before, cursor)
             if claims:
                 by_seq = {m.seq: m for m in candidates}
-                batch += [Delivery(by_seq[c.seq], c) for c in claims]
-                credit -= len(claims)
+                taken = await self._hold_early([Delivery(by_seq[c.seq], c) for c in claims], now)
+                batch += taken
+                credit -= len(taken)
             elif self.cursor <= before:
                 break  # nothing moved: read again on the next notify
         return batch
+
+    async def _hold_early(self, batch: list[Delivery], now_ms: int) -> list[Delivery]:
+        """What of `batch` is due; the claims of the rest are hidden until their due time."""
+        if self.due is None:
+            return batch
+        due = self.due
+        early: dict[int, list[tuple[int, int]]] = {}
+        ready: list[Delivery] = []
+        for delivery in batch:
+            at = due(delivery.message)
+            if at > now_ms:
+                early.setdefault(at, []).append((delivery.claim.seq, delivery.claim.token))
+            else:
+                ready.append(delivery)
+        for at, handles in early.items():
+            await self.groups.store.set_visibility(self.name, handles, at)
+        return ready
 
     def _wanted_message(self, message: Message, now_ms: int) -> bool:
         if message.expires_at_ms and message.expires_at_ms <= now_ms:
@@ -344,6 +375,13 @@ class ConsumerGroups:
         if group is not None:
             group.matcher = matcher
 
+    def kinds(self, name: str, lane: Lane | None, due: Due | None) -> None:
+        """Each message's lane and due time for the group (RocketMQ FIFO and delay messages); None: no lanes,
+        everything due at once. Every node must use the same for a group, as for `matcher`."""
+        group = self._groups.get(name)
+        if group is not None:
+            group.lane, group.due = lane, due
+
     # --- consuming -------------------------------------------------------------------------------------
     def consume(self, name: str, consumer: Consumer) -> bool:
         """Start handing the group's messages to `consumer` (False: unknown group, `declare` or `get` it)."""
@@ -380,7 +418,14 @@ class ConsumerGroups:
 
     async def ack(self, name: str, handles: list[tuple[int, int]]) -> list[int]:
         """Settle (seq, token) handles; returns the seqs settled (a stale handle settles nothing)."""
-        return await self.store.settle(name, handles) if handles else []
+        if not handles:
+            return []
+        settled = await self.store.settle(name, handles)
+        group = self._groups.get(name)
+        if settled and group is not None and group.lane is not None:  # a lane's next message is due now
+            group.reclaim_due = True
+            group.pull()
+        return settled
 
     async def requeue(self, name: str, handles: list[tuple[int, int]], delay_ms: int = 0) -> list[Claim]:
         """Give claims back, visible again after `delay_ms` (0: now, to any consumer, as a redelivery), or keep

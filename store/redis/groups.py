@@ -101,17 +101,17 @@ if #new > 0 then
   local mine, held = {}, {}
   for i, s in ipairs(new) do
     tok = tok + 1
-    local v, o = vis, ARGV[4]
+    local d, v, o = 1, vis, ARGV[4]
     local lane = lanes[i]
     if lane ~= '' then
       local q = ARGV[6] .. lane
-      if redis.call('ZCARD', q) > 0 then v, o = HELD, '' end
+      if redis.call('ZCARD', q) > 0 then d, v, o = 0, HELD, '' end  -- held back: not handed out yet
       redis.call('ZADD', q, s, s)
       redis.call('HSET', KEYS[6], s, lane)
     end
-    redis.call('HSET', KEYS[2], s, pack(1, tok, v, o))
+    redis.call('HSET', KEYS[2], s, pack(d, tok, v, o))
     redis.call('ZADD', KEYS[3], v, s)
-    if o == '' then
+    if d == 0 then
       held[#held + 1] = s
     else
       mine[#mine + 1] = s

@@ -34,7 +34,7 @@ async def test_a_lane_hands_out_one_claim_at_a_time_in_order(engine: Engine) -> 
     head_a = next(c for c in lapsed if c.seq == seqs[0])
     assert await s.settle(rec.name, [(head_a.seq, head_a.token)]) == [seqs[0]]
     (nxt,) = await s.reclaim(rec.name, "n2", 1, LATER, 10)  # due at once, after the lane's first is settled
-    assert nxt.seq == seqs[2]
+    assert (nxt.seq, nxt.deliveries) == (seqs[2], 1)  # its first delivery
     assert await s.reclaim(rec.name, "n2", 1, LATER, 10) == []
     assert await s.settle(rec.name, [(nxt.seq, nxt.token)]) == [seqs[2]]
     (last,) = await s.reclaim(rec.name, "n2", 1, LATER, 10)

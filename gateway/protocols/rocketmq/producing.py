@@ -25,6 +25,7 @@ from tidewire.gateway.core.held_keys import HeldKeys
 from tidewire.gateway.core.ingress import INVALID_TOPIC, neutral_message, publish_future, refuse_publish
 from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 
+from .kinds import inbound_kind
 from .mapping import Code, Refusal, inbound, message_id, status
 
 if TYPE_CHECKING:
@@ -102,6 +103,11 @@ class Producing:
         mapped = inbound(pb, settings.rocketmq_second_topic_property, settings.rocketmq_max_body)
         if isinstance(mapped, Refusal):
             return _entry(pb, mapped.code, mapped.reason)
+        now_ms = int(self.node.clock.time() * 1000)
+        kind = inbound_kind(pb.system_properties, now_ms, settings.rocketmq_max_delay_seconds)
+        if isinstance(kind, Refusal):
+            return _entry(pb, kind.code, kind.reason)
+        mapped.properties.user.extend(kind)
         why = refuse_publish(settings, self.node.authorizer, caller, mapped.topic)
         if why is not None:
             code = Code.ILLEGAL_TOPIC if why == INVALID_TOPIC else Code.FORBIDDEN
@@ -116,7 +122,7 @@ class Producing:
         while len(self._recent) > DEDUP_CAPACITY:
             self._recent.popitem(last=False)
         message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
-                                  publisher=caller.client_id, now_ms=int(self.node.clock.time() * 1000),
+                                  publisher=caller.client_id, now_ms=now_ms,
                                   protocol=PROTOCOL_ROCKETMQ)
         if settings.rocketmq_dedupe_seconds:
             message.dedupe = (DEDUPE_SCOPE + key[0], key[1])

@@ -3,8 +3,8 @@ heartbeats, and hands sends to `producing` and consumer calls to `consuming`.
 
 Each topic has one queue (id 0, READ_WRITE, NORMAL messages) on this node's endpoint: every node serves every
 topic and consumer group from the shared store, so a client needs no other broker. Errors are RocketMQ status
-codes in the response, never gRPC errors; what the gateway does not do (transactions, FIFO, delay, recall, pull
-and offset calls, lite topics) answers UNSUPPORTED.
+codes in the response, never gRPC errors; what the gateway does not do (transactions, recall, pull and offset
+calls, lite topics) answers UNSUPPORTED. FIFO and delay messages: `kinds`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 
 RECEIVE_BATCH = 32  # what push consumers are told to ask for
 DEFAULT_LONG_POLL_S = 20
 UNSUPPORTED = "not supported by this gateway"
+ACCEPTED_TYPES = (definition_pb2.NORMAL, definition_pb2.FIFO, definition_pb2.DELAY)
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
@@ -105,7 +106,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         endpoints = requested if self.advertise_requested and requested.addresses else self.endpoints
         return definition_pb2.MessageQueue(
             topic=definition_pb2.Resource(name=topic.name, resource_namespace=topic.resource_namespace), id=0,
-            permission=definition_pb2.READ_WRITE, accept_message_types=[definition_pb2.NORMAL],
+            permission=definition_pb2.READ_WRITE, accept_message_types=ACCEPTED_TYPES,
             broker=definition_pb2.Broker(name=self.broker_name, id=0, endpoints=endpoints))
 
     # --- routes, sessions ------------------------------------------------------------------------------------
