@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import heapq
 import json
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, fields
 from struct import Struct
@@ -99,14 +100,14 @@ class _Group:
         self.by_owner: dict[str, set[int]] = {}
         self.hidden: list[tuple[int, int, int]] = []  # heap: (visible_at, seq, token)
         self.ready: list[tuple[int, int]] = []  # heap: (seq, token), found due by an earlier reclaim
-        self.lanes: dict[str, list[int]] = {}  # lane -> its pending seqs, ascending
+        self.lanes: dict[str, deque[int]] = {}  # lane -> its pending seqs, ascending
 
     def build_lanes(self) -> None:
         self.lanes = {}
         for seq in sorted(self.pending):
             lane = self.pending[seq].lane
             if lane:
-                self.lanes.setdefault(lane, []).append(seq)
+                self.lanes.setdefault(lane, deque()).append(seq)
 
     def index(self, seq: int, p: _Pending) -> None:
         """Index a claim just set in `pending` (its older heap entries go stale by their token)."""
@@ -258,10 +259,10 @@ class GroupTable:
         new = sorted({s for s in seqs if cursor < s <= upto})  # above upto: a later claim could take it again
         first = self._token + 1
         made: list[tuple[int, _Pending]] = []
-        busy = {lane for lane, held in g.lanes.items() if held}
+        busy: set[str] = set()  # lanes this call starts (a lane in `g.lanes` has a pending claim)
         for i, s in enumerate(new):
             lane = lanes.get(s, "") if lanes else ""
-            if lane in busy:
+            if lane and (lane in busy or lane in g.lanes):
                 made.append((s, _Pending(0, first + i, HELD, "", lane)))  # 0: not handed out yet
             else:
                 made.append((s, _Pending(1, first + i, visible_at_ms, owner, lane)))
@@ -280,7 +281,7 @@ class GroupTable:
             g.pending[s] = p
             g.index(s, p)
             if p.lane:
-                g.lanes.setdefault(p.lane, []).append(s)
+                g.lanes.setdefault(p.lane, deque()).append(s)
         if moved:
             g.cursor = upto
         if sets:
@@ -353,7 +354,10 @@ class GroupTable:
             g.unown(s, p.owner)
             if p.lane:
                 held = g.lanes[p.lane]
-                held.remove(s)
+                if held[0] == s:
+                    held.popleft()  # the usual case: a lane's first is settled
+                else:
+                    held.remove(s)
                 if not held:
                     del g.lanes[p.lane]
         for s, p in freed.items():

@@ -165,7 +165,7 @@ class _Group:
             before = self.cursor
             lanes = None
             if self.lane is not None:
-                lanes = {m.seq: lane for m in candidates if (lane := self.lane(m))}
+                lanes = {m.seq: lane for m in candidates if (lane := self.lane(m))} or None
             claims, cursor = await store.claim(self.name, before, upto, seqs, self.groups.node_id, visible_at, lanes)
             self.cursor = max(before, cursor)
             if claims:

@@ -1,5 +1,5 @@
 """RocketMQ 5 message kinds beyond NORMAL: FIFO (a message group) and delay/timer (a delivery timestamp), as
-they are kept in the store and read back.
+they are kept in the store and read back (transactional ones: `transactions`).
 
 A message's group and delivery time are stored as user properties under RocketMQ's own internal property
 names (`mapping`: `__SHARDINGKEY`, `TIMER_DELIVER_MS`), so they go wherever the message goes (every engine,
@@ -31,8 +31,11 @@ def inbound_kind(system: Any, now_ms: int, max_delay_s: int) -> list[tuple[str, 
     if system.HasField("lite_topic") or system.HasField("priority"):
         return Refusal(Code.UNSUPPORTED, "lite and priority messages are not supported by this gateway")
     has_group, has_time = system.HasField("message_group"), system.HasField("delivery_timestamp")
-    if kind == definition_pb2.TRANSACTION:
-        return Refusal(Code.UNSUPPORTED, "transactional messages are not supported by this gateway")
+    if kind == definition_pb2.TRANSACTION:  # a half message (`transactions`)
+        if has_group or has_time:
+            return Refusal(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a transactional message has no message "
+                                                                     "group and no delivery timestamp")
+        return []
     if kind == definition_pb2.FIFO or (kind == definition_pb2.MESSAGE_TYPE_UNSPECIFIED and has_group):
         group = system.message_group
         if has_time:
