@@ -75,15 +75,17 @@ def test_fifo_groups_in_order_with_two_simple_consumers(rmq_gateway: Callable[..
 
     def run(consumer: SimpleConsumer) -> None:
         while not stop.is_set():
-            for m in consumer.receive(32, 30):
+            batch = consumer.receive(32, 30)
+            for m in batch:  # a batch holds at most one message of a group
                 tally.got(m)
+            for m in batch:
                 tally.settling(m)
                 consumer.ack(m)
 
+    send_all(clients, gw, "t", per_group)  # a backlog first: every receive could take 32 of it at once
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in consumers]
     for thread in threads:
         thread.start()
-    send_all(clients, gw, "t", per_group)
     try:
         wait_until(lambda: tally.count >= GROUPS * per_group, timeout=60, what="every FIFO message")
     finally:
