@@ -82,8 +82,8 @@ return {tonumber(c), redis.call('HLEN', KEYS[2])}
 
 # KEYS: 1 cursors, 2 pending, 3 hidden, 4 token counter, 5 the owner's set, 6 lanes, 7 the set of owner "".
 # ARGV: 1 name, 2 after, 3 upto, 4 owner, 5 visible_at_ms, 6 lane set prefix, 7 n, then n seqs (ascending,
-# none above upto), then their n lanes ("": none). Returns {cursor (-1: no such group), {seq, token, ...} of
-# the claims made (not those held back in their lane)}.
+# none above upto), then their n lanes ("": none; all left out when none has one). Returns {cursor (-1: no
+# such group), {seq, token, ...} of the claims made (not those held back in their lane)}.
 CLAIM = _LIB + """
 local c = redis.call('HGET', KEYS[1], ARGV[1])
 if not c then return {-1, {}} end
@@ -93,7 +93,7 @@ local vis = tonumber(ARGV[5])
 local n = tonumber(ARGV[7])
 local new, lanes = {}, {}
 for i = 1, n do
-  if tonumber(ARGV[7 + i]) > c then new[#new + 1] = ARGV[7 + i]; lanes[#lanes + 1] = ARGV[7 + n + i] end
+  if tonumber(ARGV[7 + i]) > c then new[#new + 1] = ARGV[7 + i]; lanes[#lanes + 1] = ARGV[7 + n + i] or '' end
 end
 local out = {}
 if #new > 0 then
@@ -335,7 +335,7 @@ class RedisGroups:
         owners = self._owners(group)
         # Never above upto: the cursor would stay below such a seq and a later claim could take it again.
         new = sorted({int(s) for s in seqs if s <= upto})
-        of = [lanes.get(s, "") for s in new] if lanes else [""] * len(new)
+        of = [lanes.get(s, "") for s in new] if lanes else []
         cursor, flat = await self._conn.run(
             (_CLAIM, [self._gk_cursors, pending, hidden, self._gk_token, owners + owner, lane_hash, owners],
              [group, after, upto, owner, visible_at_ms, lane_sets, len(new), *new, *of]), idempotent=False)
