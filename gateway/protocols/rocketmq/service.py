@@ -1,8 +1,9 @@
 """The `apache.rocketmq.v2.MessagingService` servicer: authenticates every call, answers routes, settings and
 heartbeats, and hands sends to `producing` and consumer calls to `consuming`.
 
-Each topic has one queue (id 0, READ_WRITE, NORMAL messages) on this node's endpoint: every node serves every
-topic and consumer group from the shared store, so a client needs no other broker. Errors are RocketMQ status
+Each topic has one queue (id 0, READ_WRITE, NORMAL, FIFO, DELAY and TRANSACTION messages) on this node's
+endpoint: every node serves every topic and consumer group from the shared store, so a client needs no other
+broker. Errors are RocketMQ status
 codes in the response, never gRPC errors; what the gateway does not do (recall, pull and offset calls, lite
 topics) answers UNSUPPORTED. FIFO and delay messages: `kinds`; transactions: `transactions`.
 """
@@ -168,6 +169,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                         log.exception("rocketmq.failed", extra={"rpc": "Telemetry"})
                         stream.out.put_nowait(service_pb2.TelemetryCommand(
                             status=status(Code.INTERNAL_SERVER_ERROR, "internal error")))
+        except Exception as exc:  # the stream broke (the client went): nothing to answer
+            log.debug("rocketmq.telemetry_ended", extra={"error": repr(exc)})
         finally:
             stream.out.put_nowait(None)  # the client's side ended: so does the answer
 
