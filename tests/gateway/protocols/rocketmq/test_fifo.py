@@ -10,10 +10,12 @@ from collections.abc import Callable
 import pytest
 from rocketmq import ConsumeResult, FilterExpression, Message, MessageListener, PushConsumer, SimpleConsumer
 
+from tests.cluster.conftest import ClusterFactory, cluster  # noqa: F401 - `cluster` is a fixture
 from tests.integration.conftest import Gateway
+from tests.store import redis_server
 from tests.waiting import wait_until
 
-from .conftest import Clients, message
+from .conftest import Clients, message, wait_port
 
 GROUPS = 10
 
@@ -64,13 +66,8 @@ def send_all(clients: Clients, gw: Gateway, topic: str, per_group: int) -> None:
             producer.send(fifo(topic, f"g{i}", n))
 
 
-@pytest.mark.slow  # seconds: 1,000 messages with 10 in flight at a time
-def test_fifo_groups_in_order_with_two_simple_consumers(rmq_gateway: Callable[..., Gateway],
-                                                        clients: Clients) -> None:
-    gw = rmq_gateway()
-    per_group = 100
-    consumers = [clients.consumer(gw, "fifo", "t"), clients.consumer(gw, "fifo", "t", wait_declared=False)]
-    tally = Tally()
+def consume_all(consumers: list[SimpleConsumer], tally: Tally, total: int) -> None:
+    """Two threads, one per consumer, until `total` came; then nothing more comes."""
     stop = threading.Event()
 
     def run(consumer: SimpleConsumer) -> None:
@@ -82,17 +79,43 @@ def test_fifo_groups_in_order_with_two_simple_consumers(rmq_gateway: Callable[..
                 tally.settling(m)
                 consumer.ack(m)
 
-    send_all(clients, gw, "t", per_group)  # a backlog first: every receive could take 32 of it at once
     threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in consumers]
     for thread in threads:
         thread.start()
     try:
-        wait_until(lambda: tally.count >= GROUPS * per_group, timeout=60, what="every FIFO message")
+        wait_until(lambda: tally.count >= total, timeout=60, what="every FIFO message")
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=5)
     assert consumers[0].receive(32, 30) == []
+
+
+@pytest.mark.slow  # seconds: 1,000 messages with 10 in flight at a time
+def test_fifo_groups_in_order_with_two_simple_consumers(rmq_gateway: Callable[..., Gateway],
+                                                        clients: Clients) -> None:
+    gw = rmq_gateway()
+    per_group = 100
+    consumers = [clients.consumer(gw, "fifo", "t"), clients.consumer(gw, "fifo", "t", wait_declared=False)]
+    send_all(clients, gw, "t", per_group)  # a backlog first: every receive could take 32 of it at once
+    tally = Tally()
+    consume_all(consumers, tally, GROUPS * per_group)
+    tally.check(per_group)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not redis_server.available(), reason="a cluster needs redis-server")
+def test_fifo_groups_in_order_with_consumers_on_two_nodes(cluster: ClusterFactory,  # noqa: F811
+                                                          clients: Clients) -> None:
+    c = cluster(2)
+    n1, n2 = c.nodes
+    for node in c.nodes:
+        wait_port(node.rocketmq_port)
+    per_group = 100
+    consumers = [clients.consumer(n1, "fifo", "t"), clients.consumer(n2, "fifo", "t")]
+    send_all(clients, n1, "t", per_group)
+    tally = Tally()
+    consume_all(consumers, tally, GROUPS * per_group)
     tally.check(per_group)
 
 
