@@ -306,6 +306,14 @@ class BackendSettings(BaseModel):
     rocketmq_dedupe_seconds: int = Field(300, ge=0, description="s a sent RocketMQ message id is held in the store "
                                          "(with the message), so a send retried on any node is stored once; "
                                          "0: only on the node that took it")
+    rocketmq_max_delay_seconds: int = Field(3 * 24 * 3600, ge=0, description="s ahead a RocketMQ delay "
+                                            "message's delivery time may be (RocketMQ's timerMaxDelaySec)")
+    rocketmq_transaction_check_seconds: int = Field(30, ge=1, description="s a RocketMQ half message waits for "
+                                                    "its EndTransaction before a producer of its topic is asked "
+                                                    "(and between asks)")
+    rocketmq_transaction_check_max: int = Field(15, ge=1, description="checks of an open RocketMQ transaction "
+                                                "before its half message is dropped (RocketMQ's "
+                                                "transactionCheckMax)")
     rocketmq_credentials_file: Path | None = Field(None, description="`access_key:secret_key` lines: the "
                                                    "secrets MQv2-HMAC-SHA1 signatures are checked with (an HMAC "
                                                    "needs the secret itself, not a hash)")

@@ -8,7 +8,7 @@ cursor can walk the merge of several queues, and seq gaps (after retention or a 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -400,13 +400,19 @@ class Store(Protocol):
         """Remove the definition, the cursor, every claim and every member."""
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
-                    visible_at_ms: int) -> tuple[list[Claim], int]:
+                    visible_at_ms: int, lanes: Mapping[int, str] | None = None) -> tuple[list[Claim], int]:
         """Claim new messages. The caller read the group's queues completely over (after, upto] and passes the
         seqs found there (ascending). Atomically: if the stored cursor is below `after`, nothing happens
         (the caller missed nothing but must read from the returned cursor); otherwise every seq in `seqs` above
         the stored cursor is claimed for `owner` (deliveries 1, hidden from others until `visible_at_ms`) and
         the cursor becomes max(cursor, upto). Returns the claims made and the cursor after the call: another
-        node's claims already moved it past what this caller read, those seqs are simply not returned."""
+        node's claims already moved it past what this caller read, those seqs are simply not returned.
+
+        `lanes` maps some of the seqs to a lane (a RocketMQ message group): a lane's claims are handed out one
+        at a time in seq order. A seq whose lane already has a pending claim is claimed held back (owner "",
+        deliveries 0, never due, not returned); `settle` of a lane's first claim makes the next one due at once,
+        for `reclaim` (which counts its first delivery). Lanes are part of the claims: they survive
+        restarts and go with `delete_group`."""
 
     async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
         """Claim up to `limit` pending messages visible again at `now_ms` (lapsed or released), lowest seq

@@ -6,7 +6,8 @@ failed write changes nothing. Records, one per thing that changed:
 
     GROUP_DEF     name           -> definition JSON (a new group's cursor is its `start_seq`)
     GROUP_CURSOR  name           -> cursor (<q), written when a claim moves it
-    GROUP_CLAIM   "<seq> <name>" -> deliveries, token, visible_at_ms (<Iqq) + owner (utf-8)
+    GROUP_CLAIM   "<seq> <name>" -> deliveries, token, visible_at_ms (<Iqq) + owner (utf-8), then NUL + lane
+                                    (utf-8) for a claim in a lane
     GROUP_CLAIM   ""             -> the token counter (<q), written by compaction only
 
 Tokens come from one counter for every group. After a restart it resumes above every token the file still
@@ -15,7 +16,8 @@ names (replayed claims and the counter compaction kept), so no stale handle can 
 Finding visible claims: each group keeps a heap of (visible_at_ms, seq, token) and a heap of (seq, token) of
 claims found due; `reclaim` moves the due ones over, then pops lowest seqs first: O(log n) per claim. Entries
 are dropped lazily (an entry whose token is no longer the claim's is stale); heaps are rebuilt when stale
-entries outnumber live ones. Claims are also indexed by owner for `release_owner`.
+entries outnumber live ones. Claims are also indexed by owner for `release_owner`, and by lane (each lane's
+pending seqs in order: its first is the one handed out, the others are held back until it is settled).
 
 `GroupCalls` is the engine's mixin: the async `Store` group calls over its `GroupTable` in `self._groups`.
 """
@@ -25,7 +27,8 @@ from __future__ import annotations
 import copy
 import heapq
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, fields
 from struct import Struct
 
@@ -36,6 +39,7 @@ GROUP_NAMESPACES = (GROUP_DEF, GROUP_CURSOR, GROUP_CLAIM)
 
 MAX_GROUP_NAME = 1024  # bytes (utf-8) of a group name, in every engine
 REBUILD_SLACK = 1024  # stale heap entries tolerated beyond the live ones before a rebuild
+HELD = 1 << 52  # the visible_at_ms of a claim held back in its lane: never due (and exact as a Lua number)
 
 _CLAIM = Struct("<Iqq")  # deliveries, token, visible_at_ms; the owner follows
 _CURSOR = Struct("<q")
@@ -65,18 +69,21 @@ def copy_group(record: GroupRecord) -> GroupRecord:
 
 
 class _Pending:
-    __slots__ = ("deliveries", "owner", "token", "visible_at")
+    __slots__ = ("deliveries", "lane", "owner", "token", "visible_at")
 
-    def __init__(self, deliveries: int, token: int, visible_at: int, owner: str) -> None:
+    def __init__(self, deliveries: int, token: int, visible_at: int, owner: str, lane: str = "") -> None:
         self.deliveries, self.token, self.visible_at, self.owner = deliveries, token, visible_at, owner
+        self.lane = lane
 
     def encode(self) -> bytes:
-        return _CLAIM.pack(self.deliveries, self.token, self.visible_at) + self.owner.encode()
+        tail = self.owner + "\x00" + self.lane if self.lane else self.owner
+        return _CLAIM.pack(self.deliveries, self.token, self.visible_at) + tail.encode()
 
 
 def _decode_pending(value: bytes) -> _Pending:
     d, t, v = _CLAIM.unpack_from(value, 0)
-    return _Pending(d, t, v, value[_CLAIM.size :].decode())
+    owner, _, lane = value[_CLAIM.size :].decode().partition("\x00")
+    return _Pending(d, t, v, owner, lane)
 
 
 def _claim_key(name: str, seq: int) -> str:
@@ -84,7 +91,7 @@ def _claim_key(name: str, seq: int) -> str:
 
 
 class _Group:
-    __slots__ = ("by_owner", "cursor", "hidden", "pending", "ready", "record")
+    __slots__ = ("by_owner", "cursor", "hidden", "lanes", "pending", "ready", "record")
 
     def __init__(self, record: GroupRecord, cursor: int) -> None:
         self.record = record
@@ -93,6 +100,14 @@ class _Group:
         self.by_owner: dict[str, set[int]] = {}
         self.hidden: list[tuple[int, int, int]] = []  # heap: (visible_at, seq, token)
         self.ready: list[tuple[int, int]] = []  # heap: (seq, token), found due by an earlier reclaim
+        self.lanes: dict[str, deque[int]] = {}  # lane -> its pending seqs, ascending
+
+    def build_lanes(self) -> None:
+        self.lanes = {}
+        for seq in sorted(self.pending):
+            lane = self.pending[seq].lane
+            if lane:
+                self.lanes.setdefault(lane, deque()).append(seq)
 
     def index(self, seq: int, p: _Pending) -> None:
         """Index a claim just set in `pending` (its older heap entries go stale by their token)."""
@@ -185,6 +200,7 @@ class GroupTable:
         """After replay: build the visibility heaps once."""
         for g in self._groups.values():
             g.rebuild()
+            g.build_lanes()
 
     def live_records(self) -> Iterator[tuple[int, str, bytes]]:
         for name, g in self._groups.items():
@@ -237,7 +253,7 @@ class GroupTable:
 
     # --- claims ---------------------------------------------------------------------------------------------
     def claim(self, name: str, after: int, upto: int, seqs: Sequence[int], owner: str,
-              visible_at_ms: int) -> tuple[list[Claim], int]:
+              visible_at_ms: int, lanes: Mapping[int, str] | None = None) -> tuple[list[Claim], int]:
         g = self._groups.get(name)
         if g is None:
             return [], -1
@@ -246,25 +262,35 @@ class GroupTable:
             return [], cursor
         new = sorted({s for s in seqs if cursor < s <= upto})  # above upto: a later claim could take it again
         first = self._token + 1
-        claims = [Claim(s, 1, first + i) for i, s in enumerate(new)]
-        sets: KVSets = [(GROUP_CLAIM, _claim_key(name, c.seq), _Pending(1, c.token, visible_at_ms, owner).encode())
-                        for c in claims]
-        if claims:
-            sets.append(self._token_record(len(claims)))
+        made: list[tuple[int, _Pending]] = []
+        busy: set[str] = set()  # lanes this call starts (a lane in `g.lanes` has a pending claim)
+        for i, s in enumerate(new):
+            lane = lanes.get(s, "") if lanes else ""
+            if lane and (lane in busy or lane in g.lanes):
+                made.append((s, _Pending(0, first + i, HELD, "", lane)))  # 0: not handed out yet
+            else:
+                made.append((s, _Pending(1, first + i, visible_at_ms, owner, lane)))
+                if lane:
+                    busy.add(lane)
+        sets: KVSets = [(GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in made]
+        if made:
+            sets.append(self._token_record(len(made)))
         moved = upto > cursor
         if moved:
             sets.append((GROUP_CURSOR, name, _CURSOR.pack(upto)))
         if sets:
             self._persist(sets, [])
-        self._next_tokens(len(claims))
-        for c in claims:
-            p = g.pending[c.seq] = _Pending(1, c.token, visible_at_ms, owner)
-            g.index(c.seq, p)
+        self._next_tokens(len(made))
+        for s, p in made:
+            g.pending[s] = p
+            g.index(s, p)
+            if p.lane:
+                g.lanes.setdefault(p.lane, deque()).append(s)
         if moved:
             g.cursor = upto
         if sets:
             self._applied()
-        return claims, g.cursor
+        return [Claim(s, 1, p.token) for s, p in made if p.visible_at != HELD], g.cursor
 
     def reclaim(self, name: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
         g = self._groups.get(name)
@@ -288,7 +314,8 @@ class GroupTable:
             taken.append((s, p))
             seen.add(s)
         first = self._token + 1
-        news = [(s, _Pending(p.deliveries + 1, first + i, visible_at_ms, owner)) for i, (s, p) in enumerate(taken)]
+        news = [(s, _Pending(p.deliveries + 1, first + i, visible_at_ms, owner, p.lane))
+                for i, (s, p) in enumerate(taken)]
         try:
             if news:
                 self._persist([*((GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in news),
@@ -317,10 +344,29 @@ class GroupTable:
                 done[s] = p
         if not done:
             return []
-        self._persist([], [(GROUP_CLAIM, _claim_key(name, s)) for s in done])
+        # A settled lane's next claim, held back until now, is due at once (its token kept: no handle had it).
+        freed: dict[int, _Pending] = {}
+        for lane in {p.lane for p in done.values() if p.lane}:
+            nxt = next((s for s in g.lanes.get(lane, ()) if s not in done), None)
+            back = g.pending.get(nxt) if nxt is not None else None
+            if nxt is not None and back is not None and back.visible_at == HELD:
+                freed[nxt] = _Pending(back.deliveries, back.token, 0, "", lane)
+        self._persist([(GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in freed.items()],
+                      [(GROUP_CLAIM, _claim_key(name, s)) for s in done])
         for s, p in done.items():
             del g.pending[s]
             g.unown(s, p.owner)
+            if p.lane:
+                held = g.lanes[p.lane]
+                if held[0] == s:
+                    held.popleft()  # the usual case: a lane's first is settled
+                else:
+                    held.remove(s)
+                if not held:
+                    del g.lanes[p.lane]
+        for s, p in freed.items():
+            g.pending[s] = p  # owner "" before and after
+            heapq.heappush(g.ready, (s, p.token))
         self._applied()
         return list(done)
 
@@ -334,7 +380,7 @@ class GroupTable:
             if p is not None and s not in moved:
                 moved[s] = p
         first = self._token + 1
-        news = [(s, _Pending(p.deliveries, first + i, visible_at_ms, p.owner))
+        news = [(s, _Pending(p.deliveries, first + i, visible_at_ms, p.owner, p.lane))
                 for i, (s, p) in enumerate(moved.items())]
         if not news:
             return []
@@ -355,7 +401,7 @@ class GroupTable:
         if not held:
             return 0
         # Nobody holds them now (owner ""), visible at once; the token stays: the owner's handles are gone.
-        news = [(s, _Pending(g.pending[s].deliveries, g.pending[s].token, 0, "")) for s in held]
+        news = [(s, _Pending(g.pending[s].deliveries, g.pending[s].token, 0, "", g.pending[s].lane)) for s in held]
         self._persist([(GROUP_CLAIM, _claim_key(name, s), p.encode()) for s, p in news], [])
         del g.by_owner[owner]
         for s, p in news:
@@ -390,8 +436,8 @@ class GroupCalls:
         self._groups.delete_group(name)
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
-                    visible_at_ms: int) -> tuple[list[Claim], int]:
-        return self._groups.claim(group, after, upto, seqs, owner, visible_at_ms)
+                    visible_at_ms: int, lanes: Mapping[int, str] | None = None) -> tuple[list[Claim], int]:
+        return self._groups.claim(group, after, upto, seqs, owner, visible_at_ms, lanes)
 
     async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
         return self._groups.reclaim(group, owner, now_ms, visible_at_ms, limit)

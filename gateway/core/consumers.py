@@ -12,6 +12,11 @@ Expiry (`expiry`): a message past its own deadline or the group's TTL is never d
 passed over; a group with an `Expired` sink (AMQP dead-lettering) has it claimed and handed to the sink, which
 settles it. `expire_head` does the same for the head of the unclaimed backlog when nobody consumes, on the
 caller's schedule (the clock is the node's).
+
+A group's handler may also name, per message, a lane (`Lane`: RocketMQ message groups; the store hands a
+lane's messages out one at a time, in order, see `Store.claim`) and a due time (`Due`: RocketMQ delay and timer
+messages; one claimed before it is due is hidden until then, so the due time lives in the store's claim and
+any node hands it out when due).
 """
 
 from __future__ import annotations
@@ -68,13 +73,15 @@ Matcher = Callable[[Message], bool]
 # they are visible again a second later.
 Expired = Callable[[str, list["Delivery"]], Coroutine[Any, Any, None]]
 ProcessGone = Callable[[str, list[str]], Awaitable[None]]  # (dead process, groups its death left without members)
+Lane = Callable[[Message], str]  # "": in no lane
+Due = Callable[[Message], int]  # ms since the epoch; 0: at once
 
 
 class _Group:
     """The node-local reader of one group: its local consumers, the cursor as last learnt from the store."""
 
-    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "expired", "groups", "matcher", "name",
-                 "reclaim_due", "record", "ttl_ms")
+    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "due", "expired", "groups", "lane",
+                 "matcher", "name", "reclaim_due", "record", "ttl_ms")
 
     def __init__(self, groups: ConsumerGroups, record: GroupRecord) -> None:
         self.groups = groups  # the node's groups: the store, cache, clock and counters this one reads
@@ -85,6 +92,8 @@ class _Group:
         self.matcher: Matcher | None = None
         self.ttl_ms: int | None = None
         self.expired: Expired | None = None
+        self.lane: Lane | None = None
+        self.due: Due | None = None
         self.reclaim_due = True
         self._wanted = False
         self._task: asyncio.Task[None] | None = None
@@ -212,6 +221,7 @@ class _Group:
                         batch.append(Delivery(message, claim))
                 if gone:
                     await store.settle(self.name, gone)
+                batch = await self._hold_early(batch, now)
                 credit -= len(batch)
         while credit > 0:
             candidates, upto = await self._read_new(credit, keep_expired)
@@ -219,20 +229,43 @@ class _Group:
                 break
             seqs = [m.seq for m in candidates]
             before = self.cursor
-            claims, cursor = await store.claim(self.name, before, upto, seqs, self.groups.node_id, visible_at)
+            lanes = None
+            if self.lane is not None:
+                lanes = {m.seq: lane for m in candidates if (lane := self.lane(m))} or None
+            claims, cursor = await store.claim(self.name, before, upto, seqs, self.groups.node_id, visible_at, lanes)
             self.cursor = max(before, cursor)
             if claims:
                 by_seq = {m.seq: m for m in candidates}
+                fresh: list[Delivery] = []
                 for c in claims:
                     message = by_seq[c.seq]
                     if keep_expired and self._expired(message, now):
                         expired.append(Delivery(message, c))
                     else:
-                        batch.append(Delivery(message, c))
-                        credit -= 1
+                        fresh.append(Delivery(message, c))
+                taken = await self._hold_early(fresh, now)
+                batch += taken
+                credit -= len(taken)
             elif self.cursor <= before:
                 break  # nothing moved: read again on the next notify
         return batch
+
+    async def _hold_early(self, batch: list[Delivery], now_ms: int) -> list[Delivery]:
+        """What of `batch` is due; the claims of the rest are hidden until their due time."""
+        if self.due is None:
+            return batch
+        due = self.due
+        early: dict[int, list[tuple[int, int]]] = {}
+        ready: list[Delivery] = []
+        for delivery in batch:
+            at = due(delivery.message)
+            if at > now_ms:
+                early.setdefault(at, []).append((delivery.claim.seq, delivery.claim.token))
+            else:
+                ready.append(delivery)
+        for at, handles in early.items():
+            await self.groups.store.set_visibility(self.name, handles, at)
+        return ready
 
     def _wanted_message(self, message: Message, now_ms: int) -> bool:
         if self._expired(message, now_ms):
@@ -491,6 +524,12 @@ class ConsumerGroups:
         """See `_Group.expire_head`; 0 for a group this node does not know."""
         group = self._groups.get(name)
         return 0 if group is None else await group.expire_head()
+    def kinds(self, name: str, lane: Lane | None, due: Due | None) -> None:
+        """Each message's lane and due time for the group (RocketMQ FIFO and delay messages); None: no lanes,
+        everything due at once. Every node must use the same for a group, as for `matcher`."""
+        group = self._groups.get(name)
+        if group is not None:
+            group.lane, group.due = lane, due
 
     # --- consuming -------------------------------------------------------------------------------------
     def consume(self, name: str, consumer: Consumer) -> bool:
@@ -528,7 +567,14 @@ class ConsumerGroups:
 
     async def ack(self, name: str, handles: list[tuple[int, int]]) -> list[int]:
         """Settle (seq, token) handles; returns the seqs settled (a stale handle settles nothing)."""
-        return await self.store.settle(name, handles) if handles else []
+        if not handles:
+            return []
+        settled = await self.store.settle(name, handles)
+        group = self._groups.get(name)
+        if settled and group is not None and group.lane is not None:  # a lane's next message is due now
+            group.reclaim_due = True
+            group.pull()
+        return settled
 
     async def requeue(self, name: str, handles: list[tuple[int, int]], delay_ms: int = 0) -> list[Claim]:
         """Give claims back, visible again after `delay_ms` (0: now, to any consumer, as a redelivery), or keep

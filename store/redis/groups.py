@@ -11,6 +11,9 @@ Layout (every key under `{prefix}`, so one script may touch a group's cursor, cl
     :gh:<name>  zset  pending seqs scored by visible_at_ms (not yet found due)
     :gr:<name>  zset  pending seqs found due, scored by seq: `reclaim` takes the lowest first
     :go:<len(name)>:<name>:<owner>  set  the seqs `owner` holds (`release_owner`); owner "" after a release
+    :gl:<name>  hash  seq -> lane, for a pending claim in a lane
+    :gq:<len(name)>:<name>:<lane>  zset  the lane's pending seqs scored by seq: the first is handed out, the
+                others are held back (owner "", visible_at HELD) until `settle` of the one before makes them due
 
 `reclaim` first moves every claim due at its `now_ms` from `:gh` to `:gr` (a claim moves once per visibility
 period), then takes from `:gr` in seq order: O(log n) per claim. A claim in `:gr` that is not due at a caller's
@@ -20,18 +23,20 @@ the partitions' message hashes; the seq's partition is seq mod P (`store.redis.e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tidewire.store.base import Claim, GroupRecord, Message
-from tidewire.store.groups import check_group_name, decode_group, encode_group
+from tidewire.store.groups import HELD, check_group_name, decode_group, encode_group
 from tidewire.store.records import decode_message_body
 from tidewire.store.redis.conn import Call, RedisConn, Script
 
 FETCH_CHUNK = 1000  # seqs per fetch script call (pipelined)
 
-_LIB = """
+_LIB = f"""
 local CHUNK = 500
+local HELD = {HELD}
+""" + """
 local function fmt(x) return string.format('%.0f', x) end
 local function parse(v)
   local d, t, vis, o = string.match(v, '^(%d+) (%d+) (%-?%d+) (.*)$')
@@ -66,8 +71,11 @@ redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[3])
 return 1
 """
 
-# KEYS: 1 definitions, 2 cursors, 3 pending, 4 hidden, 5 ready. ARGV: 1 name, 2 owner set prefix.
+# KEYS: 1 definitions, 2 cursors, 3 pending, 4 hidden, 5 ready, 6 lanes. ARGV: 1 name, 2 owner set prefix,
+# 3 lane set prefix.
 DELETE_GROUP = _LIB + """
+for _, lane in ipairs(redis.call('HVALS', KEYS[6])) do redis.call('DEL', ARGV[3] .. lane) end
+redis.call('DEL', KEYS[6])
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 local seen = {}
@@ -86,30 +94,47 @@ if not c then return {-1, 0} end
 return {tonumber(c), redis.call('HLEN', KEYS[2])}
 """
 
-# KEYS: 1 cursors, 2 pending, 3 hidden, 4 token counter, 5 the owner's set. ARGV: 1 name, 2 after, 3 upto,
-# 4 owner, 5 visible_at_ms, 6.. seqs (ascending, none above upto). Returns {cursor (-1: no such group),
-# {seq, token, ...} of the claims made}.
+# KEYS: 1 cursors, 2 pending, 3 hidden, 4 token counter, 5 the owner's set, 6 lanes, 7 the set of owner "".
+# ARGV: 1 name, 2 after, 3 upto, 4 owner, 5 visible_at_ms, 6 lane set prefix, 7 n, then n seqs (ascending,
+# none above upto), then their n lanes ("": none; all left out when none has one). Returns {cursor (-1: no
+# such group), {seq, token, ...} of the claims made (not those held back in their lane)}.
 CLAIM = _LIB + """
 local c = redis.call('HGET', KEYS[1], ARGV[1])
 if not c then return {-1, {}} end
 c = tonumber(c)
 if c < tonumber(ARGV[2]) then return {c, {}} end
 local vis = tonumber(ARGV[5])
-local new = {}
-for i = 6, #ARGV do
-  if tonumber(ARGV[i]) > c then new[#new + 1] = ARGV[i] end
+local n = tonumber(ARGV[7])
+local new, lanes = {}, {}
+for i = 1, n do
+  if tonumber(ARGV[7 + i]) > c then new[#new + 1] = ARGV[7 + i]; lanes[#lanes + 1] = ARGV[7 + n + i] or '' end
 end
 local out = {}
 if #new > 0 then
   local tok = redis.call('INCRBY', KEYS[4], #new) - #new
-  for _, s in ipairs(new) do
+  local mine, held = {}, {}
+  for i, s in ipairs(new) do
     tok = tok + 1
-    redis.call('HSET', KEYS[2], s, pack(1, tok, vis, ARGV[4]))
-    redis.call('ZADD', KEYS[3], vis, s)
-    out[#out + 1] = s
-    out[#out + 1] = tok
+    local d, v, o = 1, vis, ARGV[4]
+    local lane = lanes[i]
+    if lane ~= '' then
+      local q = ARGV[6] .. lane
+      if redis.call('ZCARD', q) > 0 then d, v, o = 0, HELD, '' end  -- held back: not handed out yet
+      redis.call('ZADD', q, s, s)
+      redis.call('HSET', KEYS[6], s, lane)
+    end
+    redis.call('HSET', KEYS[2], s, pack(d, tok, v, o))
+    redis.call('ZADD', KEYS[3], v, s)
+    if d == 0 then
+      held[#held + 1] = s
+    else
+      mine[#mine + 1] = s
+      out[#out + 1] = s
+      out[#out + 1] = tok
+    end
   end
-  sadd(KEYS[5], new)
+  sadd(KEYS[5], mine)
+  sadd(KEYS[7], held)
 end
 local upto = tonumber(ARGV[3])
 if upto > c then redis.call('HSET', KEYS[1], ARGV[1], fmt(upto)); c = upto end
@@ -160,10 +185,11 @@ end
 return out
 """
 
-# KEYS: 1 pending, 2 hidden, 3 ready. ARGV: 1 owner set prefix, then seq, token pairs. Returns the seqs removed.
+# KEYS: 1 pending, 2 hidden, 3 ready, 4 lanes. ARGV: 1 owner set prefix, 2 lane set prefix, then seq, token
+# pairs. Returns the seqs removed. A settled lane's next claim, held back until now, is due at once.
 SETTLE = _LIB + """
 local out = {}
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local s = ARGV[i]
   local v = redis.call('HGET', KEYS[1], s)
   if v then
@@ -174,6 +200,22 @@ for i = 2, #ARGV, 2 do
       redis.call('ZREM', KEYS[3], s)
       redis.call('SREM', ARGV[1] .. o, s)
       out[#out + 1] = s
+      local lane = redis.call('HGET', KEYS[4], s)
+      if lane then
+        redis.call('HDEL', KEYS[4], s)
+        local q = ARGV[2] .. lane
+        redis.call('ZREM', q, s)
+        local nxt = redis.call('ZRANGE', q, 0, 0)[1]
+        local nv = nxt and redis.call('HGET', KEYS[1], nxt)
+        if nv then
+          local d, nt, va, no = parse(nv)
+          if va == HELD then
+            redis.call('HSET', KEYS[1], nxt, pack(d, nt, 0, no))
+            redis.call('ZREM', KEYS[2], nxt)
+            redis.call('ZADD', KEYS[3], nxt, nxt)
+          end
+        end
+      end
     end
   end
 end
@@ -273,6 +315,10 @@ class RedisGroups:
         """pending, hidden, ready"""
         return [self._gk + "gp:" + name, self._gk + "gh:" + name, self._gk + "gr:" + name]
 
+    def _lanes(self, name: str) -> tuple[str, str]:
+        """The group's lane hash and the prefix of its lanes' sets."""
+        return self._gk + "gl:" + name, f"{self._gk}gq:{len(name.encode())}:{name}:"
+
     def _owners(self, name: str) -> str:
         """Prefix of the group's owner sets; the name's length keeps ("a:b", "c") and ("a", "b:c") apart."""
         return f"{self._gk}go:{len(name.encode())}:{name}:"
@@ -295,8 +341,9 @@ class RedisGroups:
         return [decode_group(v) for v in await self._conn.command("HVALS", self._gk_defs)]
 
     async def delete_group(self, name: str) -> None:
-        await self._conn.run((_DELETE, [self._gk_defs, self._gk_cursors, *self._keys(name)],
-                              [name, self._owners(name)]))
+        lanes, lane_sets = self._lanes(name)
+        await self._conn.run((_DELETE, [self._gk_defs, self._gk_cursors, *self._keys(name), lanes],
+                              [name, self._owners(name), lane_sets]))
 
     async def group_position(self, name: str) -> tuple[int, int]:
         cursor, pending = await self._conn.run((_POSITION, [self._gk_cursors, self._keys(name)[0]], [name]))
@@ -307,13 +354,16 @@ class RedisGroups:
         return sorted({int(s) for s in await self._conn.run((_READY_CLAIMS, [hidden, ready], [now_ms]))})
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
-                    visible_at_ms: int) -> tuple[list[Claim], int]:
+                    visible_at_ms: int, lanes: Mapping[int, str] | None = None) -> tuple[list[Claim], int]:
         pending, hidden, _ = self._keys(group)
+        lane_hash, lane_sets = self._lanes(group)
+        owners = self._owners(group)
         # Never above upto: the cursor would stay below such a seq and a later claim could take it again.
         new = sorted({int(s) for s in seqs if s <= upto})
+        of = [lanes.get(s, "") for s in new] if lanes else []
         cursor, flat = await self._conn.run(
-            (_CLAIM, [self._gk_cursors, pending, hidden, self._gk_token, self._owners(group) + owner],
-             [group, after, upto, owner, visible_at_ms, *new]), idempotent=False)
+            (_CLAIM, [self._gk_cursors, pending, hidden, self._gk_token, owners + owner, lane_hash, owners],
+             [group, after, upto, owner, visible_at_ms, lane_sets, len(new), *new, *of]), idempotent=False)
         return [Claim(int(flat[i]), 1, int(flat[i + 1])) for i in range(0, len(flat), 2)], int(cursor)
 
     async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
@@ -329,7 +379,9 @@ class RedisGroups:
         if not handles:
             self._conn.check()
             return []
-        done = await self._conn.run((_SETTLE, self._keys(group), [self._owners(group), *_handles(handles)]))
+        lane_hash, lane_sets = self._lanes(group)
+        done = await self._conn.run((_SETTLE, [*self._keys(group), lane_hash],
+                                     [self._owners(group), lane_sets, *_handles(handles)]))
         return [int(s) for s in done]
 
     async def set_visibility(self, group: str, handles: Sequence[tuple[int, int]],

@@ -19,7 +19,7 @@ import asyncio
 import copy
 import os
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -202,9 +202,9 @@ class DelayingStore:
         await self._call(lambda: self.inner.delete_group(name))
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
-                    visible_at_ms: int) -> tuple[list[Claim], int]:
+                    visible_at_ms: int, lanes: Mapping[int, str] | None = None) -> tuple[list[Claim], int]:
         batch = list(seqs)
-        return await self._call(lambda: self.inner.claim(group, after, upto, batch, owner, visible_at_ms))
+        return await self._call(lambda: self.inner.claim(group, after, upto, batch, owner, visible_at_ms, lanes))
 
     async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
         return await self._call(lambda: self.inner.reclaim(group, owner, now_ms, visible_at_ms, limit))

@@ -7,7 +7,7 @@ retrying caller relies on: a failed `append` may be retried as is, without dupli
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
 
@@ -225,9 +225,9 @@ class FailingStore:
         await self.inner.delete_group(name)
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
-                    visible_at_ms: int) -> tuple[list[Claim], int]:
+                    visible_at_ms: int, lanes: Mapping[int, str] | None = None) -> tuple[list[Claim], int]:
         self._check("claim")
-        return await self.inner.claim(group, after, upto, seqs, owner, visible_at_ms)
+        return await self.inner.claim(group, after, upto, seqs, owner, visible_at_ms, lanes)
 
     async def reclaim(self, group: str, owner: str, now_ms: int, visible_at_ms: int, limit: int) -> list[Claim]:
         self._check("reclaim")

@@ -4,7 +4,9 @@ RocketMQ consumer of topic T), with the subscription's tag or SQL filter as the 
 
 ReceiveMessage is one `node.groups.receive` poll; AckMessage settles, ChangeInvisibleDuration moves a claim
 (new receipt handle), ForwardMessageToDeadLetterQueue publishes a copy to `%DLQ%<group>` and settles. Claims,
-cursors and receipt handles are in the store: they survive restarts and are shared by every node.
+cursors and receipt handles are in the store: they survive restarts and are shared by every node. Every
+consumer group keeps FIFO messages' order (one in flight per message group) and holds delay messages until
+their time (`kinds`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tidewire.store.base import PROTOCOL_ROCKETMQ, GroupRecord
 from tidewire.store.properties import Properties
 
 from .filters import FilterError, compile_filter
+from .kinds import due_of, lane_of
 from .mapping import (
     Code,
     Outbound,
@@ -102,6 +105,7 @@ class Consuming:
                 attrs={"protocol": "rocketmq", "group": group, "topic": topic,
                        "filter_type": filter_type, "expression": expression}))
             self.node.groups.matcher(name, matcher)
+            self.node.groups.kinds(name, lane_of, due_of)
             self._known[name] = wanted
         log.info("rocketmq.subscription", extra={"group": group, "topic": topic, "new": created,
                                                  "filter": expression or "*"})

@@ -7,9 +7,12 @@ leading `/` is added if missing and one trailing `/` removed if present, so `b/c
 `T/b/c` and every second topic this module writes maps back to the same MQTT topic.
 
 The tag and the keys are kept as MQTT user properties `TAGS` and `KEYS` (space separated), RocketMQ's own
-property names; every other user property maps 1:1. Message ids and receipt handles are log positions: a
-message's id is its seq (the same id for every consumer, after restarts), a receipt handle is
-(seq, claim token) plus a check of the consumer group it belongs to.
+property names; every other user property maps 1:1. A FIFO message's group and a delay message's delivery time
+(`kinds`) are kept the same way, under RocketMQ's internal names `__SHARDINGKEY` and `TIMER_DELIVER_MS`, and
+come back as system properties (a client's user property of one of those names is dropped).
+
+Message ids and receipt handles are log positions: a message's id is its seq (the same id for every consumer,
+after restarts), a receipt handle is (seq, claim token) plus a check of the consumer group it belongs to.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ Code = definition_pb2.Code
 TAG_PROPERTY = "TAGS"
 KEYS_PROPERTY = "KEYS"
 KEY_SEPARATOR = " "
+MESSAGE_GROUP_PROPERTY = "__SHARDINGKEY"
+DELIVER_AT_PROPERTY = "TIMER_DELIVER_MS"
+_INTERNAL = (TAG_PROPERTY, KEYS_PROPERTY, MESSAGE_GROUP_PROPERTY, DELIVER_AT_PROPERTY)
 MAX_TOPIC = 255  # characters of a RocketMQ topic (an MQTT first level) or consumer group name
 MAX_PROPERTIES_BYTES = 16 * 1024  # user properties, tag and keys of one message (RocketMQ's limit)
 MAX_RECEIPT_HANDLE = 128
-_ACCEPTED_TYPES = (definition_pb2.MESSAGE_TYPE_UNSPECIFIED, definition_pb2.NORMAL)
 
 
 class Refusal(NamedTuple):
@@ -117,15 +122,12 @@ def set_ms(target: Any, ms: int) -> None:
 
 
 def inbound(pb: Any, second_topic_property: str, max_body: int) -> Inbound | Refusal:
-    """Check one `definition_pb2.Message` of a SendMessage and map it; never raises on client input."""
+    """Check one `definition_pb2.Message` of a SendMessage and map it; never raises on client input. Its kind
+    (type, message group, delivery time) is checked and mapped by `kinds.inbound_kind`."""
     rmq_topic = pb.topic.name
     if bad_name(rmq_topic):
         return Refusal(Code.ILLEGAL_TOPIC, "a topic is one MQTT topic level: no '/', '+', '#', 1 to 255 characters")
     system = pb.system_properties
-    if system.message_type not in _ACCEPTED_TYPES or system.HasField("message_group") or system.HasField(
-            "delivery_timestamp") or system.HasField("lite_topic") or system.HasField("priority"):
-        return Refusal(Code.UNSUPPORTED, "only NORMAL messages are supported (no FIFO, delay, transaction, lite or "
-                                         "priority messages)")
     if not system.message_id or len(system.message_id) > MAX_TOPIC:
         return Refusal(Code.ILLEGAL_MESSAGE_ID, "a message id of 1 to 255 characters is required")
     body = pb.body
@@ -149,7 +151,7 @@ def inbound(pb: Any, second_topic_property: str, max_body: int) -> Inbound | Ref
         size += len(name) + len(value)
         if name == second_topic_property:
             second = value
-        elif name not in (TAG_PROPERTY, KEYS_PROPERTY):  # those two come from the system properties only
+        elif name not in _INTERNAL:  # those come from the system properties only
             user.append((name, value))
     if system.HasField("tag"):
         tag = system.tag
@@ -202,11 +204,19 @@ def outbound(message: Message, claim: Claim, to: Outbound) -> Any:
     pb.body = message.payload
     system = pb.system_properties
     user = pb.user_properties
+    kind = definition_pb2.NORMAL
     for name, value in Properties.from_block(message.properties).user:
         if name == TAG_PROPERTY:
             system.tag = value
         elif name == KEYS_PROPERTY:
             system.keys.extend(key for key in value.split(KEY_SEPARATOR) if key)
+        elif name == MESSAGE_GROUP_PROPERTY:
+            system.message_group = value
+            kind = definition_pb2.FIFO
+        elif name == DELIVER_AT_PROPERTY:
+            if value.isdigit():
+                set_ms(system.delivery_timestamp, int(value))
+            kind = definition_pb2.DELAY
         else:
             user[name] = value
     if second is not None:
@@ -215,7 +225,7 @@ def outbound(message: Message, claim: Claim, to: Outbound) -> Any:
     system.body_digest.type = definition_pb2.CRC32
     system.body_digest.checksum = f"{zlib.crc32(message.payload) & 0xFFFFFFFF:08X}"
     system.body_encoding = definition_pb2.IDENTITY
-    system.message_type = definition_pb2.NORMAL
+    system.message_type = kind
     set_ms(system.born_timestamp, message.timestamp_ms)
     set_ms(system.store_timestamp, message.timestamp_ms)
     system.store_host = to.store_host
@@ -223,7 +233,8 @@ def outbound(message: Message, claim: Claim, to: Outbound) -> Any:
     system.queue_id = 0
     system.queue_offset = message.seq
     set_ms(system.invisible_duration, to.invisible_ms)
-    system.delivery_attempt = claim.deliveries
+    # A delay message's claim was hidden once until its time (`consumers`): that was no delivery.
+    system.delivery_attempt = max(1, claim.deliveries - 1) if kind == definition_pb2.DELAY else claim.deliveries
     return pb
 
 

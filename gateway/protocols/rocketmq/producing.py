@@ -17,7 +17,7 @@ import asyncio
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from rocketmq.grpc_protocol import service_pb2
+from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
@@ -25,7 +25,9 @@ from tidewire.gateway.core.held_keys import HeldKeys
 from tidewire.gateway.core.ingress import INVALID_TOPIC, neutral_message, publish_future, refuse_publish
 from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 
+from .kinds import inbound_kind
 from .mapping import Code, Refusal, inbound, message_id, status
+from .transactions import HALF_PREFIX, Transactions, half_topic, transaction_id
 
 if TYPE_CHECKING:
     from tidewire.gateway.core.publish_hooks import PublishHooks
@@ -47,6 +49,7 @@ class Producing:
         self._recent: OrderedDict[tuple[str, str], asyncio.Future[Any]] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._held = HeldKeys(node.writes, node.clock, node.settings.rocketmq_dedupe_seconds)
+        self.transactions = Transactions(node)
 
     async def send(self, caller: ClientInfo, request: Any) -> Any:
         if len(request.messages) > MAX_SEND_BATCH:
@@ -102,6 +105,11 @@ class Producing:
         mapped = inbound(pb, settings.rocketmq_second_topic_property, settings.rocketmq_max_body)
         if isinstance(mapped, Refusal):
             return _entry(pb, mapped.code, mapped.reason)
+        now_ms = int(self.node.clock.time() * 1000)
+        kind = inbound_kind(pb.system_properties, now_ms, settings.rocketmq_max_delay_seconds)
+        if isinstance(kind, Refusal):
+            return _entry(pb, kind.code, kind.reason)
+        mapped.properties.user.extend(kind)
         why = refuse_publish(settings, self.node.authorizer, caller, mapped.topic)
         if why is not None:
             code = Code.ILLEGAL_TOPIC if why == INVALID_TOPIC else Code.FORBIDDEN
@@ -116,8 +124,10 @@ class Producing:
         while len(self._recent) > DEDUP_CAPACITY:
             self._recent.popitem(last=False)
         message = neutral_message(mapped.topic, mapped.payload, properties=mapped.properties,
-                                  publisher=caller.client_id, now_ms=int(self.node.clock.time() * 1000),
+                                  publisher=caller.client_id, now_ms=now_ms,
                                   protocol=PROTOCOL_ROCKETMQ)
+        if pb.system_properties.message_type == definition_pb2.TRANSACTION:
+            message.topic = half_topic(message.topic)  # hidden until EndTransaction (`transactions`)
         if settings.rocketmq_dedupe_seconds:
             message.dedupe = (DEDUPE_SCOPE + key[0], key[1])
         return key, message, answer
@@ -142,13 +152,17 @@ class Producing:
                 answer.set_result(_entry(None, Code.INTERNAL_SERVER_ERROR, "not stored"))
             raise
         # A retry of a send another node stored has that one's seq: the same message id as its first answer.
-        answer.set_result(service_pb2.SendResultEntry(status=status(Code.OK), message_id=message_id(message.seq),
-                                                      offset=message.seq))
+        entry = service_pb2.SendResultEntry(status=status(Code.OK), message_id=message_id(message.seq),
+                                            offset=message.seq)
+        if message.topic.startswith(HALF_PREFIX):
+            entry.transaction_id = transaction_id(message.seq)
+        answer.set_result(entry)
         if message.dedupe is not None and not message.duplicate:
             self._held.hold(*message.dedupe)
 
     async def stop(self) -> None:
         await self._held.stop()
+        await self.transactions.stop()
 
 
 async def _done(entry: Any) -> Any:

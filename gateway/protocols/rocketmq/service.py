@@ -1,14 +1,16 @@
 """The `apache.rocketmq.v2.MessagingService` servicer: authenticates every call, answers routes, settings and
 heartbeats, and hands sends to `producing` and consumer calls to `consuming`.
 
-Each topic has one queue (id 0, READ_WRITE, NORMAL messages) on this node's endpoint: every node serves every
-topic and consumer group from the shared store, so a client needs no other broker. Errors are RocketMQ status
-codes in the response, never gRPC errors; what the gateway does not do (transactions, FIFO, delay, recall, pull
-and offset calls, lite topics) answers UNSUPPORTED.
+Each topic has one queue (id 0, READ_WRITE, NORMAL, FIFO, DELAY and TRANSACTION messages) on this node's
+endpoint: every node serves every topic and consumer group from the shared store, so a client needs no other
+broker. Errors are RocketMQ status
+codes in the response, never gRPC errors; what the gateway does not do (recall, pull and offset calls, lite
+topics) answers UNSUPPORTED. FIFO and delay messages: `kinds`; transactions: `transactions`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import ipaddress
 import logging
@@ -25,6 +27,7 @@ from .auth import Authenticator
 from .consuming import MAX_LONG_POLL_S, Consuming, may_read
 from .mapping import Code, Refusal, bad_name, set_ms, status
 from .producing import Producing
+from .transactions import ProducerStream
 
 log = logging.getLogger("tidewire.rocketmq")
 
@@ -36,6 +39,7 @@ CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 
 RECEIVE_BATCH = 32  # what push consumers are told to ask for
 DEFAULT_LONG_POLL_S = 20
 UNSUPPORTED = "not supported by this gateway"
+ACCEPTED_TYPES = (definition_pb2.NORMAL, definition_pb2.FIFO, definition_pb2.DELAY, definition_pb2.TRANSACTION)
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
@@ -105,7 +109,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         endpoints = requested if self.advertise_requested and requested.addresses else self.endpoints
         return definition_pb2.MessageQueue(
             topic=definition_pb2.Resource(name=topic.name, resource_namespace=topic.resource_namespace), id=0,
-            permission=definition_pb2.READ_WRITE, accept_message_types=[definition_pb2.NORMAL],
+            permission=definition_pb2.READ_WRITE, accept_message_types=ACCEPTED_TYPES,
             broker=definition_pb2.Broker(name=self.broker_name, id=0, endpoints=endpoints))
 
     # --- routes, sessions ------------------------------------------------------------------------------------
@@ -137,18 +141,38 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return service_pb2.NotifyClientTerminationResponse(status=status(Code.OK))
 
     async def Telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
-        """Answer each settings command with the server's settings (and set up a consumer's subscriptions)."""
+        """Answer each settings command with the server's settings (and set up a consumer's subscriptions); a
+        producer's stream also carries the server's transaction checks (`transactions`)."""
         caller = self.caller(context)
         if not isinstance(caller, ClientInfo):
             yield service_pb2.TelemetryCommand(status=caller)
             return
-        async for command in requests:
-            if command.HasField("settings"):
-                try:
-                    yield await self._settings(caller, command.settings)
-                except Exception:
-                    log.exception("rocketmq.failed", extra={"rpc": "Telemetry"})
-                    yield service_pb2.TelemetryCommand(status=status(Code.INTERNAL_SERVER_ERROR, "internal error"))
+        stream = ProducerStream(caller)
+        reader = asyncio.get_running_loop().create_task(self._read_telemetry(stream, requests))
+        try:
+            while (command := await stream.out.get()) is not None:
+                yield command
+        finally:
+            reader.cancel()
+            self.producing.transactions.closed(stream)
+
+    async def _read_telemetry(self, stream: ProducerStream, requests: AsyncIterator[Any]) -> None:
+        try:
+            async for command in requests:
+                if command.HasField("settings"):
+                    try:
+                        stream.out.put_nowait(await self._settings(stream.caller, command.settings))
+                        if command.settings.HasField("publishing"):
+                            topics = frozenset(t.name for t in command.settings.publishing.topics)
+                            await self.producing.transactions.publishing(stream, topics)
+                    except Exception:
+                        log.exception("rocketmq.failed", extra={"rpc": "Telemetry"})
+                        stream.out.put_nowait(service_pb2.TelemetryCommand(
+                            status=status(Code.INTERNAL_SERVER_ERROR, "internal error")))
+        except Exception as exc:  # the stream broke (the client went): nothing to answer
+            log.debug("rocketmq.telemetry_ended", extra={"error": repr(exc)})
+        finally:
+            stream.out.put_nowait(None)  # the client's side ended: so does the answer
 
     async def _settings(self, caller: ClientInfo, told: Any) -> Any:
         reply = definition_pb2.Settings(client_type=told.client_type, user_agent=told.user_agent)
@@ -195,8 +219,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     @_unary(service_pb2.EndTransactionResponse)
     async def EndTransaction(self, caller: ClientInfo, request: Any, context: Any) -> Any:
-        return service_pb2.EndTransactionResponse(status=status(Code.UNSUPPORTED,
-                                                                "transactional messages are " + UNSUPPORTED))
+        return await self.producing.transactions.end(caller, request)
 
     @_unary(service_pb2.RecallMessageResponse)
     async def RecallMessage(self, caller: ClientInfo, request: Any, context: Any) -> Any:

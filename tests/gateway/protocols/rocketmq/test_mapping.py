@@ -79,8 +79,6 @@ def test_inbound_maps_topic_tag_keys_and_properties() -> None:
 
 def test_inbound_refusals() -> None:
     assert inbound(rmq_message(), PROP, 4) == (Code.MESSAGE_BODY_TOO_LARGE, "message body over 4 bytes")
-    fifo = rmq_message(message_group="g")
-    assert isinstance(refused := inbound(fifo, PROP, 100), Refusal) and refused.code == Code.UNSUPPORTED
     bad_topic = rmq_message()
     bad_topic.topic.name = "a/b"
     assert isinstance(refused := inbound(bad_topic, PROP, 100), Refusal) and refused.code == Code.ILLEGAL_TOPIC
