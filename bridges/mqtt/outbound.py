@@ -13,7 +13,7 @@ from tidewire.bridges.mqtt.client import ClientCore
 from tidewire.bridges.mqtt.events import Acked, PacketTooLarge
 from tidewire.bridges.mqtt.link import Link, LinkClosed
 from tidewire.bridges.mqtt.settings import BridgeSettings, TopicRule
-from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.core.topics import matches
 from tidewire.store.base import GroupRecord, Message
 
@@ -29,7 +29,7 @@ LAG_READ = 1000  # messages per read when the lag is counted
 
 
 class Outbound:
-    """The out side of one bridge (a `gateway.core.consumers.Consumer` of its group)."""
+    """The out side of one bridge (a `gateway.core.group_reader.Consumer` of its group)."""
 
     visibility_ms = VISIBILITY_MS
 

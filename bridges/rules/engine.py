@@ -30,7 +30,7 @@ from tidewire.bridges.rules.actions import make_sink
 from tidewire.bridges.rules.settings import BridgeAction, RuleSettings, SinkAction
 from tidewire.bridges.rules.sql import RuleError, RuleQuery, compile_rule
 from tidewire.extensions.plugins import SINK_GROUP, PluginCatalog, Sink, SinkRefused
-from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.core.ingress import publish_future
 from tidewire.gateway.core.topics import matches
 from tidewire.store.base import GroupRecord, Message

@@ -8,15 +8,9 @@ claimer; what a consumer does not settle in time (or gives back) becomes visible
 hands it out once more, counted as a redelivery. Nothing here knows AMQP or RocketMQ: a handler implements
 `Consumer` (credit + deliver) and calls `ack` / `requeue`.
 
-Expiry (`expiry`): a message past its own deadline or the group's TTL is never delivered. By default it is
-passed over; a group with an `Expired` sink (AMQP dead-lettering) has it claimed and handed to the sink, which
-settles it. `expire_head` does the same for the head of the unclaimed backlog when nobody consumes, on the
-caller's schedule (the clock is the node's).
-
-A group's handler may also name, per message, a lane (`Lane`: RocketMQ message groups; the store hands a
-lane's messages out one at a time, in order, see `Store.claim`) and a due time (`Due`: RocketMQ delay and timer
-messages; one claimed before it is due is hidden until then, so the due time lives in the store's claim and
-any node hands it out when due).
+Each group is read on this node by a `gateway.core.group_reader.GroupReader`: claims, expiry (`expiry`: passed
+over, or handed to an `Expired` sink), lanes and due times (`kinds`: RocketMQ FIFO and delay messages) are
+its; here are the node's groups and the calls the protocols make.
 """
 
 from __future__ import annotations
@@ -25,9 +19,9 @@ import asyncio
 import copy
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.group_reader import Consumer, Delivery, Due, Expired, GroupReader, Lane, Matcher
 from tidewire.gateway.core.topics import FilterTrie
 from tidewire.store.base import Claim, GroupRecord, Message
 
@@ -45,268 +39,8 @@ class DeliveryCounters(Protocol):
         """A consumer of `group` was handed `deliveries` (one call per batch)."""
 
 RECLAIM_INTERVAL = 1.0  # s between looks for claims that lapsed (a consumer elsewhere died or timed out)
-EXPIRED_HOLD_MS = 60_000  # expired messages claimed for the sink stay hidden this long if it never settles them
-EXPIRE_BATCH = 500
 HORIZON_PAGE = 1000  # messages read at a time to find where a filter's queue ends (`set_filters`)
-_FAR = 1 << 62
-
-
-class Delivery(NamedTuple):
-    message: Message
-    claim: Claim  # (seq, deliveries, token): redelivered when deliveries > 1; ack/requeue by (seq, token)
-
-
-class Consumer(Protocol):
-    """One competing consumer on this node: an AMQP Basic.Consume, a RocketMQ ReceiveMessage poll."""
-
-    visibility_ms: int  # how long what it gets stays hidden from the other consumers if it settles nothing
-
-    def credit(self) -> int:
-        """How many messages it takes now (AMQP prefetch minus unacked; a poll's batch size)."""
-
-    def deliver(self, deliveries: list[Delivery]) -> None:
-        """At most `credit()` messages, claimed for it."""
-
-
-Matcher = Callable[[Message], bool]
-# Expired messages of the group `name`, claimed for the sink: it settles them (once dead-lettered). If it raises,
-# they are visible again a second later.
-Expired = Callable[[str, list["Delivery"]], Coroutine[Any, Any, None]]
 ProcessGone = Callable[[str, list[str]], Awaitable[None]]  # (dead process, groups its death left without members)
-Lane = Callable[[Message], str]  # "": in no lane
-Due = Callable[[Message], int]  # ms since the epoch; 0: at once
-
-
-class _Group:
-    """The node-local reader of one group: its local consumers, the cursor as last learnt from the store."""
-
-    __slots__ = ("_taking", "_task", "_wanted", "consumers", "cursor", "due", "expired", "groups", "lane",
-                 "matcher", "name", "reclaim_due", "record", "ttl_ms")
-
-    def __init__(self, groups: ConsumerGroups, record: GroupRecord) -> None:
-        self.groups = groups  # the node's groups: the store, cache, clock and counters this one reads
-        self.name = record.name
-        self.record = record
-        self.cursor = record.start_seq
-        self.consumers: list[Consumer] = []
-        self.matcher: Matcher | None = None
-        self.ttl_ms: int | None = None
-        self.expired: Expired | None = None
-        self.lane: Lane | None = None
-        self.due: Due | None = None
-        self.reclaim_due = True
-        self._wanted = False
-        self._task: asyncio.Task[None] | None = None
-        self._taking: set[int] = set()  # ids of consumers a claim is being made for (one at a time each)
-
-    def pull(self) -> None:
-        """New messages may be in its queues, or a consumer has credit again (the `Puller` seam)."""
-        if not self.consumers:
-            return
-        if self._task is not None:
-            self._wanted = True
-            return
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        retry = Backoff("group " + self.name, self.groups.clock)
-        try:
-            while True:
-                self._wanted = False
-                try:
-                    await self.serve()
-                except Exception as exc:
-                    stop_if_cancelled()
-                    await asyncio.sleep(retry.failed(exc))
-                    self._wanted = True
-                else:
-                    retry.succeeded()
-                if not self._wanted:
-                    return
-        finally:
-            self._task = None
-
-    async def serve(self) -> int:
-        """Hand each local consumer with credit what it can take: lapsed claims first, then new messages.
-        Returns how many were delivered."""
-        delivered = 0
-        for consumer in list(self.consumers):
-            credit = consumer.credit()
-            if credit <= 0 or consumer not in self.consumers or id(consumer) in self._taking:
-                continue
-            self._taking.add(id(consumer))
-            expired: list[Delivery] = []
-            try:
-                batch = await self._take(consumer, credit, expired)
-            finally:
-                self._taking.discard(id(consumer))
-            if batch and consumer in self.consumers:
-                consumer.deliver(batch)
-                if not isinstance(consumer, _Poll) or consumer.counted:
-                    self.groups.counters.consumed(self.name, batch)
-                delivered += len(batch)
-            elif batch:  # it left while the claim was made: give them back at once
-                await self.groups.store.set_visibility(self.name, [(d.claim.seq, d.claim.token) for d in batch], 0)
-                self.reclaim_due = True
-                self._wanted = True
-            await self._expire(expired)
-        return delivered
-
-    def _expired(self, message: Message, now_ms: int) -> bool:
-        if message.expires_at_ms and message.expires_at_ms <= now_ms:
-            return True
-        return self.ttl_ms is not None and message.timestamp_ms + self.ttl_ms <= now_ms
-
-    async def _expire(self, expired: list[Delivery]) -> None:
-        sink = self.expired
-        if not expired or sink is None:
-            return
-        try:
-            await sink(self.name, expired)
-        except Exception:
-            later = int(self.groups.clock.time() * 1000) + 1000
-            await self.groups.store.set_visibility(self.name, [(d.claim.seq, d.claim.token) for d in expired], later)
-            raise
-
-    async def expire_head(self) -> int:
-        """Expired messages at the head of the unclaimed backlog (up to the first one still fresh) go to the sink,
-        or are passed over without one; returns how many. For a queue nobody consumes (RabbitMQ expires at the
-        head whether or not a consumer is attached)."""
-        store = self.groups.store
-        done = 0
-        while True:
-            now = int(self.groups.clock.time() * 1000)
-            candidates, upto = await self._read_new(EXPIRE_BATCH, keep_expired=True)
-            before = self.cursor
-            head: list[Message] = []
-            for message in candidates:
-                if not self._expired(message, now):
-                    break
-                head.append(message)
-            if not head:
-                return done
-            last = upto if len(head) == len(candidates) else head[-1].seq
-            seqs = [m.seq for m in head] if self.expired is not None else []
-            claims, cursor = await store.claim(self.name, before, last, seqs, self.groups.node_id,
-                                               now + EXPIRED_HOLD_MS)
-            self.cursor = max(before, cursor)
-            by_seq = {m.seq: m for m in head}
-            await self._expire([Delivery(by_seq[c.seq], c) for c in claims])
-            done += len(claims) if self.expired is not None else len(head)
-            if self.cursor <= before or len(head) < len(candidates):
-                return done
-
-    async def _take(self, consumer: Consumer, credit: int, expired: list[Delivery]) -> list[Delivery]:
-        """Claim up to `credit` messages for `consumer`; expired ones claimed on the way (a group with a sink) are
-        added to `expired` instead."""
-        store = self.groups.store
-        now = int(self.groups.clock.time() * 1000)
-        visible_at = now + consumer.visibility_ms
-        batch: list[Delivery] = []
-        keep_expired = self.expired is not None
-        if self.reclaim_due:
-            claims = await store.reclaim(self.name, self.groups.node_id, now, visible_at, credit)
-            if len(claims) < credit:
-                self.reclaim_due = False
-            if claims:
-                by_seq = {m.seq: m for m in await store.fetch([c.seq for c in claims])}
-                gone: list[tuple[int, int]] = []
-                for claim in claims:
-                    message = by_seq.get(claim.seq)
-                    if message is not None and keep_expired and self._expired(message, now):
-                        expired.append(Delivery(message, claim))
-                    elif message is None or not self._wanted_message(message, now):
-                        gone.append((claim.seq, claim.token))  # retention took it, or it expired: settled
-                    else:
-                        batch.append(Delivery(message, claim))
-                if gone:
-                    await store.settle(self.name, gone)
-                batch = await self._hold_early(batch, now)
-                credit -= len(batch)
-        while credit > 0:
-            candidates, upto = await self._read_new(credit, keep_expired)
-            if upto <= self.cursor:
-                break
-            seqs = [m.seq for m in candidates]
-            before = self.cursor
-            lanes = None
-            if self.lane is not None:
-                lanes = {m.seq: lane for m in candidates if (lane := self.lane(m))} or None
-            claims, cursor = await store.claim(self.name, before, upto, seqs, self.groups.node_id, visible_at, lanes)
-            self.cursor = max(before, cursor)
-            if claims:
-                by_seq = {m.seq: m for m in candidates}
-                fresh: list[Delivery] = []
-                for c in claims:
-                    message = by_seq[c.seq]
-                    if keep_expired and self._expired(message, now):
-                        expired.append(Delivery(message, c))
-                    else:
-                        fresh.append(Delivery(message, c))
-                taken = await self._hold_early(fresh, now)
-                batch += taken
-                credit -= len(taken)
-            elif self.cursor <= before:
-                break  # nothing moved: read again on the next notify
-        return batch
-
-    async def _hold_early(self, batch: list[Delivery], now_ms: int) -> list[Delivery]:
-        """What of `batch` is due; the claims of the rest are hidden until their due time."""
-        if self.due is None:
-            return batch
-        due = self.due
-        early: dict[int, list[tuple[int, int]]] = {}
-        ready: list[Delivery] = []
-        for delivery in batch:
-            at = due(delivery.message)
-            if at > now_ms:
-                early.setdefault(at, []).append((delivery.claim.seq, delivery.claim.token))
-            else:
-                ready.append(delivery)
-        for at, handles in early.items():
-            await self.groups.store.set_visibility(self.name, handles, at)
-        return ready
-
-    def _wanted_message(self, message: Message, now_ms: int) -> bool:
-        if self._expired(message, now_ms):
-            return False
-        return self.matcher is None or self.matcher(message)
-
-    async def _read_new(self, limit: int, keep_expired: bool = False) -> tuple[list[Message], int]:
-        """Messages of the group's queues after its cursor (merged, deduplicated, filtered) up to `limit`, and
-        the seq up to which that answer is complete. Expired ones are passed over unless `keep_expired`."""
-        cache = self.groups.cache
-        after = self.cursor
-        merged: dict[int, Message] = {}
-        upto = _FAR
-        record = self.record
-        sources = [(queue, _FAR) for queue in record.filters]
-        sources += [(queue, last) for queue, last in record.drains.items() if last > after]
-        for queue, last in sources:
-            cached = cache.get(queue, after, limit)
-            if cached is None or cached[1] <= after:
-                messages, horizon = await self.groups.store.read(queue, after, limit)
-            else:
-                messages, horizon = cached
-            if horizon < last:  # (a drained filter read past its last seq has nothing more for the group)
-                upto = min(upto, horizon)
-            for message in messages:
-                if message.seq <= last:
-                    merged[message.seq] = message
-        if upto == _FAR:
-            return [], after
-        now = int(self.groups.clock.time() * 1000)
-        wanted: list[Message] = []
-        for seq in sorted(merged):
-            if seq > upto:
-                break
-            message = merged[seq]
-            if self._wanted_message(message, now) or (keep_expired and self._expired(message, now) and (
-                    self.matcher is None or self.matcher(message))):
-                wanted.append(message)
-                if len(wanted) == limit:
-                    return wanted, seq  # cut: complete only up to the last one taken
-        return wanted, upto
 
 
 class ConsumerGroups:
@@ -321,7 +55,7 @@ class ConsumerGroups:
         self.counters = counters
         self.clock = clock
         self.spawn = spawn  # a background task the node keeps (and cancels at stop)
-        self._groups: dict[str, _Group] = {}  # every group this node knows (declared here or loaded)
+        self._groups: dict[str, GroupReader] = {}  # every group this node knows (declared here or loaded)
         self._routes: FilterTrie[str] = FilterTrie()  # filter → group names, for `routed`
         self._routes_read = 0.0
         self._reclaim_task: asyncio.Task[None] | None = None
@@ -376,14 +110,14 @@ class ConsumerGroups:
                     group.pull()
 
     # --- definitions -----------------------------------------------------------------------------------
-    def _know(self, record: GroupRecord) -> _Group:
+    def _know(self, record: GroupRecord) -> GroupReader:
         group = self._groups.get(record.name)
         subscriptions = self.subscriptions
         owner = "group:" + record.name
         old = set(group.record.filters) if group is not None else set()
         new = set(record.filters)
         if group is None:
-            group = self._groups[record.name] = _Group(self, record)
+            group = self._groups[record.name] = GroupReader(self, record)
         group.record = record
         for topic_filter in new - old:
             subscriptions.wildcards.hold(topic_filter, owner)
@@ -521,7 +255,7 @@ class ConsumerGroups:
             group.expired = expired
 
     async def expire_head(self, name: str) -> int:
-        """See `_Group.expire_head`; 0 for a group this node does not know."""
+        """See `GroupReader.expire_head`; 0 for a group this node does not know."""
         group = self._groups.get(name)
         return 0 if group is None else await group.expire_head()
     def kinds(self, name: str, lane: Lane | None, due: Due | None) -> None:
@@ -619,6 +353,11 @@ class ConsumerGroups:
         finally:
             self.cancel(name, poll)
         return poll.got
+
+    def consumed(self, name: str, consumer: Consumer, deliveries: list[Delivery]) -> None:
+        """`consumer` was handed `deliveries` of group `name`: counted as sent, unless a poll asked otherwise."""
+        if not isinstance(consumer, _Poll) or consumer.counted:
+            self.counters.consumed(name, deliveries)
 
     async def _give_back(self, name: str, handles: list[tuple[int, int]]) -> None:
         await self.requeue(name, handles)

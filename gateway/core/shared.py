@@ -31,7 +31,8 @@ from tidewire.gateway.core.retry import STORE_RETRY_S
 from tidewire.store.base import GroupRecord, Message, SubscriptionRecord
 
 if TYPE_CHECKING:
-    from tidewire.gateway.core.consumers import ConsumerGroups, Delivery
+    from tidewire.gateway.core.consumers import ConsumerGroups
+    from tidewire.gateway.core.group_reader import Delivery
 
 STRATEGIES = ("least_inflight", "round_robin", "random", "sticky", "hash_clientid", "hash_topic")
 

@@ -93,10 +93,13 @@ class RecordWrites(OrderedWrites):
         self.write("s:" + record.client_id, put)
 
     def drop_session(self, client_id: str, epoch: int = -1) -> None:
-        """The session goes, and with it the de-duplication keys of its publishes (scope: its client id)."""
+        """The session goes, and with it the de-duplication keys of its publishes (scope: its client id). The
+        keys go first: two calls (on Redis Cluster the keys live in every partition's slot), and a crash between
+        them must not leave keys that a new session's QoS 2 publish under the same packet id would be refused
+        as a duplicate by (lost); the other way round it leaves a session that is deleted again."""
         async def drop() -> None:
-            await self._store.delete_session(client_id, epoch)
             await self._store.release_dedupe(client_id)
+            await self._store.delete_session(client_id, epoch)
 
         self.write("s:" + client_id, drop)
 

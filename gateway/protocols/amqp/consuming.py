@@ -1,6 +1,6 @@
 """One channel's consuming side: consumers (Basic.Consume) over `node.groups`, Basic.Get, delivery tags, acks.
 
-Basic.Qos prefetch is the credit of `gateway.core.consumers.Consumer`: a consumer takes `prefetch - unacked` (its
+Basic.Qos prefetch is the credit of `gateway.core.group_reader.Consumer`: a consumer takes `prefetch - unacked` (its
 own prefetch, or `amqp_max_unacked` for prefetch 0), within the channel's shared limit when Qos was global. A
 no-ack consumer takes a batch at a time while the socket drains (the write buffer is its only limit) and its
 deliveries are settled as they are sent. A delivery's tag maps to its claim (group, seq, token): Ack settles
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from pamqp import commands
 
-from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.protocols.amqp.codec import PRECONDITION_FAILED, Fault, Method, fault
 from tidewire.gateway.protocols.amqp.dead_letters import REJECTED
 from tidewire.gateway.protocols.amqp.mapping import origin, properties_out
@@ -43,7 +43,7 @@ class Unacked(NamedTuple):
 
 
 class AmqpConsumer:
-    """A Basic.Consume: a competing consumer of the queue's group (`gateway.core.consumers.Consumer`)."""
+    """A Basic.Consume: a competing consumer of the queue's group (`gateway.core.group_reader.Consumer`)."""
 
     __slots__ = ("active", "channel", "group", "member", "no_ack", "prefetch", "queue", "tag", "unacked",
                  "visibility_ms")

@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.core.ingress import publish_future
 from tidewire.gateway.protocols.amqp.arguments import QueueArgs
 from tidewire.gateway.protocols.amqp.exchanges import Exchange

@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.topics import first_level_queue, matches
 from tidewire.gateway.protocols.amqp.arguments import ARGUMENT_NAMES, ATTRS, QueueArgs, show

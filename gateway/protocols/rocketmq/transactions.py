@@ -26,7 +26,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
-from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.core.ingress import neutral_message, publish_future, refuse_publish
 from tidewire.store.base import PROTOCOL_ROCKETMQ, Claim, GroupRecord, Message
 from tidewire.store.properties import Properties

@@ -18,7 +18,7 @@ from tests.store.delaying import DelayingStore
 from tests.waiting import until
 from tidewire.extensions.hooks import AllowAll
 from tidewire.gateway.config import Settings
-from tidewire.gateway.core.consumers import Delivery
+from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.core.ingress import publish_future
 from tidewire.gateway.node import Node
 from tidewire.lookup.base import InProcessLookup
