@@ -14,8 +14,6 @@ import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-from rocketmq.grpc_protocol import service_pb2
-
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
 from tidewire.gateway.core.ingress import neutral_message, publish_future
@@ -38,6 +36,7 @@ from .mapping import (
     status,
     timestamp_now,
 )
+from .v2 import service_pb2
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node

@@ -17,8 +17,6 @@ import asyncio
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from rocketmq.grpc_protocol import service_pb2
-
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.core.held_keys import HeldKeys
@@ -26,6 +24,7 @@ from tidewire.gateway.core.ingress import INVALID_TOPIC, neutral_message, publis
 from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 
 from .mapping import Code, Refusal, inbound, message_id, status
+from .v2 import service_pb2
 
 if TYPE_CHECKING:
     from tidewire.gateway.core.publish_hooks import PublishHooks

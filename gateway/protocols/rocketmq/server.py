@@ -7,7 +7,6 @@ import logging
 from typing import TYPE_CHECKING
 
 import grpc
-from rocketmq.grpc_protocol import service_pb2_grpc
 
 from tidewire.gateway.transport.listeners import Listener, make_listener
 
@@ -16,6 +15,7 @@ from .auth import Authenticator, load_credentials
 from .consuming import Consuming
 from .producing import Producing
 from .service import MessagingService
+from .v2 import service_pb2_grpc
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node

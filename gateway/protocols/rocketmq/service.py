@@ -16,8 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
-
 from tidewire.extensions.hooks import ClientInfo
 
 from .admission import ClientAdmission
@@ -25,6 +23,7 @@ from .auth import Authenticator
 from .consuming import MAX_LONG_POLL_S, Consuming, may_read
 from .mapping import Code, Refusal, bad_name, set_ms, status
 from .producing import Producing
+from .v2 import definition_pb2, service_pb2, service_pb2_grpc
 
 log = logging.getLogger("tidewire.rocketmq")
 
