@@ -293,8 +293,10 @@ class BackendSettings(BaseModel):
     consumer_timeout: int = Field(1800, ge=1, description="s an AMQP delivery may stay unacked before other "
                                                           "consumers may get it (RabbitMQ's consumer_timeout)")
     rocketmq_port: Port = Field(8081, ge=0, le=65535, description="RocketMQ 5 gRPC")
-    rocketmq_endpoint: str | None = Field(None, description="host:port RocketMQ clients reach this node at; "
-                                                            "default: host and rocketmq_port")
+    rocketmq_endpoint: str | None = Field(None, description="host:port RocketMQ clients reach this node at, "
+                                                            "listed in every node's routes; default: host (a "
+                                                            "wildcard: cluster_host, else the machine's name) and "
+                                                            "rocketmq_port")
     rocketmq_second_topic_property: str = Field("mqttSecondTopic", description="user property holding the MQTT "
                                                 "topic below the RocketMQ topic (its first level)")
     rocketmq_max_body: int = Field(4 * 1024 * 1024, ge=1, description="largest RocketMQ message body (bytes)")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from typing import TYPE_CHECKING
 
 import grpc
@@ -14,10 +15,11 @@ from .admission import ClientAdmission
 from .auth import Authenticator, load_credentials
 from .consuming import Consuming
 from .producing import Producing
-from .service import MessagingService
+from .service import SERVICE, MessagingService
 from .v2 import service_pb2_grpc
 
 if TYPE_CHECKING:
+    from tidewire.gateway.config import Settings
     from tidewire.gateway.node import Node
 
 log = logging.getLogger("tidewire.rocketmq")
@@ -71,10 +73,12 @@ class RocketMQServer:
         self.listener = make_listener(settings, "rocketmq", self.node.clock)
         clients = ClientAdmission(self.node.admission, self.listener)
         service = MessagingService(self._consuming, self._producing, auth, clients, endpoint, settings.node_id,
-                                   advertise_requested=settings.rocketmq_endpoint is None and host in _WILDCARDS)
+                                   advertise_requested=settings.rocketmq_endpoint is None and host in _WILDCARDS,
+                                   topology=self.node.topology)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(service, server)
         await server.start()
         self._server = server
+        self.node.topology.advertise(SERVICE, settings.rocketmq_endpoint or _advertised(settings, port))
         log.info("listening", extra={"listener": "rocketmq", "host": host, "port": port, "endpoint": endpoint,
                                      "credentials": "file" if secrets is not None else "none"})
 
@@ -87,3 +91,12 @@ class RocketMQServer:
             await self._consuming.stop()
         if self._producing is not None:
             await self._producing.stop()
+
+
+def _advertised(settings: Settings, port: int) -> str:
+    """The endpoint the other nodes list for this one in their routes: a wildcard bind cannot be dialled, so the
+    cluster host, else this machine's name (as the cluster port is advertised)."""
+    host = settings.host
+    if host in _WILDCARDS:
+        host = settings.cluster_host or socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
