@@ -303,6 +303,13 @@ class BackendSettings(BaseModel):
     rocketmq_dedupe_seconds: int = Field(300, ge=0, description="s a sent RocketMQ message id is held in the store "
                                          "(with the message), so a send retried on any node is stored once; "
                                          "0: only on the node that took it")
+    rocketmq_push_invisible_seconds: int = Field(60, ge=1, le=43_200, description="s a push consumer's "
+                                                 "message (received with auto_renew) stays hidden between the "
+                                                 "renewals the node makes until the consumer settles it (the "
+                                                 "RocketMQ proxy's defaultInvisibleTimeMills)")
+    rocketmq_renew_max_seconds: int = Field(3 * 3600, ge=1, description="s a push consumer's message is renewed "
+                                            "at most; then it goes to another consumer (the proxy's "
+                                            "renewMaxTimeMillis)")
     rocketmq_credentials_file: Path | None = Field(None, description="`access_key:secret_key` lines: the "
                                                    "secrets MQv2-HMAC-SHA1 signatures are checked with (an HMAC "
                                                    "needs the secret itself, not a hash)")

@@ -156,6 +156,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     @_unary(service_pb2.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, caller: ClientInfo, request: Any, context: Any) -> Any:
         self.clients.forget(caller.client_id)
+        self.consuming.client_gone(caller.client_id)
         return service_pb2.NotifyClientTerminationResponse(status=status(Code.OK))
 
     async def Telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
@@ -164,13 +165,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not isinstance(caller, ClientInfo):
             yield service_pb2.TelemetryCommand(status=caller)
             return
-        async for command in requests:
-            if command.HasField("settings"):
-                try:
-                    yield await self._settings(caller, command.settings)
-                except Exception:
-                    log.exception("rocketmq.failed", extra={"rpc": "Telemetry"})
-                    yield service_pb2.TelemetryCommand(status=status(Code.INTERNAL_SERVER_ERROR, "internal error"))
+        try:
+            async for command in requests:
+                if command.HasField("settings"):
+                    try:
+                        yield await self._settings(caller, command.settings)
+                    except Exception:
+                        log.exception("rocketmq.failed", extra={"rpc": "Telemetry"})
+                        yield service_pb2.TelemetryCommand(status=status(Code.INTERNAL_SERVER_ERROR,
+                                                                         "internal error"))
+        finally:  # the client left (or died): a push consumer's messages are no longer renewed for it
+            self.consuming.client_gone(caller.client_id)
 
     async def _settings(self, caller: ClientInfo, told: Any) -> Any:
         reply = definition_pb2.Settings(client_type=told.client_type, user_agent=told.user_agent)
