@@ -78,6 +78,7 @@ class Consuming:
         self._known: dict[str, tuple[int, str]] = {}  # group name -> the filter its matcher was made from
         self._declaring = asyncio.Lock()
         self._requeues: set[asyncio.Task[Any]] = set()
+        self._streams: dict[str, int] = {}  # client id -> its telemetry streams open here
         self.renewals = Renewals(node.groups.requeue, node.clock, self.settings.rocketmq_push_invisible_seconds * 1000,
                                  self.settings.rocketmq_renew_max_seconds * 1000)
 
@@ -247,7 +248,20 @@ class Consuming:
 
     def client_gone(self, client_id: str) -> None:
         """The client left this node: what it was working on goes to other consumers shortly."""
+        self._streams.pop(client_id, None)
         self.renewals.client_gone(client_id)
+
+    def stream_opened(self, client_id: str) -> None:
+        self._streams[client_id] = self._streams.get(client_id, 0) + 1
+
+    def stream_closed(self, client_id: str) -> None:
+        """A telemetry stream ended: with the client's last one on this node, the client is gone (a client
+        rebuilding its stream may open the new one first)."""
+        left = self._streams.get(client_id, 1) - 1
+        if left > 0:
+            self._streams[client_id] = left
+        else:
+            self.client_gone(client_id)
 
     async def stop(self) -> None:
         await self.renewals.stop()

@@ -165,6 +165,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not isinstance(caller, ClientInfo):
             yield service_pb2.TelemetryCommand(status=caller)
             return
+        self.consuming.stream_opened(caller.client_id)
         try:
             async for command in requests:
                 if command.HasField("settings"):
@@ -175,7 +176,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                         yield service_pb2.TelemetryCommand(status=status(Code.INTERNAL_SERVER_ERROR,
                                                                          "internal error"))
         finally:  # the client left (or died): a push consumer's messages are no longer renewed for it
-            self.consuming.client_gone(caller.client_id)
+            self.consuming.stream_closed(caller.client_id)
 
     async def _settings(self, caller: ClientInfo, told: Any) -> Any:
         reply = definition_pb2.Settings(client_type=told.client_type, user_agent=told.user_agent)
