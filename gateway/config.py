@@ -293,6 +293,9 @@ class BackendSettings(BaseModel):
     consumer_timeout: int = Field(1800, ge=1, description="s an AMQP delivery may stay unacked before other "
                                                           "consumers may get it (RabbitMQ's consumer_timeout)")
     rocketmq_port: Port = Field(8081, ge=0, le=65535, description="RocketMQ 5 gRPC")
+    rocketmq_tls: bool = Field(False, description="serve the RocketMQ port over TLS only (the RocketMQ proxy's "
+                               "enforcing mode) with certfile and keyfile, reloaded on SIGHUP; with cafile and "
+                               "require_certificate, clients must present a certificate")
     rocketmq_endpoint: str | None = Field(None, description="host:port RocketMQ clients reach this node at, "
                                                             "listed in every node's routes; default: host (a "
                                                             "wildcard: cluster_host, else the machine's name) and "

@@ -30,7 +30,7 @@ from tidewire.gateway.ops.drain import drain
 from tidewire.gateway.protocols.mqtt.connection import MqttProtocol
 from tidewire.gateway.security import Security
 from tidewire.gateway.transport.listeners import Listener, make_listeners, open_listener
-from tidewire.gateway.transport.tls import reload_certificate, tls_context
+from tidewire.gateway.transport.tls import CertificateFiles, reload_certificate, tls_context
 from tidewire.gateway.transport.websocket import WebSocketProtocol
 from tidewire.gateway.transport.websocket_core import WebSocketOptions
 from tidewire.lookup.base import InProcessLookup, Lookup
@@ -118,7 +118,8 @@ def optional_parts(settings: Settings) -> OptionalParts:
                          bridges=tuple(bridges))
 
 
-def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts) -> list[Backend]:
+def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts,
+                   certificates: CertificateFiles | None = None) -> list[Backend]:
     """The backend protocol handlers the settings enable (imported only then)."""
     settings = node.settings
     backends: list[Backend] = []
@@ -129,7 +130,7 @@ def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts)
     if parts.rocketmq:
         from tidewire.gateway.protocols.rocketmq.server import RocketMQServer
 
-        backends.append(RocketMQServer(node))
+        backends.append(RocketMQServer(node, certificates))
     if settings.lake_dir is not None:
         from tidewire.pipeline.lake.command import Lake
 
@@ -336,6 +337,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
         security = Security.build(settings, clock=clock)
         tls = tls_context(settings) if any(port is not None for port in (
             settings.tls_port, settings.wss_port, settings.amqps_port)) else None
+        certificates = CertificateFiles(settings) if settings.rocketmq_tls and parts.rocketmq else None
     except (OSError, ValueError, ssl.SSLError) as exc:
         raise StartupError(str(exc)) from exc
     store = build_store(settings)
@@ -373,7 +375,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)
-    backends = build_backends(node, tls, parts)
+    backends = build_backends(node, tls, parts, certificates)
     admin: Backend | None = None
     if parts.admin:  # FastAPI and uvicorn are imported only then
         from tidewire.admin.server import AdminServer
@@ -406,6 +408,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
                 reload_certificate(tls, settings)
             except (OSError, ssl.SSLError) as exc:
                 errors.append(f"tls: {exc}")
+        if certificates is not None:
+            try:
+                certificates.reload()
+            except (OSError, ssl.SSLError) as exc:
+                errors.append(f"rocketmq tls: {exc}")
         if errors:
             log.error("reload.failed", extra={"errors": "; ".join(errors)})
         else:

@@ -1,5 +1,6 @@
 """The RocketMQ 5 listener: a grpc.aio server on `host:rocketmq_port` in the node's event loop, serving
-`apache.rocketmq.v2.MessagingService` (plaintext gRPC/HTTP2, as the RocketMQ clients dial by default)."""
+`apache.rocketmq.v2.MessagingService`: plaintext gRPC/HTTP2, as the RocketMQ clients dial by default, or with
+`rocketmq_tls` TLS only, with the TLS listeners' certificate (a SIGHUP's new one serves the next handshakes)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .v2 import service_pb2_grpc
 if TYPE_CHECKING:
     from tidewire.gateway.config import Settings
     from tidewire.gateway.node import Node
+    from tidewire.gateway.transport.tls import CertificateFiles
 
 log = logging.getLogger("tidewire.rocketmq")
 
@@ -34,8 +36,9 @@ _WILDCARDS = ("", "0.0.0.0", "::")
 class RocketMQServer:
     """A `gateway.server.Backend`."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, certificates: CertificateFiles | None = None) -> None:
         self.node = node
+        self.certificates = certificates  # None: plaintext
         self.port = 0
         self.listener: Listener | None = None  # its clients' count and limits, once started
         self._server: grpc.aio.Server | None = None
@@ -60,7 +63,8 @@ class RocketMQServer:
         host = settings.host
         bind = f"[{host}]:{settings.rocketmq_port}" if ":" in host else f"{host}:{settings.rocketmq_port}"
         try:
-            port = server.add_insecure_port(bind)
+            port = (server.add_insecure_port(bind) if self.certificates is None
+                    else server.add_secure_port(bind, self._credentials(self.certificates)))
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {bind}: {exc}") from exc
         if not port:
@@ -80,7 +84,27 @@ class RocketMQServer:
         self._server = server
         self.node.topology.advertise(SERVICE, settings.rocketmq_endpoint or _advertised(settings, port))
         log.info("listening", extra={"listener": "rocketmq", "host": host, "port": port, "endpoint": endpoint,
-                                     "credentials": "file" if secrets is not None else "none"})
+                                     "credentials": "file" if secrets is not None else "none",
+                                     "tls": self.certificates is not None})
+
+    @staticmethod
+    def _credentials(certificates: CertificateFiles) -> grpc.ServerCredentials:
+        """TLS whose certificate is read from `certificates` again before a handshake after each reload."""
+
+        def configuration() -> grpc.ServerCertificateConfiguration:
+            key, chain, ca = certificates.pem
+            return grpc.ssl_server_certificate_configuration([(key, chain)], root_certificates=ca)
+
+        served = [certificates.generation]
+
+        def fetch() -> grpc.ServerCertificateConfiguration | None:  # gRPC's thread, before each handshake
+            if certificates.generation == served[0]:
+                return None
+            served[0] = certificates.generation
+            return configuration()
+
+        return grpc.dynamic_ssl_server_credentials(configuration(), fetch,
+                                                   certificates.settings.require_certificate)
 
     async def stop(self) -> None:
         if self._server is None:
