@@ -14,7 +14,7 @@ import sys
 import urllib.parse
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.bridges.rules.engine import RuleEngine, check_rule
@@ -62,6 +62,14 @@ class Backend(Protocol):
 
     async def stop(self) -> None:
         """Stop listening and close every connection (before the node stops)."""
+
+
+@runtime_checkable
+class Reloads(Protocol):
+    """A backend with files of its own to read again on SIGHUP (RocketMQ's access keys and certificate)."""
+
+    def reload(self) -> list[str]:
+        """Read them again; what failed (each keeps its previous state), empty when all went through."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,11 +416,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
                 reload_certificate(tls, settings)
             except (OSError, ssl.SSLError) as exc:
                 errors.append(f"tls: {exc}")
-        if certificates is not None:
-            try:
-                certificates.reload()
-            except (OSError, ssl.SSLError) as exc:
-                errors.append(f"rocketmq tls: {exc}")
+        for backend in backends:
+            if isinstance(backend, Reloads):
+                errors += backend.reload()
         if errors:
             log.error("reload.failed", extra={"errors": "; ".join(errors)})
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from typing import TYPE_CHECKING
 
 import grpc
@@ -44,6 +45,7 @@ class RocketMQServer:
         self._server: grpc.aio.Server | None = None
         self._consuming: Consuming | None = None
         self._producing: Producing | None = None
+        self._auth: Authenticator | None = None
 
     async def start(self) -> None:
         settings = self.node.settings
@@ -53,7 +55,7 @@ class RocketMQServer:
                 secrets = load_credentials(settings.rocketmq_credentials_file)
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 raise OSError(f"rocketmq_credentials_file: {exc}") from exc
-        auth = Authenticator(secrets, self.node.auth.allow_anonymous)
+        auth = self._auth = Authenticator(secrets, self.node.auth.allow_anonymous)
         server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0),  # a port in use must fail here, not be shared with another process
             ("grpc.max_receive_message_length", settings.rocketmq_max_body + REQUEST_SLACK),
@@ -86,6 +88,22 @@ class RocketMQServer:
         log.info("listening", extra={"listener": "rocketmq", "host": host, "port": port, "endpoint": endpoint,
                                      "credentials": "file" if secrets is not None else "none",
                                      "tls": self.certificates is not None})
+
+    def reload(self) -> list[str]:
+        """SIGHUP: the access keys and the TLS certificate, each kept as it was if its files fail to load."""
+        errors = []
+        path = self.node.settings.rocketmq_credentials_file
+        if path is not None and self._auth is not None:
+            try:
+                self._auth.secrets = load_credentials(path)
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                errors.append(f"rocketmq_credentials_file: {exc}")
+        if self.certificates is not None:
+            try:
+                self.certificates.reload()
+            except (OSError, ssl.SSLError) as exc:
+                errors.append(f"rocketmq tls: {exc}")
+        return errors
 
     @staticmethod
     def _credentials(certificates: CertificateFiles) -> grpc.ServerCredentials:
