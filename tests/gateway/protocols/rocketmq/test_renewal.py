@@ -24,7 +24,7 @@ from tidewire.store.base import Claim
 from .conftest import Clients
 
 # A push consumer in its own process (so the test can kill -9 it): prints "<body> <attempt>" for each delivery,
-# works 6 s on "slow" (three invisible durations of 2 s) and forever on "stuck".
+# works 7 s on "slow" (over two invisible durations of 3 s) and forever on "stuck".
 HOLDER = """
 import sys, threading, time
 from rocketmq import ClientConfiguration, ConsumeResult, Credentials, FilterExpression, MessageListener, PushConsumer
@@ -33,7 +33,7 @@ class Listener(MessageListener):
     def consume(self, message):
         print(message.body.decode(), message.delivery_attempt, flush=True)
         if message.body == b"slow":
-            time.sleep(6)
+            time.sleep(7)
         elif message.body == b"stuck":
             threading.Event().wait()
         return ConsumeResult.SUCCESS
@@ -55,10 +55,10 @@ class _Recorder(MessageListener):
         return ConsumeResult.SUCCESS
 
 
-@pytest.mark.slow  # its own gateway, a consumer process and a 6 s listener
+@pytest.mark.slow  # its own gateway, a consumer process and a 7 s listener
 def test_a_long_consumption_is_not_redelivered_and_a_dead_consumers_messages_move(
         rmq_gateway: Callable[..., Gateway], clients: Clients, paho_factory: PahoFactory, tmp_path: Path) -> None:
-    gw = rmq_gateway(env={"TIDEWIRE_ROCKETMQ_PUSH_INVISIBLE_SECONDS": "2"})
+    gw = rmq_gateway(env={"TIDEWIRE_ROCKETMQ_PUSH_INVISIBLE_SECONDS": "3"})
     out = tmp_path / "holder.out"
     with out.open("wb") as sink:
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, f"127.0.0.1:{gw.rocketmq_port}"], stdout=sink,
@@ -76,16 +76,16 @@ def test_a_long_consumption_is_not_redelivered_and_a_dead_consumers_messages_mov
         consumer = PushConsumer(clients.config(gw), "renew", other, {"a": FilterExpression()})
         consumer.startup()
         clients.made.append(consumer)
-        # The holder works 6 s on "slow", 3 durations; "stuck" it never finishes: the node renews both.
+        # The holder works 7 s on "slow"; "stuck" it never finishes: the node renews both.
         with pytest.raises(queue.Empty):
-            other.got.get(timeout=8)
+            other.got.get(timeout=9)
         held = out.read_text().splitlines()
         assert held.count("slow 1") == 1 and held.count("stuck 1") == 1 and len(held) == 3, held
         os.kill(holder.pid, signal.SIGKILL)  # its telemetry stream ends: "stuck" is let go
         holder.wait()
         assert other.got.get(timeout=6) == (b"stuck", 2)
         with pytest.raises(queue.Empty):
-            other.got.get(timeout=3)  # "slow" was acknowledged after its 6 s: never redelivered
+            other.got.get(timeout=4)  # "slow" was acknowledged after its 7 s: never redelivered
     finally:
         if holder.poll() is None:
             holder.kill()
