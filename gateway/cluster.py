@@ -49,6 +49,10 @@ class Fabric(Protocol):
 
     def on_dead(self, callback: Callable[[dict[str, str]], None]) -> None: ...
 
+    def advertise(self, service: str, address: str) -> None: ...
+
+    def advertised(self, service: str) -> dict[str, str]: ...
+
     def on_beat(self, callback: Callable[[Exception | None], None]) -> None: ...
 
     def on_expelled(self, callback: Callable[[], None]) -> None: ...
@@ -83,6 +87,12 @@ class ClusterRole:
 
     def stats(self) -> dict[str, int]:
         return self.fabric.stats()
+
+    def advertise(self, service: str, address: str) -> None:
+        self.fabric.advertise(service, address)
+
+    def advertised(self, service: str) -> Mapping[str, str]:
+        return self.fabric.advertised(service)
 
     def loops(self) -> list[Coroutine[Any, Any, None]]:
         return [self.resync_loop()]

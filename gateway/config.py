@@ -298,8 +298,13 @@ class BackendSettings(BaseModel):
                                                           "is closed with 406 and it is requeued (RabbitMQ's "
                                                           "consumer_timeout; a queue's x-consumer-timeout wins)")
     rocketmq_port: Port = Field(8081, ge=0, le=65535, description="RocketMQ 5 gRPC")
-    rocketmq_endpoint: str | None = Field(None, description="host:port RocketMQ clients reach this node at; "
-                                                            "default: host and rocketmq_port")
+    rocketmq_tls: bool = Field(False, description="serve the RocketMQ port over TLS only (the RocketMQ proxy's "
+                               "enforcing mode) with certfile and keyfile, reloaded on SIGHUP; with cafile and "
+                               "require_certificate, clients must present a certificate")
+    rocketmq_endpoint: str | None = Field(None, description="host:port RocketMQ clients reach this node at, "
+                                                            "listed in every node's routes; default: host (a "
+                                                            "wildcard: cluster_host, else the machine's name) and "
+                                                            "rocketmq_port")
     rocketmq_second_topic_property: str = Field("mqttSecondTopic", description="user property holding the MQTT "
                                                 "topic below the RocketMQ topic (its first level)")
     rocketmq_max_body: int = Field(4 * 1024 * 1024, ge=1, description="largest RocketMQ message body (bytes)")
@@ -314,6 +319,13 @@ class BackendSettings(BaseModel):
     rocketmq_transaction_check_max: int = Field(15, ge=1, description="checks of an open RocketMQ transaction "
                                                 "before its half message is dropped (RocketMQ's "
                                                 "transactionCheckMax)")
+    rocketmq_push_invisible_seconds: int = Field(60, ge=1, le=43_200, description="s a push consumer's "
+                                                 "message (received with auto_renew) stays hidden between the "
+                                                 "renewals the node makes until the consumer settles it (the "
+                                                 "RocketMQ proxy's defaultInvisibleTimeMills)")
+    rocketmq_renew_max_seconds: int = Field(3 * 3600, ge=1, description="s a push consumer's message is renewed "
+                                            "at most; then it goes to another consumer (the proxy's "
+                                            "renewMaxTimeMillis)")
     rocketmq_credentials_file: Path | None = Field(None, description="`access_key:secret_key` lines: the "
                                                    "secrets MQv2-HMAC-SHA1 signatures are checked with (an HMAC "
                                                    "needs the secret itself, not a hash)")

@@ -17,7 +17,7 @@ from tidewire.errors import MissingExtra
 EXTRAS: dict[str, tuple[str, ...]] = {
     "redis": ("redis", "msgspec"),
     "amqp": ("pamqp",),
-    "rocketmq": ("grpc", "google.protobuf", "rocketmq"),
+    "rocketmq": ("grpc", "google.protobuf"),
     "admin": ("fastapi", "uvicorn", "prometheus_client", "httpx"),
     "jwt": ("jwt", "cryptography"),
     "http-auth": ("httpx",),

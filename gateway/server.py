@@ -14,7 +14,7 @@ import sys
 import urllib.parse
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.bridges.rules.engine import RuleEngine, check_rule
@@ -30,7 +30,7 @@ from tidewire.gateway.ops.drain import drain
 from tidewire.gateway.protocols.mqtt.connection import MqttProtocol
 from tidewire.gateway.security import Security
 from tidewire.gateway.transport.listeners import Listener, make_listeners, open_listener
-from tidewire.gateway.transport.tls import reload_certificate, tls_context
+from tidewire.gateway.transport.tls import CertificateFiles, reload_certificate, tls_context
 from tidewire.gateway.transport.websocket import WebSocketProtocol
 from tidewire.gateway.transport.websocket_core import WebSocketOptions
 from tidewire.lookup.base import InProcessLookup, Lookup
@@ -62,6 +62,14 @@ class Backend(Protocol):
 
     async def stop(self) -> None:
         """Stop listening and close every connection (before the node stops)."""
+
+
+@runtime_checkable
+class Reloads(Protocol):
+    """A backend with files of its own to read again on SIGHUP (RocketMQ's access keys and certificate)."""
+
+    def reload(self) -> list[str]:
+        """Read them again; what failed (each keeps its previous state), empty when all went through."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +126,8 @@ def optional_parts(settings: Settings) -> OptionalParts:
                          bridges=tuple(bridges))
 
 
-def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts) -> list[Backend]:
+def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts,
+                   certificates: CertificateFiles | None = None) -> list[Backend]:
     """The backend protocol handlers the settings enable (imported only then)."""
     settings = node.settings
     backends: list[Backend] = []
@@ -129,7 +138,7 @@ def build_backends(node: Node, tls: ssl.SSLContext | None, parts: OptionalParts)
     if parts.rocketmq:
         from tidewire.gateway.protocols.rocketmq.server import RocketMQServer
 
-        backends.append(RocketMQServer(node))
+        backends.append(RocketMQServer(node, certificates))
     if settings.lake_dir is not None:
         from tidewire.pipeline.lake.command import Lake
 
@@ -336,6 +345,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
         security = Security.build(settings, clock=clock)
         tls = tls_context(settings) if any(port is not None for port in (
             settings.tls_port, settings.wss_port, settings.amqps_port)) else None
+        certificates = CertificateFiles(settings) if settings.rocketmq_tls and parts.rocketmq else None
     except (OSError, ValueError, ssl.SSLError) as exc:
         raise StartupError(str(exc)) from exc
     store = build_store(settings)
@@ -373,7 +383,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)
-    backends = build_backends(node, tls, parts)
+    backends = build_backends(node, tls, parts, certificates)
     admin: Backend | None = None
     if parts.admin:  # FastAPI and uvicorn are imported only then
         from tidewire.admin.server import AdminServer
@@ -406,6 +416,9 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
                 reload_certificate(tls, settings)
             except (OSError, ssl.SSLError) as exc:
                 errors.append(f"tls: {exc}")
+        for backend in backends:
+            if isinstance(backend, Reloads):
+                errors += backend.reload()
         if errors:
             log.error("reload.failed", extra={"errors": "; ".join(errors)})
         else:

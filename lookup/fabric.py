@@ -47,6 +47,7 @@ class ClusterFabric:
         self._expelled: list[Callable[[], None]] = []
         self._beat: list[Callable[[Exception | None], None]] = []
         self._kick: KickHandler | None = None
+        self._advertised: dict[str, str] = {}  # service -> address, kept for a membership made later
         self.counters = {"kicks_targeted": 0, "kicks_broadcast": 0, "kicks_received": 0}
         self.lookup.on_future_epoch = self._catch_up
         self.rpc.handle("fx.kick", self._on_kick)
@@ -59,6 +60,18 @@ class ClusterFabric:
     def members(self) -> dict[str, str]:
         """Node id -> cluster address, as of the current epoch."""
         return dict(self.membership.members) if self.membership is not None else {}
+
+    def advertise(self, service: str, address: str) -> None:
+        """Publish where clients reach this node's `service` (its RocketMQ endpoint), for `advertised`."""
+        self._advertised[service] = address
+        if self.membership is not None:
+            self.membership.advertise(service, address)
+
+    def advertised(self, service: str) -> dict[str, str]:
+        """Live node id -> the address it advertises for `service` (nodes that advertise none are left out)."""
+        if self.membership is None:
+            return {}
+        return {node: found[service] for node, found in self.membership.services.items() if service in found}
 
     @property
     def token(self) -> str:
@@ -92,6 +105,8 @@ class ClusterFabric:
                                      interval=self._interval, ttl=self._ttl, prefix=self._prefix,
                                      on_change=self._on_change, on_dead=self._on_dead, on_expelled=self._on_expelled,
                                      on_beat=self._on_beat)
+        for service, address in self._advertised.items():
+            self.membership.advertise(service, address)
         try:
             await self.membership.start()
         except BaseException:

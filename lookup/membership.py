@@ -6,8 +6,10 @@ Keys (one hash tag, so every script is valid on Redis Cluster):
     {tw}:members:exp    zset  node id scored by its expiry (ms, Redis clock)
     {tw}:members:tok    hash  node id -> token of the process holding it (random per process)
     {tw}:members:since  hash  node id -> when its entry last became live (ms)
-    {tw}:members:epoch  string  bumped on every join, leave, removal or address change
+    {tw}:members:epoch  string  bumped on every join, leave, removal or address change (services too)
     {tw}:members:gone   zset  tokens of processes declared dead (ms), kept `GONE_KEEP_MS`
+    {tw}:members:svc    hash  node id -> the addresses its clients reach it at, per service (JSON: service ->
+                              "host:port"), e.g. its RocketMQ endpoint, which the RocketMQ routes list
 
 Each heartbeat is one script: refresh our expiry, remove members whose expiry passed, bump the epoch if the
 member set changed, and return (epoch, members, removed ids). The script removes a dead node exactly once, so
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -34,7 +37,7 @@ log = logging.getLogger("tidewire.cluster.membership")
 GONE_KEEP_MS = 3_600_000  # how long a removed process can still learn that it was declared dead
 
 _BEAT = """
-local id, addr, token, ttl, mode = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local id, addr, token, ttl, mode, svc = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[7]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local bump = 0
@@ -45,6 +48,7 @@ local function remove(m)
   redis.call('ZREM', KEYS[2], m)
   redis.call('HDEL', KEYS[3], m)
   redis.call('HDEL', KEYS[4], m)
+  redis.call('HDEL', KEYS[7], m)
   if tok then redis.call('ZADD', KEYS[6], now, tok) end
   removed[#removed + 1] = m
   removed[#removed + 1] = tok or ''
@@ -63,6 +67,10 @@ if redis.call('HGET', KEYS[1], id) ~= addr then
   redis.call('HSET', KEYS[1], id, addr)
   bump = 1
 end
+if redis.call('HGET', KEYS[7], id) ~= svc then
+  redis.call('HSET', KEYS[7], id, svc)
+  bump = 1
+end
 redis.call('ZADD', KEYS[2], now + ttl, id)
 redis.call('HSET', KEYS[3], id, token)
 if not was_live then redis.call('HSET', KEYS[4], id, now) end
@@ -74,7 +82,7 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - tonumber(ARGV[6]))
 local epoch
 if bump == 1 then epoch = redis.call('INCR', KEYS[5]) else epoch = tonumber(redis.call('GET', KEYS[5]) or '0') end
-return {'ok', epoch, redis.call('HGETALL', KEYS[1]), removed}
+return {'ok', epoch, redis.call('HGETALL', KEYS[1]), removed, redis.call('HGETALL', KEYS[7])}
 """
 
 _LEAVE = """
@@ -83,6 +91,7 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
 return redis.call('INCR', KEYS[5])
 """
 
@@ -99,6 +108,15 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _services(text: str) -> dict[str, str]:
+    """A member's advertised services; an entry that is not what `advertise` writes counts as none."""
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+
+
 @dataclass
 class _Result:
     status: str
@@ -106,6 +124,7 @@ class _Result:
     members: dict[str, str] = field(default_factory=dict)
     removed: dict[str, str] = field(default_factory=dict)  # node id -> token of the process declared dead
     wait_ms: int = 0
+    services: dict[str, dict[str, str]] = field(default_factory=dict)  # node id -> service -> address
 
 
 class Membership:
@@ -132,12 +151,14 @@ class Membership:
         self.autobeat = autobeat  # False: no background heartbeat, the caller calls beat() (tests)
         self.epoch = 0
         self.members: dict[str, str] = {}
+        self.services: dict[str, dict[str, str]] = {}  # live node id -> service -> address, as of `epoch`
+        self._advertised: dict[str, str] = {}  # this node's: service -> address
         self.expelled = False
         self._stopped = False
         self.beats = 0
         self.beat_errors = 0
         tag = "{" + prefix + "}:members"
-        self._keys = [tag, tag + ":exp", tag + ":tok", tag + ":since", tag + ":epoch", tag + ":gone"]
+        self._keys = [tag, tag + ":exp", tag + ":tok", tag + ":since", tag + ":epoch", tag + ":gone", tag + ":svc"]
         self.token = os.urandom(16).hex()  # this process's: what it holds in the store is held under it
         self._beat = redis.register_script(_BEAT)
         self._leave = redis.register_script(_LEAVE)
@@ -191,6 +212,12 @@ class Membership:
         except BaseException:
             self.expelled = True
             raise
+
+    def advertise(self, service: str, address: str) -> None:
+        """Tell the others (`services`) where clients reach this node's `service`, from the next heartbeat on
+        (one that changes it bumps the epoch)."""
+        self._advertised[service] = address
+        self.refresh()
 
     def refresh(self) -> None:
         """Beat soon, at most one extra beat in flight."""
@@ -248,7 +275,8 @@ class Membership:
             await self.beat()
 
     async def _run(self, mode: str) -> _Result:
-        args = [self.node_id, self.address, self.token, int(self.ttl * 1000), mode, GONE_KEEP_MS]
+        args = [self.node_id, self.address, self.token, int(self.ttl * 1000), mode, GONE_KEEP_MS,
+                json.dumps(self._advertised, sort_keys=True)]
         raw = await self._beat(keys=self._keys, args=args)
         status = _str(raw[0])
         if status != "ok":
@@ -256,13 +284,17 @@ class Membership:
         flat = [_str(x) for x in raw[2]]
         members = dict(zip(flat[::2], flat[1::2], strict=True))
         gone = [_str(x) for x in raw[3]]
-        return _Result(status, int(raw[1]), members, dict(zip(gone[::2], gone[1::2], strict=True)))
+        flat = [_str(x) for x in raw[4]]
+        services = {node: _services(text) for node, text in zip(flat[::2], flat[1::2], strict=True)}
+        return _Result(status, int(raw[1]), members, dict(zip(gone[::2], gone[1::2], strict=True)),
+                       services=services)
 
     def _apply(self, result: _Result) -> None:
         changed = result.epoch > self.epoch or not self.members
         if result.epoch >= self.epoch:
             self.epoch = result.epoch
             self.members = result.members
+            self.services = {node: found for node, found in result.services.items() if node in result.members}
         if changed and self.on_change is not None:
             try:
                 self.on_change(self.epoch, dict(self.members))

@@ -29,6 +29,13 @@ class Topology(Protocol):
     def stats(self) -> dict[str, int]:
         """The cluster fabric's counters (empty alone)."""
 
+    def advertise(self, service: str, address: str) -> None:
+        """Tell the other nodes where clients reach this node's `service` ("host:port"; alone: no one to tell)."""
+
+    def advertised(self, service: str) -> Mapping[str, str]:
+        """Live node id -> the address it advertises for `service`, this node included once it advertised
+        (empty alone): changes with membership."""
+
     def gauges(self) -> dict[str, int]:
         """Counters for `$SYS/brokers/<node>/stats/...` (none alone)."""
 
@@ -62,6 +69,12 @@ class SingleNode:
     holder = "local"  # one node on its store: its holds are its own, and a restart takes them over
 
     def stats(self) -> dict[str, int]:
+        return {}
+
+    def advertise(self, service: str, address: str) -> None:
+        return None
+
+    def advertised(self, service: str) -> Mapping[str, str]:
         return {}
 
     def gauges(self) -> dict[str, int]:

@@ -1,6 +1,7 @@
-"""TLS for every TLS listener (MQTT over TLS and secure WebSocket, AMQP over TLS): the server context from the
-settings (Mosquitto's option names), its certificate reloaded in place, and the name a client certificate
-proves (Mosquitto's `use_identity_as_username` / `use_subject_as_username`)."""
+"""TLS for every TLS listener (MQTT over TLS and secure WebSocket, AMQP over TLS, RocketMQ's gRPC): the server
+context from the settings (Mosquitto's option names), its certificate reloaded in place, the same files as PEM
+for a server that takes bytes rather than a context (gRPC), and the name a client certificate proves
+(Mosquitto's `use_identity_as_username` / `use_subject_as_username`)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,32 @@ def reload_certificate(ctx: ssl.SSLContext, settings: Settings) -> None:
     connections keep theirs."""
     if settings.certfile is not None and settings.keyfile is not None:
         ctx.load_cert_chain(settings.certfile, settings.keyfile)
+
+
+class CertificateFiles:
+    """The TLS listeners' certificate chain, key and CA bundle as PEM bytes, read again by `reload` (SIGHUP): for
+    gRPC, whose server asks for them before each handshake. `generation` goes up with each reload that took."""
+
+    def __init__(self, settings: Settings) -> None:
+        if settings.certfile is None or settings.keyfile is None:
+            raise ValueError("a TLS listener needs certfile and keyfile")
+        if settings.require_certificate and settings.cafile is None:
+            raise ValueError("require_certificate needs cafile")
+        self.settings = settings
+        self.generation = 0
+        self.pem = self._read()
+
+    def _read(self) -> tuple[bytes, bytes, bytes | None]:
+        """(key, chain, CA bundle), checked to form a usable pair (a bad file keeps the previous ones)."""
+        certfile, keyfile, cafile = self.settings.certfile, self.settings.keyfile, self.settings.cafile
+        assert certfile is not None and keyfile is not None
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)  # raises on a bad pair
+        return keyfile.read_bytes(), certfile.read_bytes(), cafile.read_bytes() if cafile is not None else None
+
+    def reload(self) -> None:
+        """Read the files again (raises OSError or ssl.SSLError, keeping the previous ones)."""
+        self.pem = self._read()
+        self.generation += 1
 
 
 _RFC4514_NAMES = {NameOID.EMAIL_ADDRESS: "emailAddress"}  # as OpenSSL prints it (Mosquitto's subject)

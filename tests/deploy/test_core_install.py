@@ -24,7 +24,7 @@ from tests.integration.conftest import PahoFactory, wait_accepting
 pytestmark = pytest.mark.slow
 
 # distributions only an extra may bring (pyproject.toml's optional dependencies)
-EXTRA_ONLY = {"redis", "hiredis", "msgspec", "pamqp", "grpcio", "protobuf", "rocketmq-python-client", "fastapi",
+EXTRA_ONLY = {"redis", "hiredis", "msgspec", "pamqp", "grpcio", "protobuf", "fastapi",
               "uvicorn", "prometheus-client", "httpx", "pyjwt", "pyarrow", "pyspark", "paho-mqtt"}
 
 

@@ -184,3 +184,19 @@ async def test_membership_runs_on_redis_cluster(tmp_path: Path) -> None:
 def test_ttl_must_cover_two_heartbeats() -> None:
     with pytest.raises(ValueError):
         Membership(None, "a", "h:1", interval=1.0, ttl=1.5)
+
+
+async def test_advertised_services_follow_membership(redis: Any) -> None:
+    """What a node advertises (its RocketMQ endpoint) reaches the others with a new epoch and leaves with it."""
+    a, b = Node(redis, "a"), Node(redis, "b")
+    await a.m.start()
+    await b.m.start()
+    epoch = b.m.epoch
+    b.m.advertise("rocketmq", "10.0.0.2:8081")
+    await until(lambda: a.m.services.get("b") == {"rocketmq": "10.0.0.2:8081"}, what="b's endpoint at a")
+    assert a.m.epoch > epoch
+    assert a.m.services["a"] == {}
+    await b.m.abandon()  # crash: a reaps it
+    await until(lambda: "b" not in a.m.services, what="b's endpoint gone with b")
+    await a.m.leave()
+    assert await redis.hlen("{tw}:members:svc") == 0

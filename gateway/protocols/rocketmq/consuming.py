@@ -3,10 +3,10 @@ gateway group `rmq/<group>/<T>` reading `T/#` (the first-level queue, so a devic
 RocketMQ consumer of topic T), with the subscription's tag or SQL filter as the group's matcher.
 
 ReceiveMessage is one `node.groups.receive` poll; AckMessage settles, ChangeInvisibleDuration moves a claim
-(new receipt handle), ForwardMessageToDeadLetterQueue publishes a copy to `%DLQ%<group>` and settles. Claims,
-cursors and receipt handles are in the store: they survive restarts and are shared by every node. Every
-consumer group keeps FIFO messages' order (one in flight per message group) and holds delay messages until
-their time (`kinds`).
+(new receipt handle), ForwardMessageToDeadLetterQueue publishes a copy to `%DLQ%<group>` and settles. What a push
+consumer receives (`auto_renew`) stays hidden while it works on it (`renewal`). Claims, cursors and receipt
+handles are in the store: they survive restarts and are shared by every node. Every consumer group keeps FIFO
+messages' order (one in flight per message group) and holds delay messages until their time (`kinds`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
-
-from rocketmq.grpc_protocol import service_pb2
 
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
@@ -41,6 +39,8 @@ from .mapping import (
     status,
     timestamp_now,
 )
+from .renewal import Renewals
+from .v2 import service_pb2
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node
@@ -52,7 +52,7 @@ DLQ_PREFIX = "%DLQ%"
 MAX_BATCH = 64  # messages per ReceiveMessage (larger requests are served 64 at a time)
 MIN_INVISIBLE_MS = 1000
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
-DEFAULT_INVISIBLE_MS = 60_000  # a push consumer (auto_renew) names none; there is no automatic renewal
+DEFAULT_INVISIBLE_MS = 60_000  # a simple consumer that names none (push consumers: rocketmq_push_invisible_seconds)
 MAX_LONG_POLL_S = 30.0
 POLL_MARGIN_S = 0.5  # answer this long before the call's deadline
 DLQ_HOLD_MS = 60_000  # a message being dead-lettered stays hidden this long if the gateway dies meanwhile
@@ -80,6 +80,9 @@ class Consuming:
         self._known: dict[str, tuple[int, str]] = {}  # group name -> the filter its matcher was made from
         self._declaring = asyncio.Lock()
         self._requeues: set[asyncio.Task[Any]] = set()
+        self._streams: dict[str, int] = {}  # client id -> its telemetry streams open here
+        self.renewals = Renewals(node.groups.requeue, node.clock, self.settings.rocketmq_push_invisible_seconds * 1000,
+                                 self.settings.rocketmq_renew_max_seconds * 1000)
 
     # --- subscriptions ---------------------------------------------------------------------------------------
     async def subscribe(self, group: str, topic: str, filter_type: int, expression: str) -> str | Refusal:
@@ -127,7 +130,9 @@ class Consuming:
         if isinstance(name, Refusal):
             yield service_pb2.ReceiveMessageResponse(status=status(name.code, name.reason))
             return
-        if request.HasField("invisible_duration"):
+        if request.auto_renew:  # a push consumer: hidden while it works on it, however long (renewal)
+            invisible_ms = self.renewals.invisible_ms
+        elif request.HasField("invisible_duration"):
             invisible_ms = duration_ms(request.invisible_duration)
             if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
                 yield service_pb2.ReceiveMessageResponse(status=status(
@@ -151,6 +156,8 @@ class Consuming:
             for delivery in deliveries:
                 yield service_pb2.ReceiveMessageResponse(message=outbound(delivery.message, delivery.claim, to))
                 sent += 1
+                if request.auto_renew:
+                    self.renewals.hold(name, caller.client_id, [delivery.claim])
             yield service_pb2.ReceiveMessageResponse(delivery_timestamp=timestamp_now(
                 int(self.node.clock.time() * 1000)))
         finally:
@@ -181,7 +188,7 @@ class Consuming:
             return service_pb2.AckMessageResponse(status=status(Code.BAD_REQUEST,
                                                                 f"over {MAX_ACK_ENTRIES} entries in one ack"))
         parsed = [parse_receipt_handle(name, entry.receipt_handle) for entry in request.entries]
-        valid = [handle for handle in parsed if handle is not None]
+        valid = await self.renewals.settle(name, [handle for handle in parsed if handle is not None])
         settled = set(await self.node.groups.ack(name, valid)) if valid else set()
         response = service_pb2.AckMessageResponse()
         codes = set()
@@ -203,7 +210,8 @@ class Consuming:
             return service_pb2.ChangeInvisibleDurationResponse(status=status(
                 Code.ILLEGAL_INVISIBLE_TIME, "invisible duration must be 0 to 12 h"))
         handle = parse_receipt_handle(name, request.receipt_handle)
-        claims = await self.node.groups.requeue(name, [handle], delay_ms) if handle is not None else []
+        claims = await self.node.groups.requeue(name, await self.renewals.settle(name, [handle]),
+                                                delay_ms) if handle is not None else []
         if not claims:
             return service_pb2.ChangeInvisibleDurationResponse(status=status(
                 Code.INVALID_RECEIPT_HANDLE, "receipt handle expired or unknown"))
@@ -220,7 +228,8 @@ class Consuming:
         if isinstance(name, Refusal):
             return response(status=status(name.code, name.reason))
         handle = parse_receipt_handle(name, request.receipt_handle)
-        claims = await self.node.groups.requeue(name, [handle], DLQ_HOLD_MS) if handle is not None else []
+        claims = await self.node.groups.requeue(name, await self.renewals.settle(name, [handle]),
+                                                DLQ_HOLD_MS) if handle is not None else []
         if not claims:
             return response(status=status(Code.INVALID_RECEIPT_HANDLE, "receipt handle expired or unknown"))
         held = (claims[0].seq, claims[0].token)
@@ -240,7 +249,25 @@ class Consuming:
         await self.node.groups.ack(name, [held])
         return response(status=status(Code.OK))
 
+    def client_gone(self, client_id: str) -> None:
+        """The client left this node: what it was working on goes to other consumers shortly."""
+        self._streams.pop(client_id, None)
+        self.renewals.client_gone(client_id)
+
+    def stream_opened(self, client_id: str) -> None:
+        self._streams[client_id] = self._streams.get(client_id, 0) + 1
+
+    def stream_closed(self, client_id: str) -> None:
+        """A telemetry stream ended: with the client's last one on this node, the client is gone (a client
+        rebuilding its stream may open the new one first)."""
+        left = self._streams.get(client_id, 1) - 1
+        if left > 0:
+            self._streams[client_id] = left
+        else:
+            self.client_gone(client_id)
+
     async def stop(self) -> None:
+        await self.renewals.stop()
         if self._requeues:
             await asyncio.wait(self._requeues, timeout=STOP_WAIT_S)
 

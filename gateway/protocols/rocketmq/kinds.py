@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rocketmq.grpc_protocol import definition_pb2
-
 from tidewire.store.base import Message
 from tidewire.store.properties import Properties
 
 from .mapping import DELIVER_AT_PROPERTY, MESSAGE_GROUP_PROPERTY, Code, Refusal
+from .v2 import definition_pb2
 
 MAX_MESSAGE_GROUP = 64  # characters of a message group (RocketMQ's maxMessageGroupSize)
 _GROUP_BYTES = MESSAGE_GROUP_PROPERTY.encode()

@@ -22,10 +22,11 @@ from typing import Any, NamedTuple
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from rocketmq.grpc_protocol import definition_pb2
 
 from tidewire.store.base import Claim, Message
 from tidewire.store.properties import Properties
+
+from .v2 import definition_pb2
 
 Code = definition_pb2.Code
 TAG_PROPERTY = "TAGS"

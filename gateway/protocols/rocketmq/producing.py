@@ -17,8 +17,6 @@ import asyncio
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
-
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.core.held_keys import HeldKeys
@@ -28,6 +26,7 @@ from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 from .kinds import inbound_kind
 from .mapping import Code, Refusal, inbound, message_id, status
 from .transactions import HALF_PREFIX, Transactions, half_topic, transaction_id
+from .v2 import definition_pb2, service_pb2
 
 if TYPE_CHECKING:
     from tidewire.gateway.core.publish_hooks import PublishHooks

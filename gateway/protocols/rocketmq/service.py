@@ -1,9 +1,10 @@
 """The `apache.rocketmq.v2.MessagingService` servicer: authenticates every call, answers routes, settings and
 heartbeats, and hands sends to `producing` and consumer calls to `consuming`.
 
-Each topic has one queue (id 0, READ_WRITE, NORMAL, FIFO, DELAY and TRANSACTION messages) on this node's
-endpoint: every node serves every topic and consumer group from the shared store, so a client needs no other
-broker. Errors are RocketMQ status
+A route lists one queue (id 0, READ_WRITE; NORMAL, FIFO, DELAY and TRANSACTION messages) per live node, on the
+RocketMQ endpoint that node advertises (`Topology.advertised`): every node serves every topic and consumer group
+from the shared store, so producers and consumers spread over the cluster, and leave a node when it dies (its
+queue drops out of the next route and assignment). Alone, the route is this node. Errors are RocketMQ status
 codes in the response, never gRPC errors; what the gateway does not do (recall, pull and offset calls, lite
 topics) answers UNSUPPORTED. FIFO and delay messages: `kinds`; transactions: `transactions`.
 """
@@ -18,9 +19,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
 
-from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
-
 from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.core.topology import Topology
 
 from .admission import ClientAdmission
 from .auth import Authenticator
@@ -28,6 +28,7 @@ from .consuming import MAX_LONG_POLL_S, Consuming, may_read
 from .mapping import Code, Refusal, bad_name, set_ms, status
 from .producing import Producing
 from .transactions import ProducerStream
+from .v2 import definition_pb2, service_pb2, service_pb2_grpc
 
 log = logging.getLogger("tidewire.rocketmq")
 
@@ -36,10 +37,12 @@ PRODUCER_BACKOFF_MS = (10, 1000)  # first and longest pause between send attempt
 CONSUMER_MAX_ATTEMPTS = 16
 # Push consumers' redelivery delays after a failed consumption (RocketMQ's defaults, in seconds).
 CONSUMER_BACKOFF_S = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800)
+MAX_PARSED = 1024  # other nodes' endpoints kept parsed
 RECEIVE_BATCH = 32  # what push consumers are told to ask for
 DEFAULT_LONG_POLL_S = 20
 UNSUPPORTED = "not supported by this gateway"
 ACCEPTED_TYPES = (definition_pb2.NORMAL, definition_pb2.FIFO, definition_pb2.DELAY, definition_pb2.TRANSACTION)
+SERVICE = "rocketmq"  # the name a node advertises its endpoint under (`Topology.advertise`)
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
@@ -77,7 +80,7 @@ def endpoints_of(address: str) -> Any:
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, consuming: Consuming, producing: Producing, auth: Authenticator, clients: ClientAdmission,
-                 endpoint: str, broker_name: str, advertise_requested: bool) -> None:
+                 endpoint: str, broker_name: str, advertise_requested: bool, topology: Topology) -> None:
         self.consuming = consuming
         self.producing = producing
         self.auth = auth
@@ -85,6 +88,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.endpoints = endpoints_of(endpoint)
         self.broker_name = broker_name
         self.advertise_requested = advertise_requested  # listening on a wildcard address: echo what was dialled
+        self.topology = topology
+        self._parsed: dict[str, Any] = {}  # another node's advertised address -> its Endpoints (None: unusable)
         self.settings = consuming.settings
 
     def caller(self, context: Any) -> ClientInfo | Any:
@@ -105,12 +110,28 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return status(Code.TOO_MANY_REQUESTS, refusal.detail)
         return caller
 
-    def _queue(self, topic: Any, requested: Any) -> Any:
-        endpoints = requested if self.advertise_requested and requested.addresses else self.endpoints
-        return definition_pb2.MessageQueue(
-            topic=definition_pb2.Resource(name=topic.name, resource_namespace=topic.resource_namespace), id=0,
-            permission=definition_pb2.READ_WRITE, accept_message_types=ACCEPTED_TYPES,
-            broker=definition_pb2.Broker(name=self.broker_name, id=0, endpoints=endpoints))
+    def _queues(self, topic: Any, requested: Any) -> list[Any]:
+        """This node's queue and every other live node's, by node id."""
+        brokers = {self.broker_name: requested if self.advertise_requested and requested.addresses
+                   else self.endpoints}
+        for node, address in self.topology.advertised(SERVICE).items():
+            if node != self.broker_name and (endpoints := self._endpoints(address)) is not None:
+                brokers[node] = endpoints
+        resource = definition_pb2.Resource(name=topic.name, resource_namespace=topic.resource_namespace)
+        return [definition_pb2.MessageQueue(
+            topic=resource, id=0, permission=definition_pb2.READ_WRITE, accept_message_types=ACCEPTED_TYPES,
+            broker=definition_pb2.Broker(name=node, id=0, endpoints=brokers[node])) for node in sorted(brokers)]
+
+    def _endpoints(self, address: str) -> Any:
+        if address not in self._parsed:
+            if len(self._parsed) > MAX_PARSED:
+                self._parsed.clear()
+            try:
+                self._parsed[address] = endpoints_of(address)
+            except ValueError:  # what another node advertised is not host:port: leave it out of routes
+                log.warning("rocketmq.bad_endpoint", extra={"endpoint": address})
+                self._parsed[address] = None
+        return self._parsed[address]
 
     # --- routes, sessions ------------------------------------------------------------------------------------
     @_unary(service_pb2.QueryRouteResponse)
@@ -119,7 +140,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return service_pb2.QueryRouteResponse(status=status(
                 Code.ILLEGAL_TOPIC, "a topic is one MQTT topic level: no '/', '+', '#', 1 to 255 characters"))
         return service_pb2.QueryRouteResponse(status=status(Code.OK),
-                                              message_queues=[self._queue(request.topic, request.endpoints)])
+                                              message_queues=self._queues(request.topic, request.endpoints))
 
     @_unary(service_pb2.QueryAssignmentResponse)
     async def QueryAssignment(self, caller: ClientInfo, request: Any, context: Any) -> Any:
@@ -127,9 +148,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return service_pb2.QueryAssignmentResponse(status=status(Code.BAD_REQUEST, "bad topic or group"))
         if not may_read(self.consuming.node, caller, request.topic.name):
             return service_pb2.QueryAssignmentResponse(status=status(Code.FORBIDDEN, "may not read this topic"))
-        queue = self._queue(request.topic, request.endpoints)
-        return service_pb2.QueryAssignmentResponse(status=status(Code.OK),
-                                                   assignments=[definition_pb2.Assignment(message_queue=queue)])
+        queues = self._queues(request.topic, request.endpoints)
+        return service_pb2.QueryAssignmentResponse(status=status(Code.OK), assignments=[
+            definition_pb2.Assignment(message_queue=queue) for queue in queues])
 
     @_unary(service_pb2.HeartbeatResponse)
     async def Heartbeat(self, caller: ClientInfo, request: Any, context: Any) -> Any:
@@ -138,6 +159,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     @_unary(service_pb2.NotifyClientTerminationResponse)
     async def NotifyClientTermination(self, caller: ClientInfo, request: Any, context: Any) -> Any:
         self.clients.forget(caller.client_id)
+        self.consuming.client_gone(caller.client_id)
         return service_pb2.NotifyClientTerminationResponse(status=status(Code.OK))
 
     async def Telemetry(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
@@ -148,6 +170,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             yield service_pb2.TelemetryCommand(status=caller)
             return
         stream = ProducerStream(caller)
+        self.consuming.stream_opened(caller.client_id)
         reader = asyncio.get_running_loop().create_task(self._read_telemetry(stream, requests))
         try:
             while (command := await stream.out.get()) is not None:
@@ -155,6 +178,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         finally:
             reader.cancel()
             self.producing.transactions.closed(stream)
+            # the client left (or died): a push consumer's messages are no longer renewed for it
+            self.consuming.stream_closed(caller.client_id)
 
     async def _read_telemetry(self, stream: ProducerStream, requests: AsyncIterator[Any]) -> None:
         try:

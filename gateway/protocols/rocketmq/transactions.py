@@ -22,8 +22,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from rocketmq.grpc_protocol import definition_pb2, service_pb2
-
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.core.group_reader import Delivery
@@ -32,6 +30,7 @@ from tidewire.store.base import PROTOCOL_ROCKETMQ, Claim, GroupRecord, Message
 from tidewire.store.properties import Properties
 
 from .mapping import Code, Outbound, bad_name, outbound, split_topic, status
+from .v2 import definition_pb2, service_pb2
 
 if TYPE_CHECKING:
     from tidewire.gateway.node import Node

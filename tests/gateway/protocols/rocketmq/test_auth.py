@@ -12,6 +12,7 @@ from rocketmq.v5.exception import ForbiddenException
 from rocketmq.v5.util.signature import Signature
 
 from tests.integration.conftest import Gateway, PahoFactory
+from tests.waiting import wait_until
 
 from .conftest import Clients, message, write_credentials
 
@@ -86,3 +87,21 @@ def test_acl_per_access_key(rmq_gateway: Callable[..., Gateway], tmp_path: Path,
     unreadable = clients.consumer(gw, "g", "T", ak="ak1", sk=SECRET, wait_declared=False)
     with pytest.raises(ForbiddenException):
         unreadable.receive(1, 10)
+
+
+@pytest.mark.slow  # its own gateway
+def test_sighup_reloads_the_access_keys(rmq_gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    """As the MQTT password file: SIGHUP reads the credentials file again; one that fails keeps the keys."""
+    path = write_credentials(tmp_path / "rocketmq.credentials", {"ak1": SECRET})
+    gw = rmq_gateway(env={"TIDEWIRE_ROCKETMQ_CREDENTIALS_FILE": str(path)})
+    assert route_status(gw, "ak1", SECRET) == Code.OK
+    assert route_status(gw, "ak3", "third-secret") == Code.UNAUTHORIZED
+    write_credentials(path, {"ak3": "third-secret"})  # ak1 revoked, ak3 added
+    gw.reload()
+    wait_until(lambda: route_status(gw, "ak3", "third-secret") == Code.OK, what="ak3 accepted after SIGHUP")
+    assert route_status(gw, "ak1", SECRET) == Code.UNAUTHORIZED
+    path.write_text("not a credentials line\n")
+    gw.reload()
+    wait_until(lambda: "event=reload.failed" in gw.stderr, what="the failed reload logged")
+    assert route_status(gw, "ak3", "third-secret") == Code.OK  # the previous keys stay
+    assert "third-secret" not in gw.stderr

@@ -38,9 +38,14 @@ def now_ms() -> int:
 
 
 def receive_when_due(consumer: SimpleConsumer, due_ms: int) -> tuple[list[Message], int]:
-    """Poll until something comes (or well past the due time); what came and when (ms)."""
+    """Poll until something comes (or well past the due time); what came and when (ms). A receive from a node
+    that was just killed fails: routes list it until the cluster declares it dead, and the client polls each
+    queue of the route in turn."""
     while now_ms() < due_ms + LATE_MS + 10_000:
-        got = consumer.receive(4, 30)
+        try:
+            got = consumer.receive(4, 30)
+        except Exception:  # the client raises its own and gRPC's errors for a dead endpoint
+            continue
         if got:
             return got, now_ms()
     return [], now_ms()
@@ -70,10 +75,14 @@ def test_a_delay_message_comes_at_its_time_after_a_restart(rmq_gateway: Callable
     assert consumer.receive(4, 30) == []
 
 
-def _claims_in_redis(c: object, group: str) -> int:
+def _claim_owner(c: object, group: str) -> str | None:
+    """The node holding the group's one pending claim in Redis (`:gp:` "deliveries token visible_at owner")."""
     client = c._client()  # type: ignore[attr-defined]
     try:
-        return sum(int(client.hlen(key)) for key in client.scan_iter(match=f"*:gp:{group}"))
+        for key in client.scan_iter(match=f"*:gp:{group}"):
+            for value in client.hvals(key):
+                return str(value.decode().split()[3])
+        return None
     finally:
         client.close()
 
@@ -82,22 +91,25 @@ def _claims_in_redis(c: object, group: str) -> int:
 @pytest.mark.skipif(not redis_server.available(), reason="a cluster needs redis-server")
 def test_a_delay_message_comes_at_its_time_after_its_node_is_killed(cluster: ClusterFactory,  # noqa: F811
                                                                      clients: Clients) -> None:
+    """The node that claimed a delay message (hidden until due) is killed before the due time: another node
+    hands it out at its time. (Routes list every node: which one the poll reaches, and claims on, is the
+    client's choice, so the test kills whichever holds the claim.)"""
     c = cluster(3)
-    n1, n2, _ = c.nodes
     for node in c.nodes:
         wait_port(node.rocketmq_port)
-    first = clients.consumer(n1, "d", "t", await_s=20)
-    producer = clients.producer(n1, ["t"])
-    with ThreadPoolExecutor(1) as pool:
-        polling = pool.submit(first.receive, 4, 30)  # n1 claims the message, hidden until due
-        due = due_at()
-        producer.send(delayed("t", b"later", due))
-        wait_until(lambda: _claims_in_redis(c, "rmq/d/t") == 1, timeout=5, what="n1's claim in the store")
-        c.kill9(n1)
-        with pytest.raises(Exception):  # noqa: B017 - the node died under the poll
-            polling.result(timeout=10)
+    first = clients.consumer(c.nodes[0], "d", "t", await_s=20)
+    producer = clients.producer(c.nodes[0], ["t"])
+    pool = ThreadPoolExecutor(1)
+    pool.submit(first.receive, 4, 30)  # the node polled claims the message, hidden until due
+    due = due_at()
+    producer.send(delayed("t", b"later", due))
+    wait_until(lambda: _claim_owner(c, "rmq/d/t") is not None, timeout=5, what="the claim in the store")
+    owner = next(n for n in c.nodes if n.node_id == _claim_owner(c, "rmq/d/t"))
+    c.kill9(owner)
+    pool.shutdown(wait=False)  # a poll on a live node may go on until its long-poll ends
     assert now_ms() < due  # the test kills before the due time, or it proves nothing
-    second = clients.consumer(n2, "d", "t", await_s=2, wait_declared=False)
+    survivor = next(n for n in c.nodes if n is not owner)
+    second = clients.consumer(survivor, "d", "t", await_s=2, wait_declared=False)
     got, arrived = receive_when_due(second, due)
     assert [(m.body, m.delivery_timestamp) for m in got] == [(b"later", due)], c.logs()
     assert due <= arrived <= due + LATE_MS
