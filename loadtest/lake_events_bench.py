@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -73,22 +74,33 @@ async def _connect(port: int, client_id: str, counters: Counters) -> MqttConn:
     return await connect("127.0.0.1", port, client_id, counters)
 
 
-def run(buffer: int, messages: int, subscribers: int, timeout: float) -> str:
+@dataclass(frozen=True, slots=True)
+class Result:
+    buffer: int
+    produced: int  # delivery events the gateway made: delivered + acked per delivery
+    written: int  # of them in the lake
+    deliveries: int
+    seconds: float
+
+    def line(self) -> str:
+        lost = self.produced - self.written
+        return (f"buffer {self.buffer:>9,}: {self.produced:>9,} delivery events at "
+                f"{self.produced / self.seconds:>9,.0f}/s ({self.deliveries / self.seconds:,.0f} deliveries/s): "
+                f"written {self.written:>9,}, lost {lost:>9,} ({lost / self.produced:.1%})")
+
+
+def run(buffer: int, messages: int, subscribers: int, timeout: float, core: int | None = servers.SERVER_CORE
+        ) -> Result:
     lake = Path(tempfile.mkdtemp(prefix="lake-events-bench-"))
     try:
-        server = servers.start_tidewire(extra_env={
+        server = servers.start_tidewire(core=core, extra_env={
             "TIDEWIRE_LAKE_DIR": str(lake), "TIDEWIRE_LAKE_BRIDGE": "false", "TIDEWIRE_LAKE_EVENTS_BUFFER": str(buffer),
             "TIDEWIRE_SYS_EVENTS": "false"})
         try:
             elapsed = asyncio.run(flood(server.port, messages, subscribers, timeout))
         finally:
             server.stop(timeout=30)
-        produced = 2 * messages * subscribers
-        written = delivery_rows(lake)
-        lost = produced - written
-        return (f"buffer {buffer:>9,}: {produced:>9,} delivery events at {produced / elapsed:>9,.0f}/s "
-                f"({messages * subscribers / elapsed:,.0f} deliveries/s): written {written:>9,}, lost {lost:>9,} "
-                f"({lost / produced:.1%})")
+        return Result(buffer, 2 * messages * subscribers, delivery_rows(lake), messages * subscribers, elapsed)
     finally:
         shutil.rmtree(lake, ignore_errors=True)
 
@@ -103,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
         os.sched_setaffinity(0, {LOAD_CORE})
     for buffer in (int(b) for b in args.buffers.split(",")):
-        print(run(buffer, args.messages, args.subscribers, args.timeout), flush=True)
+        print(run(buffer, args.messages, args.subscribers, args.timeout).line(), flush=True)
     return 0
 
 
