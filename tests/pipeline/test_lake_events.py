@@ -158,3 +158,20 @@ def test_a_full_buffer_counts_every_event_it_drops(gateway_factory: GatewayFacto
     while (value := int(watcher.get(timeout=5).payload)) != dropped and time.monotonic() < deadline:
         pass
     assert value == dropped
+
+
+def test_a_graceful_stop_writes_the_events_of_its_own_disconnects(gateway_factory: GatewayFactory,
+                                                                   paho_factory: PahoFactory, tmp_path: Path) -> None:
+    """A stopping node disconnects its MQTT clients after the backends stopped: their `disconnected` events
+    (and the acks of the drain) still reach the lake. Counts: one disconnected per client, none missing."""
+    lake = tmp_path / "lake"
+    gw = gateway_factory(env={"TIDEWIRE_LAKE_DIR": str(lake), **EXPORTER, "TIDEWIRE_SYS_EVENTS": "false"})
+    names = [f"stay-{i}" for i in range(3)]
+    for name in names:
+        paho_factory(gw.port, name).connect()
+    gw.stop()
+    rows = lake_events(lake)
+    disconnected = Counter(r["client_id"] for r in rows if r["event"] == "disconnected")
+    connected = Counter(r["client_id"] for r in rows if r["event"] == "connected")
+    assert connected == Counter(names)
+    assert disconnected == Counter(names), f"missing: {sorted(set(names) - set(disconnected))}"
