@@ -46,7 +46,7 @@ class Unacked(NamedTuple):
     consumer: AmqpConsumer | None  # None: a Basic.Get
     due: float  # the consumer timeout: monotonic time by which it must be acked
     topic: str  # the message's, for its `acked` event
-    queue: str
+    queue: str  # its name as the client knows it (`group` is the store's), for its events
 
 
 class AmqpConsumer:
