@@ -69,6 +69,25 @@ class NodeCollector(Collector):
         yield from self._internals(node)
         yield from self._bridges()
         yield from self._rules()
+        yield from self._lake_events(node)
+
+    @staticmethod
+    def _lake_events(node: Node) -> Iterator[Metric]:
+        """The lake's event buffer (`--lake` only): what it took, holds, and lost by reason (a crash's loss, at
+        most the buffered level then, is never counted)."""
+        events = node.events
+        if events is None:
+            return
+        yield CounterMetricFamily(f"{PREFIX}_lake_events_recorded", "Events taken into the lake's event buffer.",
+                                  value=events.recorded)
+        yield GaugeMetricFamily(f"{PREFIX}_lake_events_buffered", "Events in the buffer, not yet taken by the "
+                                "exporter.", value=len(events.items))
+        dropped = CounterMetricFamily(f"{PREFIX}_lake_events_dropped", "Events that will never reach the lake, by "
+                                      "reason: buffer_full (the exporter fell behind), write_failed.",
+                                      labels=["reason"])
+        for reason, count in sorted(events.losses().items()):
+            dropped.add_metric([reason], count)
+        yield dropped
 
     def _rules(self) -> Iterator[Metric]:
         engine = self.endpoints.rules if self.endpoints is not None else None

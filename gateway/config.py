@@ -342,7 +342,8 @@ class LakeSettings(BaseModel):
     lake_flush_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="payload bytes buffered before a flush")
     lake_flush_seconds: float = Field(5.0, gt=0, description="s a buffered row may wait (bounds the lag)")
     lake_events_buffer: int = Field(1_000_000, ge=1, description="events held for the exporter; more are "
-                                    "counted as dropped, never waited for")
+                                    "dropped, never waited for (counted: tidewire_lake_events_dropped_total"
+                                    "{reason=\"buffer_full\"})")
 
 
 class BridgeSection(BaseModel):

@@ -175,8 +175,9 @@ def bridge_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
 
 class LakeRunner:
     """`--lake` as a backend of the node: the events exporter in-process, and the log's bridge as a supervised
-    child process (restarted after a crash; it resumes from its checkpoint). Stopped, flushed and committed
-    before the node stops."""
+    child process (restarted after a crash; it resumes from its checkpoint). The bridge is stopped, flushed and
+    committed before the node stops (`stop`); the exporter after it (`finish`), so the events of the node's own
+    stopping (its clients' disconnects, the drain's acks) reach the lake too."""
 
     def __init__(self, events: Any, bridge: tuple[list[str], dict[str, str]] | None, clock: Clock) -> None:
         self.events = events
@@ -223,6 +224,11 @@ class LakeRunner:
             except TimeoutError:
                 proc.kill()  # its checkpoint keeps what it committed; the next run resumes there
                 await proc.wait()
+        await asyncio.gather(*self._tasks[1:], return_exceptions=True)
+
+    async def finish(self) -> None:
+        """After the node stopped: the exporter's last flush."""
+        self._stopping = True
         await self.events.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 

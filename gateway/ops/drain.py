@@ -8,6 +8,8 @@
    then disconnect them, `DISCONNECT_BATCH` per event-loop turn: 5.0 clients get DISCONNECT 0x8B (Server shutting
    down), or 0x9C (Use another server) with the Server Reference when `server_reference` is set; 3.1.1 clients
    see the connection closed. Then it flushes: wills, session records, offsets, the last appends and their acks.
+   Then what records the node's own stopping finishes (`finish`: the lake's events exporter writes the
+   disconnects and acks of step 3).
 4. Leave the cluster (the others re-balance at once instead of after the member TTL), after the clients are gone:
    a client reconnecting elsewhere has its old node answer the takeover kick meanwhile.
 5. Close the store.
@@ -34,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tidewire.gateway.core.clock import Clock
 from tidewire.gateway.protocols.mqtt.codec import PropertyId, ReasonCode
@@ -64,6 +66,11 @@ class _Closable(Protocol):
 
 class _Stoppable(Protocol):
     async def stop(self) -> None: ...
+
+
+@runtime_checkable
+class _Finishing(Protocol):
+    async def finish(self) -> None: ...
 
 
 class _Store(Protocol):
@@ -169,6 +176,10 @@ async def drain(node: Node, listeners: Sequence[_Closable], backends: Sequence[_
     if not await budget.run("stop node", node.stop(reason, properties, timeout=max(0.0, budget.left() - reserve)),
                             budget.left() - reserve / 2):
         cut.append("node")
+    for backend in backends:
+        if isinstance(backend, _Finishing) and not await budget.run(f"finish {type(backend).__name__}",
+                                                                    backend.finish(), budget.left() / 2):
+            cut.append(type(backend).__name__)
     if fabric is not None and not await budget.run("leave cluster", fabric.stop(), budget.left() / 2):
         cut.append("cluster")
     if not await budget.run("close store", store.close()):

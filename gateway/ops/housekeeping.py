@@ -100,4 +100,13 @@ def gauges(node: Node) -> dict[str, int]:
             "queues/local": len(subscriptions.readers),
             "queues/wildcard": len(subscriptions.wildcards),
             "shared/groups": len(subscriptions.groups),
-            **node.topology.gauges()}
+            **node.topology.gauges(), **lake_gauges(node)}
+
+
+def lake_gauges(node: Node) -> dict[str, int]:
+    """The lake's event buffer (`--lake` only): `lake/events/recorded`, `lake/events/dropped/<reason>`."""
+    events = node.events
+    if events is None:
+        return {}
+    return {"lake/events/recorded": events.recorded,
+            **{f"lake/events/dropped/{reason}": count for reason, count in events.losses().items()}}

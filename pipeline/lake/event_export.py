@@ -2,9 +2,11 @@
 
 Files are `events/dt=YYYY-MM-DD/hour=HH/<node>-<first time ms>-<n>.parquet` (`n` counts this exporter's files),
 each written under a leading-dot name, synced and renamed. Events are AT MOST ONCE: they live only in the
-gateway's memory until a flush, so a crash (or kill -9) loses what was buffered, and a full buffer drops new
-events (counted in `buffer.dropped`, reported by `stats()`). They are observations for analytics, not data: the
-messages themselves are exported exactly once from the log.
+gateway's memory until a flush, so a crash (or kill -9) loses what was buffered (uncounted: at most the
+`buffered` of `stats()` at that moment), a full buffer drops new events (`buffer.dropped`) and a failed conversion
+or write loses what it held (`buffer.failed`); both counted, in `stats()` and in the node's
+tidewire_lake_events_dropped_total. They are observations for analytics, not data: the messages themselves are
+exported exactly once from the log.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ class EventExporter:
         self.rows = 0
         self.files = 0
         self.flushes = 0
-        self.failed = 0  # events lost to a failed write
         self._seq = 0
         self._tables: list[pa.Table] = []  # converted, not yet written
         self._converted = 0
@@ -81,9 +82,16 @@ class EventExporter:
 
     async def _convert(self) -> None:
         events = self.buffer.drain()
-        if events:
-            self._tables.append(await asyncio.to_thread(events_table, events, self.node))
-            self._converted += len(events)
+        if not events:
+            return
+        try:
+            table = await asyncio.to_thread(events_table, events, self.node)
+        except Exception as e:  # a bad event must not stop the exporter (the buffer would only fill up)
+            self.buffer.lost(len(events))
+            log.error("lake: converting %d events failed (lost): %s", len(events), e)
+            return
+        self._tables.append(table)
+        self._converted += len(events)
 
     async def flush(self) -> int:
         """Write what the buffer holds now; returns how many events were written."""
@@ -95,7 +103,7 @@ class EventExporter:
         try:
             written = await asyncio.to_thread(self._write, tables)
         except Exception as e:
-            self.failed += count
+            self.buffer.lost(count)
             log.error("lake: writing %d events failed (lost): %s", count, e)
             return 0
         self.rows += count
@@ -120,5 +128,5 @@ class EventExporter:
         return len(write_split(table, self.lake / EVENTS, "time", name, self.compression))
 
     def stats(self) -> dict[str, Any]:
-        return {"rows": self.rows, "files": self.files, "flushes": self.flushes, "failed": self.failed,
+        return {"rows": self.rows, "files": self.files, "flushes": self.flushes, "failed": self.buffer.failed,
                 "dropped": self.buffer.dropped, "buffered": len(self.buffer.items) + self._converted}

@@ -178,8 +178,10 @@ def messages_table(records: Sequence[LogRecord], json_cap: int = MAX_JSON_NUMBER
     return pa.Table.from_arrays(columns, schema=MESSAGES_SCHEMA)
 
 
-# gateway.core.event_buffer.Event: (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail)
-EventTuple = tuple[str, int, str, str, str | None, int | None, int | None, bool, str | None, str | None]
+# gateway.core.event_buffer.Event: (event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail,
+# consumer_group, consumer_tag)
+EventTuple = tuple[str, int, str, str, str | None, int | None, int | None, bool, str | None, str | None, str | None,
+                   str | None]
 
 
 def events_table(events: Iterable[EventTuple], node: str) -> pa.Table:
@@ -188,7 +190,7 @@ def events_table(events: Iterable[EventTuple], node: str) -> pa.Table:
     rows = list(events)
     if not rows:
         return EVENTS_SCHEMA.empty_table()
-    event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail = zip(*rows, strict=True)
+    event, time_ms, client_id, protocol, topic, position, qos, dup, reason, detail, group, tag = zip(*rows, strict=True)
     columns = [
         pa.array(time_ms, _TS),
         pa.array(event, pa.string()),
@@ -201,5 +203,7 @@ def events_table(events: Iterable[EventTuple], node: str) -> pa.Table:
         pa.array(dup, pa.bool_()),
         pa.array(reason, pa.string()),
         pa.array(detail, pa.string()),
+        pa.array(group, pa.string()),
+        pa.array(tag, pa.string()),
     ]
     return pa.Table.from_arrays(columns, schema=EVENTS_SCHEMA)

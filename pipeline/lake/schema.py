@@ -52,6 +52,12 @@ MESSAGES_SCHEMA = pa.schema([
 # code in reason); unsubscribed: topic = the filter; delivered: position, topic, qos, dup = a resend (a retry);
 # acked: PUBACK / PUBCOMP for that delivery; dropped: position, topic, reason = expired, too_large,
 # not_authorized (a refused publish: no position).
+# protocol says who consumed: "mqtt" (client_id: the MQTT client id), "amqp" (client_id: the connection's id, as
+# in the messages' client_id; consumer_group: the queue; consumer_tag: the Basic.Consume tag, null for a Basic.Get),
+# "rocketmq" (client_id: the client's id; consumer_group: the consumer group; acked: topic = the RocketMQ topic).
+# AMQP and RocketMQ record delivered (qos null; dup = a redelivery) and acked (a settled Basic.Ack, an AckMessage);
+# an AMQP reject without requeue is dropped, reason rejected. consumer_group and consumer_tag are null for MQTT
+# (and in files written before they existed: read with this schema, not the first file's).
 
 EVENTS_SCHEMA = pa.schema([
     ("time", _TS),
@@ -65,4 +71,6 @@ EVENTS_SCHEMA = pa.schema([
     ("dup", pa.bool_()),
     ("reason", pa.string()),
     ("detail", pa.string()),
+    ("consumer_group", pa.string()),
+    ("consumer_tag", pa.string()),
 ])

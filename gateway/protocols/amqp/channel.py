@@ -370,7 +370,8 @@ class Channel:
         queues.touch(found.name)
         await self._learn_exchanges(found)
         await queues.backlog.trim(found)
-        await self.deliveries.get(found.name, bool(method.no_ack), lambda: queues.ready_count(found))
+        await self.deliveries.get(found.name, str(found.attrs.get("queue", method.queue)), bool(method.no_ack),
+                                  lambda: queues.ready_count(found))
         return None
 
     async def _ack(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:

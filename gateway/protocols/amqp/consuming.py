@@ -8,6 +8,10 @@ it, Nack/Reject with requeue gives it back (redelivered: the claim's delivery co
 requeue dead-letters it (`dead_letters`, reason `rejected`) and settles it. Closing the channel requeues what
 it left unacked.
 
+With the lake on (`node.events`), each Basic.Deliver / Get-Ok is recorded as `delivered` (dup: a redelivery), each
+settled Ack as `acked` and each reject without requeue as `dropped` (reason `rejected`), under the connection's
+id with the queue and the consumer tag (`pipeline.lake.schema`).
+
 Consumer timeout, as RabbitMQ: a delivery (Basic.Deliver or Get-Ok) not acked within the queue's
 `x-consumer-timeout` or the node's `consumer_timeout` closes the channel with 406 PRECONDITION_FAILED
 (`overdue`, checked on the connection's tick), which requeues what it held. Its claim stays hidden a little
@@ -25,6 +29,7 @@ from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.protocols.amqp.codec import PRECONDITION_FAILED, Fault, Method, fault
 from tidewire.gateway.protocols.amqp.dead_letters import REJECTED
 from tidewire.gateway.protocols.amqp.mapping import origin, properties_out
+from tidewire.pipeline.lake.event_names import ACKED, DELIVERED, DROPPED
 from tidewire.store.base import Message
 
 if TYPE_CHECKING:
@@ -40,6 +45,8 @@ class Unacked(NamedTuple):
     token: int
     consumer: AmqpConsumer | None  # None: a Basic.Get
     due: float  # the consumer timeout: monotonic time by which it must be acked
+    topic: str  # the message's, for its `acked` event
+    queue: str  # its name as the client knows it (`group` is the store's), for its events
 
 
 class AmqpConsumer:
@@ -106,13 +113,20 @@ class Deliveries:
             return
         settled: list[tuple[int, int]] = []
         due = conn.clock.monotonic() + self._timeout_ms(consumer.group) / 1000
+        events = conn.node.events
+        now_ms = int(conn.clock.time() * 1000)
         for message, claim in batch:
             tag = self._tag()
-            self._send(Basic.Deliver(consumer.tag, tag, claim.deliveries > 1, *self._origin(message.topic)), message)
+            redelivered = claim.deliveries > 1
+            self._send(Basic.Deliver(consumer.tag, tag, redelivered, *self._origin(message.topic)), message)
+            if events is not None:
+                events.add(DELIVERED, now_ms, conn.id, "amqp", message.topic, claim.seq, None, redelivered,
+                           consumer_group=consumer.queue, consumer_tag=consumer.tag)
             if consumer.no_ack:
                 settled.append((claim.seq, claim.token))
             else:
-                self.unacked[tag] = Unacked(consumer.group, claim.seq, claim.token, consumer, due)
+                self.unacked[tag] = Unacked(consumer.group, claim.seq, claim.token, consumer, due, message.topic,
+                                            consumer.queue)
                 consumer.unacked += 1
         if settled:
             conn.spawn(conn.node.groups.ack(consumer.group, settled))
@@ -179,7 +193,7 @@ class Deliveries:
         server.queues.touch(consumer.group)
         await server.queues.leave(consumer.group, consumer.member)  # (an auto-delete queue's last goes with it)
 
-    async def get(self, group: str, no_ack: bool, remaining: Callable[[], Awaitable[int]]) -> None:
+    async def get(self, group: str, queue: str, no_ack: bool, remaining: Callable[[], Awaitable[int]]) -> None:
         """Basic.Get: one message claimed now (Get-Ok counts the ready messages left), or Get-Empty."""
         node = self.conn.node
         timeout_ms = self._timeout_ms(group)
@@ -199,10 +213,15 @@ class Deliveries:
                 await node.groups.requeue(group, [(claim.seq, claim.token)])
             return
         tag = self._tag()
-        self._send(Basic.GetOk(tag, claim.deliveries > 1, *self._origin(message.topic), message_count=count), message)
+        redelivered = claim.deliveries > 1
+        self._send(Basic.GetOk(tag, redelivered, *self._origin(message.topic), message_count=count), message)
+        events = node.events
+        if events is not None:
+            events.add(DELIVERED, int(self.conn.clock.time() * 1000), self.conn.id, "amqp", message.topic, claim.seq,
+                       None, redelivered, consumer_group=queue)
         if not no_ack:
             self.unacked[tag] = Unacked(group, claim.seq, claim.token, None,
-                                        self.conn.clock.monotonic() + timeout_ms / 1000)
+                                        self.conn.clock.monotonic() + timeout_ms / 1000, message.topic, queue)
 
     def qos(self, count: int, shared: bool) -> None:
         if shared:
@@ -226,7 +245,7 @@ class Deliveries:
             if one is None:
                 return fault(PRECONDITION_FAILED, f"unknown delivery tag {tag}", method)
             taken.append(one)
-        await self._give(taken, requeue=bool(requeue))
+        await self._give(taken, requeue=bool(requeue), acked=requeue is None)
         return None
 
     async def recover(self) -> None:
@@ -235,7 +254,7 @@ class Deliveries:
         self.unacked.clear()
         await self._give(taken, requeue=True)
 
-    async def _give(self, taken: list[Unacked], requeue: bool) -> None:
+    async def _give(self, taken: list[Unacked], requeue: bool, acked: bool = False) -> None:
         by_group: dict[str, list[tuple[int, int]]] = {}
         consumers: set[AmqpConsumer] = set()
         for item in taken:
@@ -245,15 +264,34 @@ class Deliveries:
                 consumers.add(item.consumer)
         groups = self.conn.node.groups
         dead_letters = self.conn.server.queues.dead_letters
+        settled: set[int] = set()
         for group, handles in by_group.items():
             record = groups.known(group)
             if requeue:
                 await groups.requeue(group, handles)
-            elif record is not None:
-                await dead_letters.settled(record, handles, REJECTED)
+            elif acked or record is None:
+                settled.update(await groups.ack(group, handles))
             else:
-                await groups.ack(group, handles)
+                await dead_letters.settled(record, handles, REJECTED)
+        if not requeue:
+            self._record_settled(taken, settled if acked else None)
         self._wake(self.consumers.values() if self.channel_prefetch else consumers)
+
+    def _record_settled(self, taken: list[Unacked], acked: set[int] | None) -> None:
+        """`acked` for what an Ack settled (a lapsed claim's ack settles nothing: not recorded), else `dropped`
+        (rejected without requeue)."""
+        events = self.conn.node.events
+        if events is None:
+            return
+        now_ms = int(self.conn.clock.time() * 1000)
+        for item in taken:
+            tag = item.consumer.tag if item.consumer is not None else None
+            if acked is None:
+                events.add(DROPPED, now_ms, self.conn.id, "amqp", item.topic, item.seq, None, reason=REJECTED,
+                           consumer_group=item.queue, consumer_tag=tag)
+            elif item.seq in acked:
+                events.add(ACKED, now_ms, self.conn.id, "amqp", item.topic, item.seq, None, consumer_group=item.queue,
+                           consumer_tag=tag)
 
     def _wake(self, consumers: Iterable[AmqpConsumer]) -> None:
         groups = self.conn.node.groups

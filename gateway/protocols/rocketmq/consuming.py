@@ -7,6 +7,9 @@ ReceiveMessage is one `node.groups.receive` poll; AckMessage settles, ChangeInvi
 consumer receives (`auto_renew`) stays hidden while it works on it (`renewal`). Claims, cursors and receipt
 handles are in the store: they survive restarts and are shared by every node. Every consumer group keeps FIFO
 messages' order (one in flight per message group) and holds delay messages until their time (`kinds`).
+
+With the lake on (`node.events`), each message a ReceiveMessage sends is recorded as `delivered` (dup: a
+redelivery) and each entry an AckMessage settles as `acked`, under the client's id and the consumer group.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
 from tidewire.gateway.core.ingress import neutral_message, publish_future
+from tidewire.pipeline.lake.event_names import ACKED, DELIVERED
 from tidewire.store.base import PROTOCOL_ROCKETMQ, GroupRecord
 from tidewire.store.properties import Properties
 
@@ -151,6 +155,7 @@ class Consuming:
         to = Outbound(request.group.resource_namespace, name, invisible_ms,
                       self.settings.rocketmq_second_topic_property, self.store_host)
         sent = 0
+        events = self.node.events
         try:
             yield service_pb2.ReceiveMessageResponse(status=status(Code.OK))
             for delivery in deliveries:
@@ -158,6 +163,10 @@ class Consuming:
                 sent += 1
                 if request.auto_renew:
                     self.renewals.hold(name, caller.client_id, [delivery.claim])
+                if events is not None:
+                    claim = delivery.claim
+                    events.add(DELIVERED, int(self.node.clock.time() * 1000), caller.client_id, "rocketmq",
+                               delivery.message.topic, claim.seq, None, claim.deliveries > 1, consumer_group=group)
             yield service_pb2.ReceiveMessageResponse(delivery_timestamp=timestamp_now(
                 int(self.node.clock.time() * 1000)))
         finally:
@@ -199,6 +208,12 @@ class Consuming:
             response.entries.add(message_id=entry.message_id, receipt_handle=entry.receipt_handle,
                                  status=status(code, "" if ok else "receipt handle expired or unknown"))
         response.status.CopyFrom(_overall(codes))
+        events = self.node.events
+        if events is not None and settled:
+            now_ms = int(self.node.clock.time() * 1000)
+            for seq in sorted(settled):
+                events.add(ACKED, now_ms, caller.client_id, "rocketmq", request.topic.name, seq,
+                           consumer_group=request.group.name)
         return response
 
     async def change_invisible(self, caller: ClientInfo, request: Any) -> Any:

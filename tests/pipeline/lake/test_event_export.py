@@ -48,6 +48,19 @@ async def test_full_buffer_drops_are_reported_and_names_never_collide(tmp_path: 
     assert [p.name for p in published_files(tmp_path, "events")] == [f"n-{T0}-1.parquet", f"n-{T0}-2.parquet"]
 
 
+async def test_a_failed_write_is_counted_as_lost(tmp_path: Path) -> None:
+    blocked = tmp_path / "lake"
+    blocked.write_text("a file where the lake's directory should be")
+    buf = EventBuffer(capacity=10)
+    for i in range(4):
+        buf.add("connected", T0 + i, f"d{i}")
+    exporter = EventExporter(buf, blocked, "n", flush_seconds=60)
+    assert await exporter.flush() == 0
+    assert buf.losses() == {"buffer_full": 0, "write_failed": 4} and exporter.stats()["failed"] == 4
+    buf.add("connected", T0, "d", qos="not a number")  # type: ignore[arg-type]  # its conversion fails
+    assert await exporter.flush() == 0 and buf.losses()["write_failed"] == 5
+
+
 async def test_start_removes_only_its_own_tmp_files(tmp_path: Path) -> None:
     d = tmp_path / "events" / "dt=2023-11-14" / "hour=22"
     d.mkdir(parents=True)

@@ -99,8 +99,8 @@ def test_payload_json_shares_the_payload_buffers() -> None:
 
 def test_events_table() -> None:
     events = [
-        ("connected", 1_700_000_000_000, "d1", "mqtt", None, None, None, False, None, "alice"),
-        ("delivered", 1_700_000_000_005, "d2", "amqp", "a/b", 12, 1, True, None, None),
+        ("connected", 1_700_000_000_000, "d1", "mqtt", None, None, None, False, None, "alice", None, None),
+        ("delivered", 1_700_000_000_005, "d2", "amqp", "a/b", 12, None, True, None, None, "q1", "ctag-1"),
     ]
     table = events_table(events, "node-1")
     assert table.schema == EVENTS_SCHEMA
@@ -108,5 +108,7 @@ def test_events_table() -> None:
     assert rows[0]["event"] == "connected" and rows[0]["node"] == "node-1" and rows[0]["detail"] == "alice"
     assert rows[0]["topic"] is None and rows[0]["position"] is None and rows[0]["qos"] is None
     assert rows[1]["time"].timestamp() * 1000 == 1_700_000_000_005
-    assert (rows[1]["position"], rows[1]["qos"], rows[1]["dup"], rows[1]["protocol"]) == (12, 1, True, "amqp")
+    assert (rows[1]["position"], rows[1]["qos"], rows[1]["dup"], rows[1]["protocol"]) == (12, None, True, "amqp")
+    assert (rows[1]["consumer_group"], rows[1]["consumer_tag"]) == ("q1", "ctag-1")
+    assert rows[0]["consumer_group"] is None and rows[0]["consumer_tag"] is None
     assert events_table([], "n").schema == EVENTS_SCHEMA and isinstance(events_table([], "n"), pa.Table)

@@ -140,6 +140,34 @@ def test_expired_message_is_dead_lettered_with_no_consumer_amqpstorm(amqp_gatewa
 
 
 @pytest.mark.slow  # starts its own gateway
+def test_an_ack_on_a_dead_lettering_queue_settles_without_a_dead_letter(amqp_gateway: AmqpGateway,
+                                                                       pika_factory: PikaFactory) -> None:
+    """Basic.Ack of deliveries from a queue with x-dead-letter-exchange settles them: no copy in the dead-letter
+    queue (only a reject without requeue dead-letters). Of 3 acked (one by Get, two by a consumer), 0 copies."""
+    gw = amqp_gateway()
+    channel = pika_factory(gw.amqp_port).channel()
+    channel.confirm_delivery()
+    channel.queue_declare("parked-acks", durable=True)
+    channel.queue_declare("orders-acked", durable=True, arguments={"x-dead-letter-exchange": "",
+                                                                   "x-dead-letter-routing-key": "parked-acks"})
+    for i in range(3):
+        channel.basic_publish("", "orders-acked", b"%d" % i, pika.BasicProperties(delivery_mode=2))
+    method, _, _ = channel.basic_get("orders-acked")
+    channel.basic_ack(method.delivery_tag)
+    acked: list[bytes] = []
+
+    def on_message(ch: Any, m: Any, _props: Any, body: bytes) -> None:
+        ch.basic_ack(m.delivery_tag)
+        acked.append(body)
+
+    channel.basic_consume("orders-acked", on_message)
+    wait_until(lambda: channel.connection.process_data_events(time_limit=0.1) or len(acked) == 2, 5,
+               what="two deliveries acked")
+    assert count(channel, "orders-acked") == 0
+    assert count(channel, "parked-acks") == 0  # dead-lettered copies of acked messages: none
+
+
+@pytest.mark.slow  # starts its own gateway
 def test_max_length_drops_from_the_head_and_counts_are_exact(amqp_gateway: AmqpGateway,
                                                              pika_factory: PikaFactory) -> None:
     """x-max-length 3 (drop-head): of 5 confirmed publishes the 2 oldest are dead-lettered (reason maxlen), the
