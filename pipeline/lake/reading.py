@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
+
 MANIFEST = "_compaction.json"
 PARQUET = ".parquet"
 # The bridge's message files end in a digit, compaction's outputs in `-c`: a stream that must read each row once
@@ -97,5 +99,7 @@ def dataset(lake: str | Path, table: str, schema: Any = None) -> Any:
     import pyarrow.dataset as ds
 
     base = str(Path(lake) / table)
-    return ds.dataset([str(p) for p in committed_files(lake, table)], schema=schema, format="parquet",
-                      partitioning="hive", partition_base_dir=base)
+    files = [str(p) for p in committed_files(lake, table)]
+    if not files and schema is None:  # an empty table still has its columns
+        schema = {MESSAGES: MESSAGES_SCHEMA, EVENTS: EVENTS_SCHEMA}[table]
+    return ds.dataset(files, schema=schema, format="parquet", partitioning="hive", partition_base_dir=base)
