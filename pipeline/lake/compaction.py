@@ -7,7 +7,7 @@ partition for messages (`PP-first-last-c.parquet`, rows in position order), the 
 most `target_bytes` (input bytes); each group of two or more files, one at least from the bridge, becomes one
 output (outputs alone are left: they come out smaller than their inputs, and would be rewritten every pass).
 
-The protocol, per hour directory, with `_compaction.json` (`pipeline.lake.reading`) as the hour's manifest:
+The protocol, per hour directory, with `_compaction` (`pipeline.lake.reading`) as the hour's manifest:
 
 1. each output is written as `.<name>.parquet.tmp` and fsynced;
 2. the manifest gets an entry per output (output, inputs, commit time), written atomically: from here on the
@@ -133,11 +133,10 @@ def recover_hour(hour: Path, table: str, now_ms: int, grace_ms: int) -> CompactS
                 if not e.deleted_ms:
                     log.error("lake compaction: %s: the output %s and its tmp file are gone", hour, e.output)
     for name in os.listdir(hour):
-        if name.startswith(".") and name.endswith(TMP_SUFFIX):
-            stem = name[1:-len(TMP_SUFFIX)]
-            if pattern.fullmatch(stem) and stem + PARQUET not in outputs:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(hour / name)
+        stem = name[1:-len(TMP_SUFFIX)] if name.startswith(".") and name.endswith(TMP_SUFFIX) else ""
+        if (stem and pattern.fullmatch(stem) and stem + PARQUET not in outputs) or name == f".{MANIFEST}.tmp":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(hour / name)
     for e in sorted(entries, key=lambda e: e.committed_ms):  # older first: an output is deleted after its inputs
         if not e.deleted_ms and e.committed_ms + grace_ms <= now_ms and (hour / e.output).exists():
             for name in e.inputs:

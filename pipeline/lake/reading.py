@@ -2,7 +2,7 @@
 
 Compaction (`pipeline.lake.compaction`) rewrites many small files of a closed hour into a few, and leaves the old
 ones in place for a grace period, so that a reader that listed them earlier can still read them. The hour's
-manifest `_compaction.json` (a leading `_`: Spark and pyarrow skip it) says which files each compacted output
+manifest `_compaction` (a leading `_`: Spark and pyarrow skip it) says which files each compacted output
 replaces. The committed files of an hour are the visible files (no leading `.` or `_`) listed, minus the inputs of
 every manifest entry whose output was listed.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
 
-MANIFEST = "_compaction.json"
+MANIFEST = "_compaction"
 PARQUET = ".parquet"
 # The bridge's message files end in a digit, compaction's outputs in `-c`: a stream that must read each row once
 # (the aggregates job) reads only the former; it must read them within the grace period, before they go.
