@@ -2,7 +2,7 @@
 
 The bridge writes a file per partition per flush (about 720 an hour each at the default 5 s); readers slow down
 with the number of files. A closed hour (its end at least `older_than` ago) is compacted per group: per log
-partition for messages (`PP-first-last-c.parquet`, rows in position order), the whole hour for events
+partition for messages (`c-PP-first-last.parquet`, rows in position order), the whole hour for events
 (`compacted-<ms>-<k>.parquet`). Committed files smaller than the target are packed in order into groups of at
 most `target_bytes` (input bytes); each group of two or more files, one at least from the bridge, becomes one
 output (outputs alone are left: they come out smaller than their inputs, and would be rewritten every pass).
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = "compact.lock"
 ROW_GROUP_BYTES = 64 << 20  # in-memory Arrow bytes gathered into one row group of an output
-MESSAGES_OUTPUT = re.compile(r"[0-9]{2}-[0-9]+-[0-9]+-c")
+MESSAGES_OUTPUT = re.compile(r"c-[0-9]{2}-[0-9]+-[0-9]+")
 EVENTS_OUTPUT = re.compile(r"compacted-[0-9]+-[0-9]+")
 _HOUR = re.compile(r"dt=([0-9]{4})-([0-9]{2})-([0-9]{2})/hour=([0-9]{2})$")
 
@@ -153,7 +153,10 @@ def recover_hour(hour: Path, table: str, now_ms: int, grace_ms: int) -> CompactS
 
 
 def _group_key(table: str, name: str) -> str:
-    return name[:2] if table == MESSAGES else ""
+    """The log partition of a messages file (`PP-...`, or `c-PP-...` compacted); one group for events."""
+    if table != MESSAGES:
+        return ""
+    return name[2:4] if name.startswith("c-") else name[:2]
 
 
 def plan_hour(hour: Path, table: str, target_bytes: int) -> list[list[Path]]:
@@ -184,9 +187,9 @@ def plan_hour(hour: Path, table: str, target_bytes: int) -> list[list[Path]]:
 
 def output_name(table: str, group: list[Path], now_ms: int, k: int) -> str:
     if table == MESSAGES:
-        first = group[0].name.removesuffix(PARQUET).split("-")
-        last = group[-1].name.removesuffix(PARQUET).split("-")
-        return f"{first[0]}-{first[1]}-{last[2]}-c{PARQUET}"
+        first = group[0].name.removesuffix(PARQUET).removeprefix("c-").split("-")
+        last = group[-1].name.removesuffix(PARQUET).removeprefix("c-").split("-")
+        return f"c-{first[0]}-{first[1]}-{last[2]}{PARQUET}"
     return f"compacted-{now_ms}-{k}{PARQUET}"
 
 

@@ -26,9 +26,9 @@ from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSA
 
 MANIFEST = "_compaction"
 PARQUET = ".parquet"
-# The bridge's message files end in a digit, compaction's outputs in `-c`: a stream that must read each row once
-# (the aggregates job) reads only the former; it must read them within the grace period, before they go.
-BRIDGE_FILES_GLOB = "*[0-9].parquet"
+# Compaction's message outputs start with `c-` (the bridge's with a digit): a stream that must read each row once
+# (the aggregates job) skips them (Hadoop's glob `[!c]`); it must read the bridge's files within the grace period.
+BRIDGE_FILES_GLOB = "[!c]*.parquet"
 
 
 @dataclass(slots=True)

@@ -54,7 +54,7 @@ def positions(lake: Path) -> Counter[int]:
 def files_per_hour_partition(lake: Path) -> dict[tuple[str, str], int]:
     out: Counter[tuple[str, str]] = Counter()
     for f in reading.committed_files(lake, "messages"):
-        out[(f.parent.name, f.name[:2])] += 1
+        out[(f.parent.name, compaction._group_key("messages", f.name))] += 1
     return dict(out)
 
 
