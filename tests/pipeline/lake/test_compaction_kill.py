@@ -25,7 +25,7 @@ from tidewire.store.embedded.engine import EmbeddedStore
 
 ROOT = Path(__file__).resolve().parents[3]
 SEED = 24
-ROUNDS = 8
+ROUNDS = 10
 
 
 def lost_and_twice(got: Counter[int], upto: int) -> tuple[int, int]:
@@ -67,7 +67,7 @@ async def test_compactor_killed_at_random_points_while_the_bridge_appends(tmp_pa
     rnd = random.Random(SEED)
     wtask = asyncio.create_task(writer())
     bridge = await asyncio.create_subprocess_exec(*bridge_args, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL)
-    killed = finished = 0
+    killed = finished = mid_work = 0
     try:
         await until(lambda: checkpoint(lake) > 2000, timeout=30, what="the bridge exporting two hours")
         for _ in range(ROUNDS):
@@ -78,6 +78,7 @@ async def test_compactor_killed_at_random_points_while_the_bridge_appends(tmp_pa
             code = await proc.wait()
             killed += code == -signal.SIGKILL
             finished += code == 0
+            mid_work += bool(list((lake / "messages").rglob(".c-*.tmp")))  # a compaction left half done
             upto = checkpoint(lake)  # committed before the listing: every position up to it must be there
             assert lost_and_twice(pyarrow_positions(lake), upto) == (0, 0)
         assert bridge.returncode is None, "the bridge exited"
@@ -100,9 +101,10 @@ async def test_compactor_killed_at_random_points_while_the_bridge_appends(tmp_pa
         if last["outputs"] == last["deleted"] == 0:
             break
     after = len(list((lake / "messages").rglob("*.parquet")))
-    print(f"\n{killed} compactors killed, {finished} finished; {written} positions; "
+    print(f"\n{killed} compactors killed ({mid_work} with an output half done), {finished} finished; {written} "
+          f"positions; "
           f"{before} files before the last passes, {after} after; last pass {out.decode().strip()}")
-    assert killed >= ROUNDS // 2
+    assert killed >= 2  # timing decides how many; the seed, where
     assert lost_and_twice(pyarrow_positions(lake), written) == (0, 0)
     rows = spark.read.parquet(*[str(p) for p in reading.committed_files(lake, "messages")]).select("position")
     spark_got = Counter(r.position for r in rows.collect())
