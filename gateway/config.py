@@ -344,6 +344,13 @@ class LakeSettings(BaseModel):
     lake_events_buffer: int = Field(1_000_000, ge=1, description="events held for the exporter; more are "
                                     "dropped, never waited for (counted: tidewire_lake_events_dropped_total"
                                     "{reason=\"buffer_full\"})")
+    lake_compact: bool = Field(True, description="the node's bridge compacts closed hours in the background "
+                               "(one compactor at a time per lake, by lock)")
+    lake_compact_target_bytes: int = Field(256 * 1024 * 1024, ge=1024, description="size of the files compaction "
+                                           "writes (input bytes per output)")
+    lake_compact_after: float = Field(3600.0, ge=0, description="s after an hour ends before it is compacted")
+    lake_compact_grace: float = Field(3600.0, ge=0, description="s compacted files stay for readers that listed "
+                                      "them before they are deleted (a reader must finish within it)")
 
 
 class BridgeSection(BaseModel):

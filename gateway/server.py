@@ -163,6 +163,9 @@ def bridge_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
             "--flush-rows", str(settings.lake_flush_rows),
             "--flush-bytes", str(settings.lake_flush_bytes), "--flush-seconds", str(settings.lake_flush_seconds),
             "--log-level", settings.log_level.upper()]
+    argv += (["--compact-target-bytes", str(settings.lake_compact_target_bytes),
+              "--compact-after", str(settings.lake_compact_after), "--compact-grace", str(settings.lake_compact_grace)]
+             if settings.lake_compact else ["--no-compact"])
     env = dict(os.environ)
     if settings.store.startswith(REDIS_SCHEMES):
         env["TIDEWIRE_LAKE_STORE"] = settings.store

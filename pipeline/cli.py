@@ -15,10 +15,10 @@ import threading
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from tidewire.pipeline.jobs import aggregates, alerts, reports
+from tidewire.pipeline.jobs import aggregates, alerts, compact, reports
 from tidewire.pipeline.spark import DEFAULT_MASTER, DEFAULT_SHUFFLE_PARTITIONS, spark_session
 
-JOBS: dict[str, ModuleType] = {"aggregates": aggregates, "reports": reports, "alerts": alerts}
+JOBS: dict[str, ModuleType] = {"aggregates": aggregates, "reports": reports, "alerts": alerts, "compact": compact}
 LAKE_ENV = "TIDEWIRE_LAKE_DIR"
 
 

@@ -16,6 +16,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
+from tidewire.pipeline.lake.reading import committed_files
 from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
 
 DEFAULT_MASTER = "local[2]"
@@ -110,10 +111,17 @@ def table_path(lake: str, table: str) -> str:
 def read_table(spark: SparkSession, lake: str, table: str, schema: T.StructType) -> DataFrame:
     """A lake table as a DataFrame; an absent or empty table is an empty DataFrame of the same schema.
 
-    Spark skips files and directories named with a leading `.` or `_`: the bridge's in-progress files and its
-    `_tidewire` state are never read."""
+    On a local or mounted lake Spark reads the committed files (`pipeline.lake.reading`: compacted outputs, not
+    the files they replace); in an object store (`scheme://`, never compacted) the whole directory. Spark skips
+    names with a leading `.` or `_`: in-progress files and the `_tidewire` state are never read."""
+    base = table_path(lake, table)
     try:
-        return spark.read.schema(schema).option("basePath", table_path(lake, table)).parquet(table_path(lake, table))
+        if "://" in lake:
+            return spark.read.schema(schema).option("basePath", base).parquet(base)
+        files = [str(p) for p in committed_files(lake, table)]
+        if not files:
+            return spark.createDataFrame([], schema)
+        return spark.read.schema(schema).option("basePath", base).parquet(*files)
     except AnalysisException as e:
         if e.getCondition() != "PATH_NOT_FOUND":
             raise

@@ -17,7 +17,7 @@ from tidewire.gateway.extras import require_for_command
 # (httpx, RocksDB, ...). name -> (module, its Typer app, the extra every command of the group needs)
 LAZY_GROUPS: dict[str, tuple[str, str, str | None]] = {
     "cluster": ("tidewire.gateway.cli.cluster", "cluster_app", "redis"),  # cluster up / status
-    "lake": ("tidewire.gateway.cli.pipeline", "lake_app", "lake"),  # lake run
+    "lake": ("tidewire.gateway.cli.pipeline", "lake_app", "lake"),  # lake run, lake compact
     "pipeline": ("tidewire.gateway.cli.pipeline", "pipeline_app", None),  # pipeline run <job> | package
     "store": ("tidewire.gateway.cli.store", "store_app", None),  # store check|compact|dump
     "ctl": ("tidewire.gateway.cli.ctl", "ctl_app", "admin"),  # a running node through its admin API

@@ -1,6 +1,7 @@
-"""`tidewire lake run ...`, `tidewire pipeline run <job> ...` and `tidewire pipeline package`: thin forwards to the
-pipeline's own argument parsers (`pipeline.lake.command`, `pipeline.cli`) and artifact builder
-(`pipeline.artifact`), imported only when used so the gateway starts without Spark."""
+"""`tidewire lake run|compact ...`, `tidewire pipeline run <job> ...` and `tidewire pipeline package`: thin
+forwards to the pipeline's own argument parsers (`pipeline.lake.command`, `pipeline.lake.compact_command`,
+`pipeline.cli`) and artifact builder (`pipeline.artifact`), imported only when used so the gateway starts
+without Spark."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ pipeline_app = typer.Typer(add_completion=False, help="PySpark jobs over the lak
 def lake_run(ctx: typer.Context) -> None:
     """Export the log to the lake as its own process (`tidewire lake run --help` for the options)."""
     from tidewire.pipeline.lake.command import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@lake_app.command("compact", context_settings=_FORWARD)
+def lake_compact(ctx: typer.Context) -> None:
+    """Compact the lake's closed hours once (`tidewire lake compact --help` for the options)."""
+    from tidewire.pipeline.lake.compact_command import main
 
     raise typer.Exit(main(list(ctx.args)))
 

@@ -38,6 +38,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from tidewire.pipeline.jobs.alerts import parse_duration, positive_int
+from tidewire.pipeline.lake.reading import BRIDGE_FILES_GLOB
 from tidewire.pipeline.lake.schema import MESSAGES
 from tidewire.pipeline.spark import MESSAGES_SPARK_SCHEMA, table_path
 
@@ -135,8 +136,9 @@ def run(spark: SparkSession, lake: str, *, checkpoint: str | None = None, every:
         result.batches += 1
         result.batch_ids.append(batch_id)
 
+    # The bridge's own files only: a compacted output holds rows of files the stream has read already.
     stream = (spark.readStream.schema(MESSAGES_SPARK_SCHEMA).option("maxFilesPerTrigger", max_files)
-              .parquet(source))
+              .option("pathGlobFilter", BRIDGE_FILES_GLOB).parquet(source))
     writer = (stream.writeStream.queryName("tidewire_aggregates").foreachBatch(on_batch)
               .option("checkpointLocation", checkpoint or table_path(lake, DEFAULT_CHECKPOINT)))
     writer = writer.trigger(availableNow=True) if every is None else writer.trigger(processingTime=f"{every} seconds")

@@ -22,6 +22,7 @@ from typing import Any
 
 from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.pipeline.lake.bridge import LakeBridge
+from tidewire.pipeline.lake.compact_command import BackgroundCompactor, CompactOptions, duration_s
 from tidewire.pipeline.lake.event_export import EventExporter
 from tidewire.store.base import LogSource
 
@@ -38,7 +39,8 @@ class Lake:
     events exporter, run and stopped together."""
 
     def __init__(self, source: LogSource | None, lake_dir: str | Path, owner: str, *,
-                 events: EventBuffer | None = None, node: str = "", bridge: bool = True, **opts: Any) -> None:
+                 events: EventBuffer | None = None, node: str = "", bridge: bool = True,
+                 compact: CompactOptions | None = None, **opts: Any) -> None:
         unknown = set(opts) - set(BRIDGE_OPTIONS)
         if unknown:
             raise TypeError(f"unknown lake options: {sorted(unknown)}")
@@ -51,6 +53,8 @@ class Lake:
                                           flush_rows=opts.get("flush_rows", 100_000),
                                           flush_seconds=opts.get("flush_seconds", 5.0),
                                           compression=opts.get("compression", "zstd"))
+        # Beside the bridge: compaction in a worker thread never holds up the bridge's reads and flushes.
+        self.compactor = BackgroundCompactor(lake_dir, compact) if compact is not None and self.bridge else None
         self._stopping = asyncio.Event()
 
     async def run(self, once: bool = False) -> None:
@@ -58,12 +62,18 @@ class Lake:
         exporter_task = None
         if self.exporter is not None:
             exporter_task = asyncio.get_running_loop().create_task(self.exporter.run(), name="lake-events")
+        compactor_task = None
+        if self.compactor is not None:
+            compactor_task = asyncio.get_running_loop().create_task(self.compactor.run(), name="lake-compaction")
         try:
             if self.bridge is not None:
                 await self.bridge.run(once)
             elif not once:
                 await self._stopping.wait()
         finally:
+            if self.compactor is not None and compactor_task is not None:
+                self.compactor.stop()  # ends its pass between two groups
+                await asyncio.gather(compactor_task, return_exceptions=True)
             if self.bridge is not None:
                 await self.bridge.stop()
             if self.exporter is not None and exporter_task is not None:
@@ -72,6 +82,8 @@ class Lake:
 
     async def stop(self) -> None:
         self._stopping.set()
+        if self.compactor is not None:
+            self.compactor.stop()
         if self.bridge is not None:
             await self.bridge.stop()
         if self.exporter is not None:
@@ -83,6 +95,8 @@ class Lake:
             out["messages"] = self.bridge.stats()
         if self.exporter is not None:
             out["events"] = self.exporter.stats()
+        if self.compactor is not None:
+            out["compaction"] = self.compactor.stats()
         return out
 
 
@@ -117,6 +131,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-s", type=float, default=0.2, help="pause between reads once caught up")
     p.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "gzip", "lz4", "none"])
     p.add_argument("--holder", default="lake", help="the bridge's hold on the log (another name for a second lake)")
+    c = CompactOptions()
+    p.add_argument("--no-compact", dest="compact", action="store_false",
+                   help="leave compaction to `tidewire lake compact` or the Spark job")
+    p.add_argument("--compact-target-bytes", type=int, default=c.target_bytes, help="size of compacted files")
+    p.add_argument("--compact-after", type=duration_s, default=c.after_s,
+                   help="compact an hour this long after it ends (default 1h)")
+    p.add_argument("--compact-grace", type=duration_s, default=c.grace_s,
+                   help="compacted files stay this long for readers that listed them (default 1h)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much (a node "
                    "starts its bridge at 10: sharing a core, the gateway's deliveries come first)")
@@ -143,7 +165,9 @@ async def _open_source(args: argparse.Namespace) -> tuple[LogSource, Any]:
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     source, closer = await _open_source(args)
     opts = {k: getattr(args, k) for k in BRIDGE_OPTIONS}
-    lake = Lake(source, args.lake, args.owner, **opts)
+    compact = (CompactOptions(args.compact_target_bytes, args.compact_after, args.compact_grace, args.compression)
+               if args.compact and not args.once else None)
+    lake = Lake(source, args.lake, args.owner, compact=compact, **opts)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: loop.create_task(lake.stop()))

@@ -21,7 +21,9 @@ ROOT = Path(__file__).parents[2]
 EXPECTED = {f"tidewire/{name}" for name in (
     "__init__.py", "compiled.py", "pipeline/__init__.py", "pipeline/cli.py", "pipeline/spark.py",
     "pipeline/jobs/__init__.py", "pipeline/jobs/aggregates.py", "pipeline/jobs/alerts.py", "pipeline/jobs/reports.py",
-    "pipeline/lake/__init__.py", "pipeline/lake/schema.py", "pipeline/lake/event_names.py")}
+    "pipeline/jobs/compact.py", "pipeline/lake/__init__.py", "pipeline/lake/schema.py", "pipeline/lake/event_names.py",
+    "pipeline/lake/reading.py", "pipeline/lake/compaction.py", "pipeline/lake/compact_command.py",
+    "pipeline/lake/writer.py")}
 
 
 def _package(out: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -36,14 +38,14 @@ def test_package_command_writes_zip_launchers_and_lines(tmp_path: Path) -> None:
     zip_path = tmp_path / "dist" / "tw.zip"
     assert set(zipfile.ZipFile(zip_path).namelist()) == EXPECTED  # no bridge, gateway or store module
     lines = done.stdout.splitlines()
-    assert len(lines) == 3
-    for job in ("aggregates", "alerts", "reports"):
+    assert len(lines) == 4
+    for job in ("aggregates", "alerts", "compact", "reports"):
         launcher = tmp_path / "dist" / "jobs" / f"{job}.py"
         assert launcher.is_file()
         line = next(x for x in lines if str(launcher) in x)
         assert f"spark-submit --master spark://10.1.2.3:7077 --deploy-mode client --py-files {zip_path} " in line
         assert line.endswith(f"{launcher} --lake /data/lake") or "--rule" in line
-    assert "wrote" in done.stderr and "12 modules" in done.stderr
+    assert "wrote" in done.stderr and f"{len(EXPECTED)} modules" in done.stderr
     first = zip_path.read_bytes()
     assert _package(zip_path, cwd=tmp_path).returncode == 0 and zip_path.read_bytes() == first  # reproducible
 

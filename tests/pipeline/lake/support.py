@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 
+from tidewire.pipeline.lake import reading
 from tidewire.store.base import PROTOCOL_AMQP, PROTOCOL_MQTT, Message
 from tidewire.store.log_reader import LogRecord
 from tidewire.store.properties import Properties
@@ -21,12 +21,12 @@ def record(position: int, *, partition: int = 0, received_ms: int = 1_700_000_00
 
 
 def read_lake(lake: Path, table: str = "messages") -> pa.Table:
-    """Every published file of `table`, as Spark or any reader would see it (hive partitions, hidden files
-    skipped)."""
+    """Every committed file of `table`, as the jobs read it (`pipeline.lake.reading`: hive partitions, hidden
+    files skipped, files a compaction replaced left out)."""
     root = lake / table
     if not root.exists():
         return pa.table({})
-    return ds.dataset(root, format="parquet", partitioning="hive").to_table()
+    return reading.dataset(lake, table).to_table()
 
 
 def published_files(lake: Path, table: str = "messages") -> list[Path]:

@@ -161,7 +161,7 @@ async def test_kill_9_mid_export_then_once(tmp_path: Path) -> None:
     await store.open()
     args = [sys.executable, "-m", "tidewire.pipeline.lake", "--data-dir", str(data), "--lake", str(lake),
             "--owner", "k", "--flush-rows", "40", "--flush-seconds", "0.05", "--read-batch", "30", "--idle-s", "0.01",
-            "--lease-ttl-ms", "3000", "--log-level", "WARNING"]
+            "--lease-ttl-ms", "3000", "--log-level", "WARNING", "--no-compact"]  # (compaction: test_compaction_kill)
     checkpoint = lake / "_tidewire" / "checkpoint-p00.json"
     written = 0
     writing = True
