@@ -151,9 +151,11 @@ class GroupReader:
         head whether or not a consumer is attached)."""
         store = self.groups.store
         done = 0
+        limit = 1  # the head alone first: a queue swept twice a second whose head is fresh reads one message
         while True:
             now = int(self.groups.clock.time() * 1000)
-            candidates, upto = await self._read_new(EXPIRE_BATCH, keep_expired=True)
+            candidates, upto = await self._read_new(limit, keep_expired=True)
+            limit = EXPIRE_BATCH
             before = self.cursor
             head: list[Message] = []
             for message in candidates:
