@@ -132,6 +132,7 @@ def two_nodes(tmp_path: Path) -> Iterator[list[Gateway]]:
         redis.stop()
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 def test_a_ban_made_on_one_node_applies_on_the_other(two_nodes: list[Gateway]) -> None:
     n1, n2 = two_nodes
     online = PahoClient(n2.port, "roamer", 5)

@@ -33,6 +33,7 @@ def _ready(node: ClusterNode) -> bool:
         return client.get("/readyz").status_code == 200
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 def test_status_nodes_and_readiness(two_nodes: Cluster) -> None:
     n1, n2 = two_nodes.nodes
     for node in (n1, n2):

@@ -245,6 +245,7 @@ def test_deployment_config_and_monitoring_on_real_nodes(stack: tuple[list[Node],
     assert [r["name"] for r in rules if r["state"] != "inactive"] == []
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 def test_health_check_commands_against_a_real_node(stack: tuple[list[Node], str, int]) -> None:
     """The image's HEALTHCHECK (shell form) and compose's gateway healthcheck, run as they would be run."""
     nodes, _, _ = stack

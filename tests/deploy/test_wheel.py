@@ -11,6 +11,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 PACKAGES = ("gateway", "store", "cache", "lookup", "notify", "extensions", "admin", "pipeline")
 
 
@@ -37,6 +39,7 @@ def test_wheel_and_sdist_hold_one_import_name(dist: Path, wheel: Path) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 def test_the_wheel_installs_into_a_clean_venv(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

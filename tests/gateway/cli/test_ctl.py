@@ -102,6 +102,7 @@ def test_status_human_and_json(node: Gateway, mqtt: Callable[..., PahoClient]) -
     assert status["connections"] == 2
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 def test_clients_lists_and_kick_disconnects(node: Gateway, mqtt: Callable[..., PahoClient]) -> None:
     client = mqtt("ctl-kick-me")
     table = run_ok(node, "clients", "--client-id", "kick-me").splitlines()

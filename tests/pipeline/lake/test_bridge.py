@@ -153,6 +153,7 @@ async def test_hold_keeps_retention_off_unexported_records(tmp_path: Path) -> No
         await store.close()
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 async def test_kill_9_mid_export_then_once(tmp_path: Path) -> None:
     """`python -m tidewire.pipeline.lake` killed by SIGKILL again and again while a writer appends, then `--once`: every
     position exactly once in the lake."""

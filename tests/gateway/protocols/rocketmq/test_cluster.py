@@ -23,6 +23,7 @@ from .conftest import Clients, message, wait_port
 pytestmark = pytest.mark.skipif(not redis_server.available(), reason="a cluster needs redis-server")
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 def test_a_group_is_shared_across_nodes(cluster: ClusterFactory, clients: Clients,  # noqa: F811
                                         paho_factory: PahoFactory) -> None:
     c = cluster(2)

@@ -175,6 +175,7 @@ def session_ops(draw: st.DrawFn) -> list[tuple[object, ...]]:
     return ops
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(session_ops())
 def test_sessions_and_indexes_follow_a_dict_model(ops: list[tuple[object, ...]]) -> None:
@@ -450,6 +451,7 @@ class CrashModel:
         return int(n), int(running)
 
 
+@pytest.mark.slow  # several seconds (a real node, a build or a long model run): make test-slow
 def test_kill_9_loses_nothing_acknowledged(tmp_path: Path) -> None:
     path = tmp_path / "db"
     model = CrashModel()
