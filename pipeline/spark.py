@@ -14,8 +14,10 @@ from typing import Any
 import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from tidewire.pipeline.lake.partitions import partition_paths
 from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
 
 DEFAULT_MASTER = "local[2]"
@@ -107,22 +109,46 @@ def table_path(lake: str, table: str) -> str:
     return lake.rstrip("/") + "/" + table
 
 
-def read_table(spark: SparkSession, lake: str, table: str, schema: T.StructType) -> DataFrame:
+def read_table(spark: SparkSession, lake: str, table: str, schema: T.StructType, time_column: str | None = None,
+               since_ms: int | None = None, until_ms: int | None = None) -> DataFrame:
     """A lake table as a DataFrame; an absent or empty table is an empty DataFrame of the same schema.
+
+    With a bound (`since_ms`/`until_ms`, UTC ms, [since, until) of `time_column`) only the `dt=/hour=` directories
+    of the range are listed and read (`pipeline.lake.partitions`), and the rows are cut to the range exactly. A
+    lake given as a URI is listed by Spark instead (its filter on `dt`/`hour` prunes what it reads).
 
     Spark skips files and directories named with a leading `.` or `_`: the bridge's in-progress files and its
     `_tidewire` state are never read."""
+    base = table_path(lake, table)
+    empty = spark.createDataFrame([], schema)
+    bounded = time_column is not None and (since_ms is not None or until_ms is not None)
     try:
-        return spark.read.schema(schema).option("basePath", table_path(lake, table)).parquet(table_path(lake, table))
+        if not bounded or "://" in lake:
+            df = spark.read.schema(schema).option("basePath", base).parquet(base)
+        else:
+            paths = partition_paths(lake, table, since_ms, until_ms)
+            if not paths:
+                return empty
+            df = spark.read.schema(schema).option("basePath", base).parquet(*(str(p) for p in paths))
     except AnalysisException as e:
         if e.getCondition() != "PATH_NOT_FOUND":
             raise
-        return spark.createDataFrame([], schema)
+        return empty
+    if bounded and time_column is not None:
+        t = F.unix_millis(F.col(time_column))
+        if since_ms is not None:
+            df = df.where((F.col("dt") >= F.to_date(F.timestamp_millis(F.lit(since_ms)))) & (t >= since_ms))
+        if until_ms is not None:
+            df = df.where((F.col("dt") <= F.to_date(F.timestamp_millis(F.lit(until_ms)))) & (t < until_ms))
+    return df
 
 
-def read_messages(spark: SparkSession, lake: str) -> DataFrame:
-    return read_table(spark, lake, MESSAGES, MESSAGES_SPARK_SCHEMA)
+def read_messages(spark: SparkSession, lake: str, since_ms: int | None = None,
+                  until_ms: int | None = None) -> DataFrame:
+    """The messages received in [since_ms, until_ms) (None: unbounded)."""
+    return read_table(spark, lake, MESSAGES, MESSAGES_SPARK_SCHEMA, "received_at", since_ms, until_ms)
 
 
-def read_events(spark: SparkSession, lake: str) -> DataFrame:
-    return read_table(spark, lake, EVENTS, EVENTS_SPARK_SCHEMA)
+def read_events(spark: SparkSession, lake: str, since_ms: int | None = None, until_ms: int | None = None) -> DataFrame:
+    """The events of [since_ms, until_ms) (None: unbounded)."""
+    return read_table(spark, lake, EVENTS, EVENTS_SPARK_SCHEMA, "time", since_ms, until_ms)

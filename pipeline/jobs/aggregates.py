@@ -37,7 +37,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from tidewire.pipeline.jobs.alerts import parse_duration, positive_int
+from tidewire.pipeline.jobs.window import parse_duration, positive_int
 from tidewire.pipeline.lake.schema import MESSAGES
 from tidewire.pipeline.spark import MESSAGES_SPARK_SCHEMA, table_path
 
