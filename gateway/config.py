@@ -331,6 +331,9 @@ class LakeSettings(BaseModel):
     lake_flush_seconds: float = Field(5.0, gt=0, description="s a buffered row may wait (bounds the lag)")
     lake_events_buffer: int = Field(1_000_000, ge=1, description="events held for the exporter; more are "
                                     "counted as dropped, never waited for")
+    lake_retention_days: int = Field(0, ge=0, description="the lake's day partitions older than this many "
+                                     "days are removed by the bridge, and older records are not exported "
+                                     "(its hold on the log moves past them); 0: keep forever")
 
 
 class BridgeSection(BaseModel):

@@ -153,6 +153,7 @@ def bridge_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
             "--owner", settings.node_id, "--parent-pid", str(os.getpid()), "--nice", str(BRIDGE_NICE),
             "--flush-rows", str(settings.lake_flush_rows),
             "--flush-bytes", str(settings.lake_flush_bytes), "--flush-seconds", str(settings.lake_flush_seconds),
+            "--retention-days", str(settings.lake_retention_days),
             "--log-level", settings.log_level.upper()]
     env = dict(os.environ)
     if settings.store.startswith(REDIS_SCHEMES):

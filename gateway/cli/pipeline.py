@@ -1,4 +1,5 @@
-"""`tidewire lake run ...`, `tidewire pipeline run <job> ...` and `tidewire pipeline package`: thin forwards to the
+"""`tidewire lake run ...`, `tidewire lake retention ...`, `tidewire pipeline run <job> ...` and
+`tidewire pipeline package`: thin forwards to the
 pipeline's own argument parsers (`pipeline.lake.command`, `pipeline.cli`) and artifact builder
 (`pipeline.artifact`), imported only when used so the gateway starts without Spark."""
 
@@ -22,6 +23,14 @@ pipeline_app = typer.Typer(add_completion=False, help="PySpark jobs over the lak
 def lake_run(ctx: typer.Context) -> None:
     """Export the log to the lake as its own process (`tidewire lake run --help` for the options)."""
     from tidewire.pipeline.lake.command import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@lake_app.command("retention", context_settings=_FORWARD)
+def lake_retention(ctx: typer.Context) -> None:
+    """Remove the lake's day partitions older than --days (`tidewire lake retention --help`)."""
+    from tidewire.pipeline.lake.retention import main
 
     raise typer.Exit(main(list(ctx.args)))
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 STORE_ENV = "TIDEWIRE_LAKE_STORE"
 PARENT_CHECK_S = 1.0
 BRIDGE_OPTIONS = ("flush_rows", "flush_bytes", "flush_seconds", "read_batch", "lease_ttl_ms", "idle_s", "compression",
-                  "holder")
+                  "holder", "retention_days")
 
 
 class Lake:
@@ -91,7 +91,7 @@ async def run_lake(source: LogSource | None, lake_dir: str | Path, owner: str, *
                    **opts: Any) -> dict[str, Any]:
     """Run the lake (see `Lake`) until cancelled (or, with `once`, the log is exported); returns its stats.
     `opts`: LakeBridge's flush_rows, flush_bytes, flush_seconds, read_batch, lease_ttl_ms, idle_s, compression,
-    holder."""
+    holder, retention_days."""
     lake = Lake(source, lake_dir, owner, events=events, node=node, bridge=bridge, **opts)
     await lake.run(once)
     return lake.stats()
@@ -117,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-s", type=float, default=0.2, help="pause between reads once caught up")
     p.add_argument("--compression", default="zstd", choices=["zstd", "snappy", "gzip", "lz4", "none"])
     p.add_argument("--holder", default="lake", help="the bridge's hold on the log (another name for a second lake)")
+    p.add_argument("--retention-days", type=int, default=0,
+                   help="remove the lake's days older than this, export no record older (0: keep forever)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much (a node "
                    "starts its bridge at 10: sharing a core, the gateway's deliveries come first)")
