@@ -15,7 +15,7 @@ of files, and the report prints it. The default (30 x 24 x 16 x 4) is 46,080 mes
    so the times should match.
 3. `aggregates`: runs the stream over the whole lake (`--batches-per-day` micro-batches, folding off), then
    times reading the final numbers (`minute_aggregates`) for the last day and for the 30 days; folds the closed
-   days (`pipeline.jobs.fold`) and times both reads again.
+   days (`pipeline.fold`) and times both reads again.
 4. With `--compact CMD` (`{lake}` is replaced by the lake's path): runs it, prints the file counts after it,
    and times the two `--since 1d` runs again (compaction of closed hours is another module's: this is its hook).
 
@@ -123,8 +123,8 @@ def _timed(r: ScaleResult, key: str, fn: Any) -> Any:
 
 def time_since_1d(spark: Any, lake: Path, r: ScaleResult, history: str) -> None:
     from tidewire.pipeline.jobs import alerts, reports
-    from tidewire.pipeline.jobs.window import TimeWindow
     from tidewire.pipeline.spark import read_messages
+    from tidewire.pipeline.window import TimeWindow
 
     w = TimeWindow(END_MS - DAY_MS, END_MS)
     _timed(r, f"reports --since 1d @ {history}", lambda: reports.run(spark, str(lake), w=w))

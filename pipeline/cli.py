@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from types import FrameType, ModuleType
 
 from tidewire.pipeline.jobs import aggregates, alerts, reports
-from tidewire.pipeline.jobs.window import positive_int
 from tidewire.pipeline.spark import DEFAULT_MASTER, DEFAULT_SHUFFLE_PARTITIONS, spark_session
+from tidewire.pipeline.window import positive_int
 
 JOBS: dict[str, ModuleType] = {"aggregates": aggregates, "reports": reports, "alerts": alerts}
 LAKE_ENV = "TIDEWIRE_LAKE_DIR"

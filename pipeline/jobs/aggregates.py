@@ -20,7 +20,7 @@ A partial row: (client_id | topic, minute, field, count, sum, min, max, dt, batc
 row (count = messages, sum/min/max of payload_size), else a numeric JSON field (dotted path) and its values.
 Any SQL engine gets the final numbers with `GROUP BY key, minute, field` and sum(count), sum(sum), min(min),
 max(max). Every micro-batch adds files, so the partials of a closed day are folded into one set per day
-(`pipeline.jobs.fold`, inside this job: between micro-batches and at the end of a run; `--fold-days 0` turns
+(`pipeline.fold`, inside this job: between micro-batches and at the end of a run; `--fold-days 0` turns
 it off): reading a month costs about what reading a day did. A day still being written (the current day, and
 late data for an old day until it is folded again) has one set per batch.
 """
@@ -41,11 +41,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from tidewire.pipeline.jobs import fold
-from tidewire.pipeline.jobs.window import parse_duration, positive_int
+from tidewire.pipeline import fold
 from tidewire.pipeline.lake.partitions import day_paths
 from tidewire.pipeline.lake.schema import MESSAGES
 from tidewire.pipeline.spark import MESSAGES_SPARK_SCHEMA, table_path
+from tidewire.pipeline.window import parse_duration, positive_int
 
 AGGREGATES = "aggregates"
 KEYS = {"device": "client_id", "topic": "topic"}
@@ -126,7 +126,7 @@ class AggregatesRun:
 
 @dataclass(frozen=True, slots=True)
 class Folding:
-    """Folding closed days (`pipeline.jobs.fold`): on unless `days` is 0."""
+    """Folding closed days (`pipeline.fold`): on unless `days` is 0."""
 
     days: int = fold.DEFAULT_FOLD_DAYS
     after_ms: int = fold.DEFAULT_AFTER_MS

@@ -39,10 +39,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from tidewire.pipeline.jobs import window as windows
-from tidewire.pipeline.jobs.window import RuleError, TimeWindow, parse_duration, positive_int
+from tidewire.pipeline import window as windows
 from tidewire.pipeline.lake.schema import STATE_DIR
 from tidewire.pipeline.spark import read_messages
+from tidewire.pipeline.window import RuleError, TimeWindow, parse_duration, positive_int, write_json_atomic
 
 OPS: dict[str, Callable[[Column, float], Column]] = {
     ">=": lambda c, x: c >= x, "<=": lambda c, x: c <= x, "==": lambda c, x: c == x,
@@ -214,20 +214,7 @@ def load_published(path: Path) -> set[tuple[str, int]]:
 
 
 def save_published(path: Path, rule: Rule, published: set[tuple[str, int]]) -> None:
-    """Atomically: a temporary file, fsync, rename, fsync of the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    body = json.dumps({"version": STATE_VERSION, "rule": rule.canonical, "published": sorted(published)})
-    with tmp.open("w") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_json_atomic(path, {"version": STATE_VERSION, "rule": rule.canonical, "published": sorted(published)})
 
 
 # -- publishing (paho-mqtt) ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Batch reports over the lake: delivery latency per topic, devices online per minute, top talkers, drop and
 retry rates; each written as Parquet under `<lake>/reports/<name>/` (replaced on every run).
 
-Incremental: a run covers a time window (`pipeline.jobs.window`: `--since/--until`, by default from where the
+Incremental: a run covers a time window (`pipeline.window`: `--since/--until`, by default from where the
 last run stopped to now) and reads only that window's `dt=/hour=` partitions (`pipeline.lake.partitions`), so
 its cost follows the window, not the lake's age. Latency also reads the messages received up to `--lookback`
 (1h) before the window: a delivery in the window may be of a message received before it.
@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from tidewire.pipeline.jobs import window as windows
-from tidewire.pipeline.jobs.window import RuleError, TimeWindow, parse_duration, positive_int
+from tidewire.pipeline import window as windows
 from tidewire.pipeline.lake.event_names import ACKED, CONNECTED, DELIVERED, DISCONNECTED, DROPPED
 from tidewire.pipeline.spark import read_events, read_messages, table_path
+from tidewire.pipeline.window import RuleError, TimeWindow, parse_duration, positive_int
 
 REPORTS = "reports"
 ACCURACY = 10_000

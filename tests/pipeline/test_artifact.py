@@ -21,6 +21,7 @@ ROOT = Path(__file__).parents[2]
 EXPECTED = {f"tidewire/{name}" for name in (
     "__init__.py", "compiled.py", "pipeline/__init__.py", "pipeline/cli.py", "pipeline/spark.py",
     "pipeline/jobs/__init__.py", "pipeline/jobs/aggregates.py", "pipeline/jobs/alerts.py", "pipeline/jobs/reports.py",
+    "pipeline/window.py", "pipeline/fold.py", "pipeline/lake/partitions.py",
     "pipeline/lake/__init__.py", "pipeline/lake/schema.py", "pipeline/lake/event_names.py")}
 
 
@@ -43,7 +44,7 @@ def test_package_command_writes_zip_launchers_and_lines(tmp_path: Path) -> None:
         line = next(x for x in lines if str(launcher) in x)
         assert f"spark-submit --master spark://10.1.2.3:7077 --deploy-mode client --py-files {zip_path} " in line
         assert line.endswith(f"{launcher} --lake /data/lake") or "--rule" in line
-    assert "wrote" in done.stderr and "12 modules" in done.stderr
+    assert "wrote" in done.stderr and "15 modules" in done.stderr
     first = zip_path.read_bytes()
     assert _package(zip_path, cwd=tmp_path).returncode == 0 and zip_path.read_bytes() == first  # reproducible
 
@@ -86,7 +87,7 @@ def test_a_job_reaching_past_the_artifact_fails_the_build(tmp_path: Path, line: 
     with pytest.raises(ArtifactError) as e:
         artifact.build(tmp_path / "out.zip", root=root)
     imported = line.split()[1]
-    chain = "tidewire.pipeline.lake.schema <- tidewire.pipeline.spark <- tidewire.pipeline.cli"
+    chain = "tidewire.pipeline.lake.schema <- tidewire.pipeline.window <- tidewire.pipeline.cli"
     assert str(e.value) == (f"{imported} <- {chain}: {imported} is in neither the artifact (tidewire.pipeline), the "
                             "standard library nor the driver requirements (pyspark, pyarrow, paho)")
     assert not (tmp_path / "out.zip").exists()

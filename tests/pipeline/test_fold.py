@@ -14,7 +14,8 @@ import pytest
 
 from tests.pipeline.conftest import write_messages
 from tests.pipeline.test_jobs import _actual, _assert_same, _expected, _telemetry
-from tidewire.pipeline.jobs import aggregates, fold
+from tidewire.pipeline import fold
+from tidewire.pipeline.jobs import aggregates
 from tidewire.pipeline.jobs.aggregates import Folding
 from tidewire.pipeline.lake.partitions import day_name
 

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from tests.pipeline.conftest import T0, event, message, write_events, write_messages
+from tidewire.pipeline import window
 from tidewire.pipeline.cli import build_parser
-from tidewire.pipeline.jobs import alerts, reports, window
+from tidewire.pipeline.jobs import alerts, reports
 from tidewire.pipeline.jobs.alerts import parse_rule
-from tidewire.pipeline.jobs.window import TimeWindow
+from tidewire.pipeline.window import TimeWindow
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tidewire.pipeline.jobs import window
-from tidewire.pipeline.jobs.window import RuleError, TimeWindow
+from tidewire.pipeline import window
+from tidewire.pipeline.window import RuleError, TimeWindow
 
 NOW = 1_714_557_600_000  # 2024-05-01T10:00:00Z
 DAY = 86_400_000

@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from tidewire.pipeline.lake.schema import STATE_DIR
-from tidewire.pipeline.lake.writer import write_json_atomic
 
 JOBS_DIR = "jobs"
 UNITS = {"ms": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "mins": 60,
@@ -121,8 +122,24 @@ def last_until(path: Path) -> int | None:
         raise RuleError(f"unreadable job checkpoint {path}: {e}") from None
 
 
-def save_until(path: Path, until_ms: int) -> None:
+def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    """The jobs' state files (a window's end, the published alerts), atomically: a temporary file, fsync,
+    rename, fsync of the directory. (Not the lake writer's: a Spark driver's artifact leaves the bridge out.)"""
     path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(json.dumps(obj))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_until(path: Path, until_ms: int) -> None:
     write_json_atomic(path, {"until_ms": until_ms})
 
 
