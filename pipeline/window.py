@@ -6,6 +6,9 @@ stopped.
 its last run stopped: the `until` recorded in `<lake>/_tidewire/jobs/<job>.json` after each successful run (the
 first run, with no record, reads from the beginning). The record is written atomically after the job's output,
 so a crashed run is simply run again over the same window.
+
+The time arguments of every job live here (durations, `RuleError` for what cannot be parsed), with the
+counts' argparse type and the atomic write of the jobs' state files.
 """
 
 from __future__ import annotations
