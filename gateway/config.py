@@ -351,6 +351,9 @@ class LakeSettings(BaseModel):
     lake_compact_after: float = Field(3600.0, ge=0, description="s after an hour ends before it is compacted")
     lake_compact_grace: float = Field(3600.0, ge=0, description="s compacted files stay for readers that listed "
                                       "them before they are deleted (a reader must finish within it)")
+    lake_retention_days: int = Field(0, ge=0, description="the lake's day partitions older than this many "
+                                     "days are removed by the bridge, and older records are not exported "
+                                     "(its hold on the log moves past them); 0: keep forever")
 
 
 class BridgeSection(BaseModel):

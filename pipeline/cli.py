@@ -17,6 +17,7 @@ from types import FrameType, ModuleType
 
 from tidewire.pipeline.jobs import aggregates, alerts, compact, reports
 from tidewire.pipeline.spark import DEFAULT_MASTER, DEFAULT_SHUFFLE_PARTITIONS, spark_session
+from tidewire.pipeline.window import positive_int
 
 JOBS: dict[str, ModuleType] = {"aggregates": aggregates, "reports": reports, "alerts": alerts, "compact": compact}
 LAKE_ENV = "TIDEWIRE_LAKE_DIR"
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"Spark master (default {DEFAULT_MASTER}; ignored under spark-submit)")
         p.add_argument("--lake", default=os.environ.get(LAKE_ENV),
                        help=f"the lake directory or URI (default ${LAKE_ENV})")
-        p.add_argument("--shuffle-partitions", type=alerts.positive_int, default=DEFAULT_SHUFFLE_PARTITIONS,
+        p.add_argument("--shuffle-partitions", type=positive_int, default=DEFAULT_SHUFFLE_PARTITIONS,
                        help="spark.sql.shuffle.partitions")
         p.add_argument("--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE",
                        help="extra Spark configuration (repeatable)")

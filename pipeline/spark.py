@@ -14,9 +14,11 @@ from typing import Any
 import pyarrow as pa
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from tidewire.pipeline.lake.reading import committed_files
+from tidewire.pipeline.lake.partitions import partition_paths
+from tidewire.pipeline.lake.reading import committed_files, committed_in_hour
 from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
 
 DEFAULT_MASTER = "local[2]"
@@ -108,29 +110,50 @@ def table_path(lake: str, table: str) -> str:
     return lake.rstrip("/") + "/" + table
 
 
-def read_table(spark: SparkSession, lake: str, table: str, schema: T.StructType) -> DataFrame:
+def read_table(spark: SparkSession, lake: str, table: str, schema: T.StructType, time_column: str | None = None,
+               since_ms: int | None = None, until_ms: int | None = None) -> DataFrame:
     """A lake table as a DataFrame; an absent or empty table is an empty DataFrame of the same schema.
 
     On a local or mounted lake Spark reads the committed files (`pipeline.lake.reading`: compacted outputs, not
-    the files they replace); in an object store (`scheme://`, never compacted) the whole directory. Spark skips
-    names with a leading `.` or `_`: in-progress files and the `_tidewire` state are never read."""
+    the files they replace); with a bound (`since_ms`/`until_ms`, UTC ms, [since, until) of `time_column`) only
+    those of the range's `dt=/hour=` directories (`pipeline.lake.partitions`), and the rows are cut to the range
+    exactly. In an object store (`scheme://`, never compacted) Spark lists the directory itself (its filter on
+    `dt`/`hour` prunes what it reads). Spark skips names with a leading `.` or `_`: in-progress files and the
+    `_tidewire` state are never read."""
     base = table_path(lake, table)
+    empty = spark.createDataFrame([], schema)
+    bounded = time_column is not None and (since_ms is not None or until_ms is not None)
     try:
         if "://" in lake:
-            return spark.read.schema(schema).option("basePath", base).parquet(base)
-        files = [str(p) for p in committed_files(lake, table)]
-        if not files:
-            return spark.createDataFrame([], schema)
-        return spark.read.schema(schema).option("basePath", base).parquet(*files)
+            df = spark.read.schema(schema).option("basePath", base).parquet(base)
+        else:
+            if bounded:
+                files = [f for hour in partition_paths(lake, table, since_ms, until_ms)
+                         for f in committed_in_hour(hour)]
+            else:
+                files = committed_files(lake, table)
+            if not files:
+                return empty
+            df = spark.read.schema(schema).option("basePath", base).parquet(*(str(p) for p in files))
     except AnalysisException as e:
         if e.getCondition() != "PATH_NOT_FOUND":
             raise
-        return spark.createDataFrame([], schema)
+        return empty
+    if bounded and time_column is not None:
+        t = F.unix_millis(F.col(time_column))
+        if since_ms is not None:
+            df = df.where((F.col("dt") >= F.to_date(F.timestamp_millis(F.lit(since_ms)))) & (t >= since_ms))
+        if until_ms is not None:
+            df = df.where((F.col("dt") <= F.to_date(F.timestamp_millis(F.lit(until_ms)))) & (t < until_ms))
+    return df
 
 
-def read_messages(spark: SparkSession, lake: str) -> DataFrame:
-    return read_table(spark, lake, MESSAGES, MESSAGES_SPARK_SCHEMA)
+def read_messages(spark: SparkSession, lake: str, since_ms: int | None = None,
+                  until_ms: int | None = None) -> DataFrame:
+    """The messages received in [since_ms, until_ms) (None: unbounded)."""
+    return read_table(spark, lake, MESSAGES, MESSAGES_SPARK_SCHEMA, "received_at", since_ms, until_ms)
 
 
-def read_events(spark: SparkSession, lake: str) -> DataFrame:
-    return read_table(spark, lake, EVENTS, EVENTS_SPARK_SCHEMA)
+def read_events(spark: SparkSession, lake: str, since_ms: int | None = None, until_ms: int | None = None) -> DataFrame:
+    """The events of [since_ms, until_ms) (None: unbounded)."""
+    return read_table(spark, lake, EVENTS, EVENTS_SPARK_SCHEMA, "time", since_ms, until_ms)

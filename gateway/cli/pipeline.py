@@ -1,7 +1,7 @@
-"""`tidewire lake run|compact ...`, `tidewire pipeline run <job> ...` and `tidewire pipeline package`: thin
-forwards to the pipeline's own argument parsers (`pipeline.lake.command`, `pipeline.lake.compact_command`,
-`pipeline.cli`) and artifact builder (`pipeline.artifact`), imported only when used so the gateway starts
-without Spark."""
+"""`tidewire lake run|compact|retention ...`, `tidewire pipeline run <job> ...` and `tidewire pipeline package`:
+thin forwards to the pipeline's own argument parsers (`pipeline.lake.command`, `pipeline.lake.compact_command`,
+`pipeline.lake.retention`, `pipeline.cli`) and artifact builder (`pipeline.artifact`), imported only when used so
+the gateway starts without Spark."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ def lake_run(ctx: typer.Context) -> None:
 def lake_compact(ctx: typer.Context) -> None:
     """Compact the lake's closed hours once (`tidewire lake compact --help` for the options)."""
     from tidewire.pipeline.lake.compact_command import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@lake_app.command("retention", context_settings=_FORWARD)
+def lake_retention(ctx: typer.Context) -> None:
+    """Remove the lake's day partitions older than --days (`tidewire lake retention --help`)."""
+    from tidewire.pipeline.lake.retention import main
 
     raise typer.Exit(main(list(ctx.args)))
 

@@ -19,8 +19,10 @@ Layout under the lake:
 A partial row: (client_id | topic, minute, field, count, sum, min, max, dt, batch); `field` null is the message
 row (count = messages, sum/min/max of payload_size), else a numeric JSON field (dotted path) and its values.
 Any SQL engine gets the final numbers with `GROUP BY key, minute, field` and sum(count), sum(sum), min(min),
-max(max). Limit: every micro-batch adds files; readers' cost grows with the number of batches (use a longer
-`--every` or a larger `--max-files` for fewer, bigger batches).
+max(max). Every micro-batch adds files, so the partials of a closed day are folded into one set per day
+(`pipeline.fold`, inside this job: between micro-batches and at the end of a run; `--fold-days 0` turns
+it off): reading a month costs about what reading a day did. A day still being written (the current day, and
+late data for an old day until it is folded again) has one set per batch.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import argparse
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from pyspark.errors import AnalysisException
@@ -37,10 +41,12 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from tidewire.pipeline.jobs.alerts import parse_duration, positive_int
+from tidewire.pipeline import fold
+from tidewire.pipeline.lake.partitions import day_paths
 from tidewire.pipeline.lake.reading import BRIDGE_FILES_GLOB
 from tidewire.pipeline.lake.schema import MESSAGES
 from tidewire.pipeline.spark import MESSAGES_SPARK_SCHEMA, table_path
+from tidewire.pipeline.window import parse_duration, positive_int
 
 AGGREGATES = "aggregates"
 KEYS = {"device": "client_id", "topic": "topic"}
@@ -111,6 +117,7 @@ class AggregatesRun:
     seconds: float = 0.0  # wall time of the run
     busy: float = 0.0  # time spent in micro-batches (a processing-time run idles between them)
     batch_ids: list[int] = field(default_factory=list)
+    folded: list[str] = field(default_factory=list)  # days whose partials were folded into one set
 
     @property
     def rows_per_second(self) -> float:
@@ -118,19 +125,45 @@ class AggregatesRun:
         return self.rows / self.busy if self.busy > 0 else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Folding:
+    """Folding closed days (`pipeline.fold`): on unless `days` is 0."""
+
+    days: int = fold.DEFAULT_FOLD_DAYS
+    after_ms: int = fold.DEFAULT_AFTER_MS
+    wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+
+
+def fold_closed_days(spark: SparkSession, lake: str, committed: int, folding: Folding) -> list[str]:
+    """One fold pass over both tables: the closed days whose batches are all <= `committed`."""
+    if folding.days <= 0 or "://" in lake:
+        return []
+    out: list[str] = []
+    by: By
+    for by in ("device", "topic"):
+        out += fold.fold_table(spark, Path(output_path(lake, by)), partial_schema(by), committed=committed,
+                               now_ms=folding.wall_ms(), days=folding.days, after_ms=folding.after_ms).days
+    return out
+
+
 def run(spark: SparkSession, lake: str, *, checkpoint: str | None = None, every: float | None = None,
         max_files: int = DEFAULT_MAX_FILES, duration: float | None = None,
-        stop: threading.Event | None = None) -> AggregatesRun:
+        stop: threading.Event | None = None, folding: Folding | None = None) -> AggregatesRun:
     """Run the stream: `every` None is `availableNow` (all files present at the start, then stop); else a
     processing-time trigger every `every` seconds until `duration` (None: until `stop` is set or interrupted).
-    Setting `stop` (e.g. on SIGTERM) ends the run between polls: the query stops, committed batches stay."""
+    Setting `stop` (e.g. on SIGTERM) ends the run between polls: the query stops, committed batches stay.
+    Closed days are folded between micro-batches and at the end (`folding`; None: the defaults)."""
     source = table_path(lake, MESSAGES)
     if "://" not in source:
         os.makedirs(source, exist_ok=True)  # a lake the bridge has not written to yet is an empty stream
     result = AggregatesRun()
+    folding = folding or Folding()
+    checkpoint_dir = checkpoint or table_path(lake, DEFAULT_CHECKPOINT)
 
     def on_batch(batch: DataFrame, batch_id: int) -> None:
         began = time.monotonic()
+        # Batch `batch_id - 1` is committed before this one starts; this one is not yet (Spark may re-run it).
+        result.folded += fold_closed_days(spark, lake, batch_id - 1, folding)
         result.rows += write_partials(batch, batch_id, lake)
         result.busy += time.monotonic() - began
         result.batches += 1
@@ -140,7 +173,7 @@ def run(spark: SparkSession, lake: str, *, checkpoint: str | None = None, every:
     stream = (spark.readStream.schema(MESSAGES_SPARK_SCHEMA).option("maxFilesPerTrigger", max_files)
               .option("pathGlobFilter", BRIDGE_FILES_GLOB).parquet(source))
     writer = (stream.writeStream.queryName("tidewire_aggregates").foreachBatch(on_batch)
-              .option("checkpointLocation", checkpoint or table_path(lake, DEFAULT_CHECKPOINT)))
+              .option("checkpointLocation", checkpoint_dir))
     writer = writer.trigger(availableNow=True) if every is None else writer.trigger(processingTime=f"{every} seconds")
     started = time.monotonic()
     query = writer.start()
@@ -157,26 +190,38 @@ def run(spark: SparkSession, lake: str, *, checkpoint: str | None = None, every:
     exc = query.exception()
     if exc is not None:
         raise exc
+    if "://" not in checkpoint_dir:
+        result.folded += fold_closed_days(spark, lake, fold.committed_upto(Path(checkpoint_dir)), folding)
     return result
 
 
 # -- the reader: partials -> final numbers -------------------------------------------------------------------
 
-def read_partials(spark: SparkSession, lake: str, by: By) -> DataFrame:
+def read_partials(spark: SparkSession, lake: str, by: By, since_ms: int | None = None,
+                  until_ms: int | None = None) -> DataFrame:
+    """The partial rows; with bounds, only the `dt=` days overlapping [since_ms, until_ms) are listed."""
     path = output_path(lake, by)
     try:
-        return spark.read.schema(partial_schema(by)).option("basePath", path).parquet(path)
+        reader = spark.read.schema(partial_schema(by)).option("basePath", path)
+        if (since_ms is None and until_ms is None) or "://" in lake:
+            return reader.parquet(path)
+        days = day_paths(lake, f"{AGGREGATES}/{TABLES[by]}", since_ms, until_ms)
+        if not days:
+            return spark.createDataFrame([], partial_schema(by))
+        return reader.parquet(*(str(d) for d in days))
     except AnalysisException as e:
         if e.getCondition() != "PATH_NOT_FOUND":
             raise
         return spark.createDataFrame([], partial_schema(by))
 
 
-def minute_aggregates(spark: SparkSession, lake: str, by: By = "device") -> DataFrame:
+def minute_aggregates(spark: SparkSession, lake: str, by: By = "device", since_ms: int | None = None,
+                      until_ms: int | None = None) -> DataFrame:
     """The exact per-minute aggregates: (client_id | topic, minute, dt, messages, bytes, fields) where `fields`
-    maps each numeric JSON field (dotted path) to (count, min, max, avg) over that minute."""
+    maps each numeric JSON field (dotted path) to (count, min, max, avg) over that minute. With bounds: the days
+    overlapping [since_ms, until_ms) (whole days)."""
     key = KEYS[by]
-    merged = (read_partials(spark, lake, by).groupBy(key, "minute", "field")
+    merged = (read_partials(spark, lake, by, since_ms, until_ms).groupBy(key, "minute", "field")
               .agg(F.sum("count").alias("count"), F.sum("sum").alias("sum"), F.min("min").alias("min"),
                    F.max("max").alias("max")))
     is_message_row = F.col("field").isNull()
@@ -211,11 +256,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=parse_every, default=None,
                         help="with --every: stop after this long (default: until interrupted)")
     parser.add_argument("--max-files", type=positive_int, default=DEFAULT_MAX_FILES, help="lake files per micro-batch")
+    parser.add_argument("--fold-days", type=int, default=fold.DEFAULT_FOLD_DAYS,
+                        help="fold the partials of closed days this many days back into one set per day (0: off)")
+    parser.add_argument("--fold-after", type=parse_every, default=fold.DEFAULT_AFTER_MS / 1000,
+                        help="a day is closed (and folded) this long after its end (default 1h)")
 
 
 def main_job(spark: SparkSession, lake: str, args: argparse.Namespace) -> int:
+    folding = Folding(days=args.fold_days, after_ms=round(args.fold_after * 1000))
     res = run(spark, lake, checkpoint=args.checkpoint, every=args.every, max_files=args.max_files,
-              duration=args.duration, stop=getattr(args, "stop", None))
+              duration=args.duration, stop=getattr(args, "stop", None), folding=folding)
     print(f"aggregates: {res.rows} rows in {res.batches} batches ({res.busy:.1f} s of {res.seconds:.1f} s), "
-          f"{res.rows_per_second:,.0f} rows/s -> {output_path(lake, 'device')}, {output_path(lake, 'topic')}")
+          f"{res.rows_per_second:,.0f} rows/s -> {output_path(lake, 'device')}, {output_path(lake, 'topic')}; "
+          f"{len(res.folded)} days folded")
     return 0

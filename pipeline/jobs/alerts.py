@@ -9,6 +9,13 @@ is published through the gateway (paho-mqtt, QoS 1, MQTT 5) and recorded in
 an island that keeps growing, does not publish it again. A crash between a PUBACK and the state write republishes
 that one alert on the next run (at least once). The publisher's own client id starts with `tidewire-alerts`, and
 such publishers are never evaluated (an alert cannot trigger alerts).
+
+Incremental: a run looks at a window (`--since/--until`, by default from where the last run for this rule
+stopped, recorded in `<lake>/_tidewire/jobs/alerts-<rule hash>.json`, to now), reading its partitions and
+those of the hour (or the rule's duration, if longer) before it, so an island begun shortly before the window is
+seen with its true start. An island already holding at the first reading read is taken as one an earlier run
+saw, and is left out (a device whose readings before the window are further apart than that lookback could
+have such an island unseen: use an explicit, earlier --since).
 """
 
 from __future__ import annotations
@@ -32,23 +39,23 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from tidewire.pipeline import window as windows
 from tidewire.pipeline.lake.schema import STATE_DIR
 from tidewire.pipeline.spark import read_messages
+from tidewire.pipeline.window import RuleError, TimeWindow, parse_duration, positive_int, write_json_atomic
 
 OPS: dict[str, Callable[[Column, float], Column]] = {
     ">=": lambda c, x: c >= x, "<=": lambda c, x: c <= x, "==": lambda c, x: c == x,
     "!=": lambda c, x: c != x, ">": lambda c, x: c > x, "<": lambda c, x: c < x,
 }
-UNITS = {"ms": 0.001, "s": 1, "sec": 1, "secs": 1, "second": 1, "seconds": 1, "m": 60, "min": 60, "mins": 60,
-         "minute": 60, "minutes": 60, "h": 3600, "hr": 3600, "hrs": 3600, "hour": 3600, "hours": 3600,
-         "d": 86400, "day": 86400, "days": 86400}
 MAX_RULE_CHARS = 1000
-MAX_DURATION = timedelta(days=366)
 DEFAULT_TOPIC = "alerts/{client_id}"
 TOPIC_FIELDS = frozenset({"client_id", "field"})
 ALERT_CLIENT_PREFIX = "tidewire-alerts"
 DEFAULT_MQTT_URL = "mqtt://127.0.0.1:1883"
 MQTT_URL_ENV = "TIDEWIRE_MQTT_URL"
+ALERTS = "alerts"
+DEFAULT_LOOKBACK_MS = 3_600_000  # at least: the rule's duration if longer
 DEFAULT_MAX_ALERTS = 1000  # alerts published per run; the rest wait for the next run
 ACK_TIMEOUT = 10.0  # s for a CONNACK or a PUBACK
 STATE_VERSION = 1
@@ -56,42 +63,6 @@ STATE_VERSION = 1
 _RULE = re.compile(r"^\s*(?P<field>[^\s<>=!]+)\s*(?P<op>>=|<=|==|!=|>|<)\s*"
                    r"(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s+for\s+(?P<duration>.+?)\s*$",
                    re.IGNORECASE)
-_DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*")
-
-
-class RuleError(ValueError):
-    """A rule, duration, topic template or gateway URL that cannot be used; the message says why."""
-
-
-def positive_int(text: str) -> int:
-    """An argparse type for counts and limits (shared by the jobs' command lines)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {value}")
-    return value
-
-
-def parse_duration(text: str) -> timedelta:
-    """`90s`, `1m`, `2 minutes`, `1h30m`, `500ms` -> timedelta; a unit is required."""
-    pos, seconds, parts = 0, 0.0, 0
-    while pos < len(text):
-        m = _DURATION_PART.match(text, pos)
-        if m is None or m.end() == pos:
-            break
-        unit = UNITS.get(m.group(2).lower())
-        if unit is None:
-            raise RuleError(f"unknown duration unit {m.group(2)!r} in {text!r} (use ms, s, m, h or d)")
-        seconds += float(m.group(1)) * unit
-        parts += 1
-        pos = m.end()
-    if parts == 0 or pos != len(text):
-        raise RuleError(f"bad duration {text!r}: expected a number and a unit, like 90s, 1m or 2 minutes")
-    if seconds > MAX_DURATION.total_seconds():
-        raise RuleError(f"duration {text!r} is longer than {MAX_DURATION.days} days")
-    return timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +122,21 @@ def alert_topic(template: str, client_id: str, field_path: str) -> str:
 
 # -- detection (Spark) ---------------------------------------------------------------------------------------
 
-def detect(spark: SparkSession, lake: str, rule: Rule) -> DataFrame:
+def lookback_ms(rule: Rule) -> int:
+    """How far before a window the readings are read: an island that began up to this long before the window is
+    seen whole."""
+    return max(rule.duration_ms, DEFAULT_LOOKBACK_MS)
+
+
+def detect(spark: SparkSession, lake: str, rule: Rule, w: TimeWindow | None = None) -> DataFrame:
     """Every island of the rule's condition per device that lasts >= the rule's duration:
-    (client_id, field, start_ms, end_ms, count, min, max)."""
+    (client_id, field, start_ms, end_ms, count, min, max). With a window: the islands with a reading in it,
+    read from `lookback_ms(rule)` before it; an island already holding at the first reading read (its start is
+    not in what was read) belongs to an earlier run and is left out."""
     value = F.try_element_at(F.col("json_numbers"), F.lit(rule.field))
-    readings = (read_messages(spark, lake)
+    read = None if w is None else w.widened(lookback_ms(rule))
+    since, until = (None, None) if read is None else (read.since_ms, read.until_ms)
+    readings = (read_messages(spark, lake, since, until)
                 .select("client_id", F.unix_millis("received_at").alias("t"), "position", value.alias("value"))
                 .where(F.col("value").isNotNull() & ~F.col("client_id").startswith(ALERT_CLIENT_PREFIX)))
     holds = OPS[rule.op](F.col("value"), rule.threshold)
@@ -166,6 +147,9 @@ def detect(spark: SparkSession, lake: str, rule: Rule) -> DataFrame:
                .groupBy("client_id", "island")
                .agg(F.min("t").alias("start_ms"), F.max("t").alias("end_ms"), F.count("*").alias("count"),
                     F.min("value").alias("min"), F.max("value").alias("max")))
+    if w is not None and w.since_ms is not None:
+        # island 0 begins at a device's first reading read: cut off, its true start lies before the lookback
+        islands = islands.where((F.col("island") > 0) & (F.col("end_ms") >= w.since_ms))
     return (islands.where(F.col("end_ms") - F.col("start_ms") >= rule.duration_ms)
             .select("client_id", F.lit(rule.field).alias("field"), "start_ms", "end_ms", "count", "min", "max"))
 
@@ -195,9 +179,9 @@ class Alert:
 
 
 def new_alerts(spark: SparkSession, lake: str, rule: Rule, published: Iterable[tuple[str, int]],
-               limit: int) -> list[Alert]:
+               limit: int, w: TimeWindow | None = None) -> list[Alert]:
     """The oldest `limit` alerts not yet published."""
-    found = detect(spark, lake, rule)
+    found = detect(spark, lake, rule, w)
     done = list(published)
     if done:
         seen = spark.createDataFrame(done, "client_id string, start_ms long")
@@ -230,20 +214,7 @@ def load_published(path: Path) -> set[tuple[str, int]]:
 
 
 def save_published(path: Path, rule: Rule, published: set[tuple[str, int]]) -> None:
-    """Atomically: a temporary file, fsync, rename, fsync of the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    body = json.dumps({"version": STATE_VERSION, "rule": rule.canonical, "published": sorted(published)})
-    with tmp.open("w") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_json_atomic(path, {"version": STATE_VERSION, "rule": rule.canonical, "published": sorted(published)})
 
 
 # -- publishing (paho-mqtt) ----------------------------------------------------------------------------------
@@ -363,14 +334,14 @@ class AlertsRun:
 
 def run(spark: SparkSession, lake: str, rule: Rule, *, target: MqttTarget | None = None,
         topic: str = DEFAULT_TOPIC, client_id: str | None = None, max_alerts: int = DEFAULT_MAX_ALERTS,
-        state: Path | None = None, dry_run: bool = False) -> AlertsRun:
+        state: Path | None = None, dry_run: bool = False, w: TimeWindow | None = None) -> AlertsRun:
     """Detect and publish the rule's new alerts; a publishing failure ends the run with `error` set (what was
     acknowledged before it stays recorded)."""
     check_topic_template(topic)
     path = state or state_path(lake, rule)
     published = load_published(path)
     result = AlertsRun(already=len(published))
-    alerts = new_alerts(spark, lake, rule, published, max_alerts)
+    alerts = new_alerts(spark, lake, rule, published, max_alerts, w)
     result.found = len(alerts)
     if dry_run or not alerts:
         return result
@@ -417,13 +388,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state", type=Path, default=None,
                         help="the published-alerts file (default <lake>/_tidewire/alerts-<rule hash>.json)")
     parser.add_argument("--dry-run", action="store_true", help="detect and print, publish nothing")
+    windows.add_arguments(parser)
 
 
 def main_job(spark: SparkSession, lake: str, args: argparse.Namespace) -> int:
     try:
         target = parse_mqtt_url(args.mqtt or os.environ.get(MQTT_URL_ENV) or DEFAULT_MQTT_URL)
+        job = f"{ALERTS}-{args.rule.digest}"
+        w = windows.resolve(lake, job, args.since, args.until, int(time.time() * 1000))
         res = run(spark, lake, args.rule, target=target, topic=args.topic, client_id=args.client_id,
-                  max_alerts=args.max_alerts, state=args.state, dry_run=args.dry_run)
+                  max_alerts=args.max_alerts, state=args.state, dry_run=args.dry_run, w=w)
     except RuleError as e:
         print(f"alerts: {e}", file=sys.stderr)
         return 2
@@ -434,4 +408,7 @@ def main_job(spark: SparkSession, lake: str, args: argparse.Namespace) -> int:
     if res.error is not None:
         print(f"alerts: {res.error}", file=sys.stderr)
         return 1
+    # Only when every new alert of the window was published (not cut by --max-alerts): the next run goes on.
+    if not args.dry_run and res.found < args.max_alerts and "://" not in lake:
+        windows.save_until(windows.checkpoint_path(lake, job), w.until_ms)
     return 0

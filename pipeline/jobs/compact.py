@@ -22,9 +22,10 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from tidewire.pipeline.lake.compact_command import CompactOptions, duration_s
+from tidewire.pipeline.lake.compact_command import CompactOptions
 from tidewire.pipeline.lake.compaction import CompactStats, closed_hours, compact_hour, compaction_lock
 from tidewire.pipeline.lake.schema import EVENTS, MESSAGES
+from tidewire.pipeline.window import seconds
 
 
 def _compact_unit(unit: tuple[str, str], opts: CompactOptions, now_ms: int) -> dict[str, Any]:
@@ -60,10 +61,10 @@ def run(spark: SparkSession, lake: str, opts: CompactOptions, clock: Callable[[]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = CompactOptions()
-    parser.add_argument("--older-than", type=duration_s, default=d.after_s,
+    parser.add_argument("--older-than", type=seconds, default=d.after_s,
                         help="compact hours that ended at least this long ago (default 1h)")
     parser.add_argument("--target-bytes", type=int, default=d.target_bytes, help="size of the files written")
-    parser.add_argument("--grace", type=duration_s, default=d.grace_s,
+    parser.add_argument("--grace", type=seconds, default=d.grace_s,
                         help="replaced files stay this long for readers that listed them (default 1h)")
 
 

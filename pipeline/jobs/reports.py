@@ -1,6 +1,11 @@
 """Batch reports over the lake: delivery latency per topic, devices online per minute, top talkers, drop and
 retry rates; each written as Parquet under `<lake>/reports/<name>/` (replaced on every run).
 
+Incremental: a run covers a time window (`pipeline.window`: `--since/--until`, by default from where the
+last run stopped to now) and reads only that window's `dt=/hour=` partitions (`pipeline.lake.partitions`), so
+its cost follows the window, not the lake's age. Latency also reads the messages received up to `--lookback`
+(1h) before the window: a delivery in the window may be of a message received before it.
+
 Definitions:
 - latency: per topic, over the FIRST `delivered` (and first `acked`) event per (client, position), joined to
   the message on position: event time - message received_at, in ms. p50/p99 are `percentile_approx` with
@@ -19,33 +24,41 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from tidewire.pipeline.jobs.alerts import positive_int
+from tidewire.pipeline import window as windows
 from tidewire.pipeline.lake.event_names import ACKED, CONNECTED, DELIVERED, DISCONNECTED, DROPPED
 from tidewire.pipeline.spark import read_events, read_messages, table_path
+from tidewire.pipeline.window import RuleError, TimeWindow, parse_duration, positive_int
 
 REPORTS = "reports"
 ACCURACY = 10_000
 DEFAULT_TOP = 10
 ALL_TOPICS = "#"  # never a topic name, so it cannot collide with a real topic's row
 TAKEOVER_REASONS = ("session taken over", "takeover")  # a disconnect that the next connection continues
+DEFAULT_LOOKBACK = "1h"  # latency: how long before a delivery its message may have been received
+
+
+def _range(w: TimeWindow | None) -> tuple[int | None, int | None]:
+    return (None, None) if w is None else (w.since_ms, w.until_ms)
 
 
 def _ms(col: str) -> Column:
     return F.unix_millis(F.col(col))
 
 
-def latency(spark: SparkSession, lake: str) -> DataFrame:
+def latency(spark: SparkSession, lake: str, w: TimeWindow | None = None, lookback_ms: int = 3_600_000) -> DataFrame:
     """(topic, delivered, delivery_p50_ms, delivery_p99_ms, delivery_max_ms, acked, ack_p50_ms, ack_p99_ms,
-    ack_max_ms)."""
-    first = (read_events(spark, lake)
+    ack_max_ms) of the deliveries in the window, whose messages were received up to `lookback_ms` before it."""
+    first = (read_events(spark, lake, *_range(w))
              .where(F.col("event").isin(DELIVERED, ACKED) & F.col("position").isNotNull())
              .groupBy("event", "client_id", "position").agg(F.min("time").alias("time")))
-    messages = read_messages(spark, lake).select("position", "topic", "received_at")
+    earlier = None if w is None else w.widened(lookback_ms)
+    messages = read_messages(spark, lake, *_range(earlier)).select("position", "topic", "received_at")
     timed = (first.join(messages, "position")
              .withColumn("ms", _ms("time") - _ms("received_at")))
     cols: list[Column] = []
@@ -57,27 +70,28 @@ def latency(spark: SparkSession, lake: str) -> DataFrame:
     return timed.groupBy("topic").agg(*cols).orderBy("topic")
 
 
-def _bounds(spark: SparkSession, lake: str) -> tuple[int, int] | None:
-    row = read_events(spark, lake).agg(F.min(_ms("time")).alias("a"), F.max(_ms("time")).alias("b")).first()
+def _bounds(spark: SparkSession, lake: str, w: TimeWindow | None) -> tuple[int, int] | None:
+    row = read_events(spark, lake, *_range(w)).agg(F.min(_ms("time")).alias("a"), F.max(_ms("time")).alias("b")).first()
     if row is None or row["a"] is None:
         return None
     return int(row["a"]), int(row["b"])
 
 
-def online(spark: SparkSession, lake: str) -> DataFrame:
-    """(minute, online): distinct clients online during each minute from the first to the last event."""
-    bounds = _bounds(spark, lake)
+def online(spark: SparkSession, lake: str, w: TimeWindow | None = None) -> DataFrame:
+    """(minute, online): distinct clients online during each minute from the first to the last event (of the
+    window: a session begun before it counts from the window's first event)."""
+    bounds = _bounds(spark, lake, w)
     if bounds is None:
         return spark.createDataFrame([], "minute timestamp, online long")
     first = F.timestamp_millis(F.lit(bounds[0]))
     last = F.timestamp_millis(F.lit(bounds[1]))
-    sessions = read_events(spark, lake).where(
+    sessions = read_events(spark, lake, *_range(w)).where(
         (F.col("event") == CONNECTED)
         | ((F.col("event") == DISCONNECTED) & ~F.coalesce(F.col("reason").isin(*TAKEOVER_REASONS), F.lit(False))))
     # connected before disconnected at the same instant: a session shorter than a millisecond stays closed
-    w = Window.partitionBy("client_id").orderBy("time", F.when(F.col("event") == CONNECTED, 0).otherwise(1))
-    marked = (sessions.withColumn("next_time", F.lead("time").over(w))
-              .withColumn("prev_event", F.lag("event").over(w)))
+    order = Window.partitionBy("client_id").orderBy("time", F.when(F.col("event") == CONNECTED, 0).otherwise(1))
+    marked = (sessions.withColumn("next_time", F.lead("time").over(order))
+              .withColumn("prev_event", F.lag("event").over(order)))
     intervals = marked.select(
         "client_id",
         F.when(F.col("event") == CONNECTED, F.col("time")).otherwise(first).alias("start"),
@@ -96,9 +110,9 @@ def online(spark: SparkSession, lake: str) -> DataFrame:
             .orderBy("minute"))
 
 
-def top_talkers(spark: SparkSession, lake: str, n: int = DEFAULT_TOP) -> DataFrame:
+def top_talkers(spark: SparkSession, lake: str, n: int = DEFAULT_TOP, w: TimeWindow | None = None) -> DataFrame:
     """(client_id, messages, bytes, messages_rank, bytes_rank) for the top `n` by messages or by bytes."""
-    per_client = (read_messages(spark, lake).groupBy("client_id")
+    per_client = (read_messages(spark, lake, *_range(w)).groupBy("client_id")
                   .agg(F.count("*").alias("messages"), F.sum("payload_size").cast("long").alias("bytes")))
     # One row per client after the groupBy: a global window over them is small.
     by_messages = Window.orderBy(F.desc("messages"), "client_id")
@@ -109,9 +123,9 @@ def top_talkers(spark: SparkSession, lake: str, n: int = DEFAULT_TOP) -> DataFra
             .orderBy("messages_rank"))
 
 
-def rates(spark: SparkSession, lake: str) -> DataFrame:
+def rates(spark: SparkSession, lake: str, w: TimeWindow | None = None) -> DataFrame:
     """(topic, delivered, first_deliveries, retries, dropped, drop_rate, retry_rate); topic `#` is all topics."""
-    events = read_events(spark, lake).where(F.col("event").isin(DELIVERED, DROPPED))
+    events = read_events(spark, lake, *_range(w)).where(F.col("event").isin(DELIVERED, DROPPED))
     delivered = F.col("event") == DELIVERED
     dup = F.coalesce(F.col("dup"), F.lit(False))
     counts = (events.rollup("topic")
@@ -133,17 +147,20 @@ def report_path(lake: str, name: str) -> str:
     return table_path(lake, f"{REPORTS}/{name}")
 
 
-def build(spark: SparkSession, lake: str, top: int = DEFAULT_TOP) -> dict[str, Callable[[], DataFrame]]:
-    return {"latency": lambda: latency(spark, lake), "online": lambda: online(spark, lake),
-            "top_talkers": lambda: top_talkers(spark, lake, top), "rates": lambda: rates(spark, lake)}
+def build(spark: SparkSession, lake: str, top: int = DEFAULT_TOP, w: TimeWindow | None = None,
+          lookback_ms: int = 3_600_000) -> dict[str, Callable[[], DataFrame]]:
+    return {"latency": lambda: latency(spark, lake, w, lookback_ms), "online": lambda: online(spark, lake, w),
+            "top_talkers": lambda: top_talkers(spark, lake, top, w), "rates": lambda: rates(spark, lake, w)}
 
 
 NAMES = ("latency", "online", "top_talkers", "rates")
 
 
-def run(spark: SparkSession, lake: str, names: Sequence[str] = NAMES, top: int = DEFAULT_TOP) -> dict[str, DataFrame]:
-    """Compute and write each report (replacing the previous one); returns them as read back from the lake."""
-    makers = build(spark, lake, top)
+def run(spark: SparkSession, lake: str, names: Sequence[str] = NAMES, top: int = DEFAULT_TOP,
+        w: TimeWindow | None = None, lookback_ms: int = 3_600_000) -> dict[str, DataFrame]:
+    """Compute and write each report of the window (None: the whole lake), replacing the previous one; returns
+    them as read back from the lake."""
+    makers = build(spark, lake, top, w, lookback_ms)
     out: dict[str, DataFrame] = {}
     for name in names:
         path = report_path(lake, name)
@@ -157,6 +174,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated reports to run (default all: {','.join(NAMES)})")
     parser.add_argument("--top", type=positive_int, default=DEFAULT_TOP, help="how many top talkers")
     parser.add_argument("--rows", type=positive_int, default=50, help="rows of each report to print")
+    parser.add_argument("--lookback", default=DEFAULT_LOOKBACK,
+                        help=f"latency: messages received this long before the window are read too "
+                             f"(default {DEFAULT_LOOKBACK})")
+    windows.add_arguments(parser)
 
 
 def main_job(spark: SparkSession, lake: str, args: argparse.Namespace) -> int:
@@ -165,7 +186,16 @@ def main_job(spark: SparkSession, lake: str, args: argparse.Namespace) -> int:
     if unknown:
         print(f"reports: unknown report(s) {unknown}; known: {', '.join(NAMES)}", file=sys.stderr)
         return 2
-    for name, df in run(spark, lake, names, args.top).items():
+    try:
+        lookback_ms = round(parse_duration(args.lookback).total_seconds() * 1000)
+        w = windows.resolve(lake, REPORTS, args.since, args.until, int(time.time() * 1000))
+    except RuleError as e:
+        print(f"reports: {e}", file=sys.stderr)
+        return 2
+    print(f"reports over {w.describe()}")
+    for name, df in run(spark, lake, names, args.top, w, lookback_ms).items():
         print(f"== {name} ({report_path(lake, name)})")
         df.show(args.rows, truncate=False)
+    if "://" not in lake:
+        windows.save_until(windows.checkpoint_path(lake, REPORTS), w.until_ms)
     return 0

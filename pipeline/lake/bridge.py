@@ -10,6 +10,8 @@ reaches `flush_rows` rows or `flush_bytes`, or `flush_seconds` after its first r
 up within that bound). Building the Arrow table and writing Parquet run in a worker thread, so the event loop of
 a node hosting the bridge only ever pays for one `read_batch` of reading. After each commit the bridge holds the
 log at its checkpoint (`hold_log(p, "lake", position)`, set at start too): retention keeps what is not exported.
+With `retention_days` the bridge also applies the lake's retention (`pipeline.lake.retention`) and exports no
+record older than it, counted as `expired`: its checkpoint and hold move past them.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
+from tidewire.pipeline.lake.retention import RETENTION_EVERY_S, cutoff_ms, remove_expired
 from tidewire.pipeline.lake.rows import messages_table
 from tidewire.pipeline.lake.writer import Checkpoint, MessagesWriter, PartitionLock
 from tidewire.store.base import LogSource
@@ -63,6 +67,7 @@ class _Partition:
     lost_committed: int = 0  # reader.lost already counted in a checkpoint
     caught_up: bool = False  # the last read returned nothing
     rows: int = 0  # this run's counters
+    expired: int = 0  # records past the lake's retention, not exported
     files: int = 0
     flushes: int = 0
 
@@ -71,7 +76,8 @@ class LakeBridge:
     def __init__(self, source: LogSource, lake_dir: str | Path, *, owner: str, flush_rows: int = 100_000,
                  flush_bytes: int = 64 << 20, flush_seconds: float = 5.0, read_batch: int = 5000,
                  lease_ttl_ms: int = 15_000, idle_s: float = 0.2, compression: str = "zstd",
-                 holder: str = HOLDER) -> None:
+                 holder: str = HOLDER, retention_days: int = 0,
+                 wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
         if flush_rows < 1 or read_batch < 1 or lease_ttl_ms < 3 or flush_seconds < 0 or idle_s <= 0:
             raise ValueError("flush_rows, read_batch, lease_ttl_ms and idle_s must be positive")
         self.source = source
@@ -85,6 +91,11 @@ class LakeBridge:
         self.idle_s = idle_s
         self.compression = compression
         self.holder = holder  # another name only for a second lake exported from the same log
+        if retention_days < 0:
+            raise ValueError("retention_days must be 0 (keep forever) or more")
+        self.retention_days = retention_days
+        self._next_retention = 0.0  # monotonic
+        self.wall_ms = wall_ms  # the clock retention's cutoff is taken from
         self._parts = {p: _Partition(p, MessagesWriter(self.lake, p, compression), PartitionLock(self.lake, p))
                        for p in range(source.log_partitions())}
         self._stopping = asyncio.Event()
@@ -116,6 +127,12 @@ class LakeBridge:
                         await self._take(part, once)
                 if once and all(p.done for p in self._parts.values()):
                     break
+                if self.retention_days and now >= self._next_retention:
+                    self._next_retention = now + RETENTION_EVERY_S
+                    try:
+                        await asyncio.to_thread(remove_expired, self.lake, self.retention_days, self.wall_ms())
+                    except OSError as e:
+                        log.warning("lake: retention: %s", e)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), ttl_s / 3)
                 self._wake.clear()
@@ -153,10 +170,12 @@ class LakeBridge:
             parts[p] = {"owned": part.owned, "position": cp.position,
                         "read_position": part.reader.position if part.reader is not None else cp.position,
                         "buffered": len(part.buffer), "rows": part.rows, "files": part.files,
-                        "flushes": part.flushes, "lost": cp.lost, "lag_ms": lag if part.owned else 0}
+                        "flushes": part.flushes, "lost": cp.lost, "expired": part.expired,
+                        "lag_ms": lag if part.owned else 0}
         vals = parts.values()
         return {"rows": sum(v["rows"] for v in vals), "files": sum(v["files"] for v in vals),
                 "flushes": sum(v["flushes"] for v in vals), "lost": sum(v["lost"] for v in vals),
+                "expired": sum(v["expired"] for v in vals),
                 "lag_ms": max((v["lag_ms"] for v in vals), default=0),
                 "owned": sorted(p for p, v in parts.items() if v["owned"]), "failed": sorted(self.failed),
                 "partitions": parts}
@@ -309,6 +328,13 @@ class LakeBridge:
         if part.fenced:
             return
         part.buffer, part.buffer_bytes, part.dirty_since = [], 0, None
+        if self.retention_days:
+            # A record past retention would recreate a day retention removed: skipped, and the checkpoint (so
+            # the hold on the log) still moves past it.
+            cutoff = cutoff_ms(self.retention_days, self.wall_ms())
+            kept = [r for r in records if r.received_ms >= cutoff]
+            part.expired += len(records) - len(kept)
+            records = kept
         try:
             cp = await asyncio.to_thread(self._write, part.writer, records, position, lost)
         except Exception as e:

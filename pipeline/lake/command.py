@@ -22,8 +22,9 @@ from typing import Any
 
 from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.pipeline.lake.bridge import LakeBridge
-from tidewire.pipeline.lake.compact_command import BackgroundCompactor, CompactOptions, duration_s
+from tidewire.pipeline.lake.compact_command import BackgroundCompactor, CompactOptions
 from tidewire.pipeline.lake.event_export import EventExporter
+from tidewire.pipeline.window import seconds
 from tidewire.store.base import LogSource
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 STORE_ENV = "TIDEWIRE_LAKE_STORE"
 PARENT_CHECK_S = 1.0
 BRIDGE_OPTIONS = ("flush_rows", "flush_bytes", "flush_seconds", "read_batch", "lease_ttl_ms", "idle_s", "compression",
-                  "holder")
+                  "holder", "retention_days")
 
 
 class Lake:
@@ -105,7 +106,7 @@ async def run_lake(source: LogSource | None, lake_dir: str | Path, owner: str, *
                    **opts: Any) -> dict[str, Any]:
     """Run the lake (see `Lake`) until cancelled (or, with `once`, the log is exported); returns its stats.
     `opts`: LakeBridge's flush_rows, flush_bytes, flush_seconds, read_batch, lease_ttl_ms, idle_s, compression,
-    holder."""
+    holder, retention_days."""
     lake = Lake(source, lake_dir, owner, events=events, node=node, bridge=bridge, **opts)
     await lake.run(once)
     return lake.stats()
@@ -135,10 +136,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-compact", dest="compact", action="store_false",
                    help="leave compaction to `tidewire lake compact` or the Spark job")
     p.add_argument("--compact-target-bytes", type=int, default=c.target_bytes, help="size of compacted files")
-    p.add_argument("--compact-after", type=duration_s, default=c.after_s,
+    p.add_argument("--compact-after", type=seconds, default=c.after_s,
                    help="compact an hour this long after it ends (default 1h)")
-    p.add_argument("--compact-grace", type=duration_s, default=c.grace_s,
+    p.add_argument("--compact-grace", type=seconds, default=c.grace_s,
                    help="compacted files stay this long for readers that listed them (default 1h)")
+    p.add_argument("--retention-days", type=int, default=0,
+                   help="remove the lake's days older than this, export no record older (0: keep forever)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much (a node "
                    "starts its bridge at 10: sharing a core, the gateway's deliveries come first)")

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import sys
 import threading
 import time
@@ -22,12 +21,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tidewire.pipeline.lake.compaction import CompactStats, compact_lake
+from tidewire.pipeline.window import seconds
 
 log = logging.getLogger(__name__)
 
 CHECK_S = 60.0  # how often the bridge looks for hours to compact (an hour closes once an hour)
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,23 +80,15 @@ class BackgroundCompactor:
         return {"passes": self.passes, "failures": self.failures, **asdict(self.totals)}
 
 
-def duration_s(text: str) -> float:
-    """`90`, `90s`, `30m`, `1h`, `2d` -> seconds (an argparse type)."""
-    m = _DURATION.match(text)
-    if m is None:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r}: a number and a unit (ms, s, m, h, d), like 1h")
-    return float(m.group(1)) * _UNIT_S[m.group(2) or "s"]
-
-
 def _parser() -> argparse.ArgumentParser:
     d = CompactOptions()
     p = argparse.ArgumentParser(prog="tidewire lake compact",
                                 description="Rewrite the closed hours' small files into few, exactly once.")
     p.add_argument("--lake", type=Path, required=True, help="the lake directory")
-    p.add_argument("--older-than", type=duration_s, default=d.after_s,
+    p.add_argument("--older-than", type=seconds, default=d.after_s,
                    help="compact hours that ended at least this long ago (default 1h; 0: every ended hour)")
     p.add_argument("--target-bytes", type=int, default=d.target_bytes, help="size of the files written")
-    p.add_argument("--grace", type=duration_s, default=d.grace_s,
+    p.add_argument("--grace", type=seconds, default=d.grace_s,
                    help="replaced files stay this long for readers that listed them (default 1h)")
     p.add_argument("--compression", default=d.compression, choices=["zstd", "snappy", "gzip", "lz4", "none"])
     p.add_argument("--log-level", default="INFO")

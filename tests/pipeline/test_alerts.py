@@ -13,7 +13,8 @@ from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory, wri
 from tests.pipeline.conftest import T0, message, write_messages
 from tidewire.pipeline.cli import build_parser
 from tidewire.pipeline.jobs import alerts
-from tidewire.pipeline.jobs.alerts import MqttTarget, Rule, RuleError, parse_duration, parse_mqtt_url, parse_rule
+from tidewire.pipeline.jobs.alerts import MqttTarget, Rule, parse_mqtt_url, parse_rule
+from tidewire.pipeline.window import RuleError, parse_duration
 
 # Spark local jobs (a JVM per session, seconds per job): `make test-slow`, with the Spark cluster test, keeps
 # `make test` under its 10 minutes.

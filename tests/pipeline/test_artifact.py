@@ -21,7 +21,8 @@ ROOT = Path(__file__).parents[2]
 EXPECTED = {f"tidewire/{name}" for name in (
     "__init__.py", "compiled.py", "pipeline/__init__.py", "pipeline/cli.py", "pipeline/spark.py",
     "pipeline/jobs/__init__.py", "pipeline/jobs/aggregates.py", "pipeline/jobs/alerts.py", "pipeline/jobs/reports.py",
-    "pipeline/jobs/compact.py", "pipeline/lake/__init__.py", "pipeline/lake/schema.py", "pipeline/lake/event_names.py",
+    "pipeline/jobs/compact.py", "pipeline/window.py", "pipeline/fold.py", "pipeline/lake/__init__.py",
+    "pipeline/lake/schema.py", "pipeline/lake/event_names.py", "pipeline/lake/partitions.py",
     "pipeline/lake/reading.py", "pipeline/lake/compaction.py", "pipeline/lake/compact_command.py",
     "pipeline/lake/writer.py")}
 
@@ -88,7 +89,7 @@ def test_a_job_reaching_past_the_artifact_fails_the_build(tmp_path: Path, line: 
     with pytest.raises(ArtifactError) as e:
         artifact.build(tmp_path / "out.zip", root=root)
     imported = line.split()[1]
-    chain = "tidewire.pipeline.lake.schema <- tidewire.pipeline.spark <- tidewire.pipeline.cli"
+    chain = "tidewire.pipeline.lake.schema <- tidewire.pipeline.window <- tidewire.pipeline.cli"
     assert str(e.value) == (f"{imported} <- {chain}: {imported} is in neither the artifact (tidewire.pipeline), the "
                             "standard library nor the driver requirements (pyspark, pyarrow, paho)")
     assert not (tmp_path / "out.zip").exists()
