@@ -1,7 +1,7 @@
 """One root: every exception class Tidewire defines for its callers descends from `tidewire.errors.TidewireError`
 (redis-py's shape), found by importing every module of the package, so a new one cannot miss it. Left out: private
-classes (a leading `_`), the Spark jobs' (they ship to a cluster alone, without the rest of the package) and
-those listed below with the reason."""
+classes (a leading `_`), the modules the Spark jobs' artifact ships (`pipeline.artifact.closure`: they run on a
+cluster alone, without the rest of the package and its root) and those listed below with the reason."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import tidewire
 from tidewire.errors import TidewireError
+from tidewire.pipeline.artifact import closure, package_root
 
 PACKAGE = Path(tidewire.__file__).parent
 # Control flow inside the MQTT handshake, never raised to a caller.
@@ -25,7 +26,8 @@ def _modules() -> list[str]:
             if file.endswith(".py") and file != "__main__.py":
                 rel = Path(folder, file).relative_to(PACKAGE.parent).with_suffix("")
                 names.append(".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts))
-    return sorted(n for n in names if ".jobs" not in n)
+    shipped = set(closure(package_root()))
+    return sorted(n for n in names if n not in shipped)
 
 
 def test_every_exception_descends_from_the_root() -> None:
