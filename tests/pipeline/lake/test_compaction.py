@@ -64,6 +64,7 @@ def run(lake: Path, grace_s: float = 3600, now_s: float = NOW_S, target: int = 1
                                    clock=lambda: now_s)
 
 
+@pytest.mark.slow  # seconds: 76 Parquet files written, compacted and read back three times
 def test_closed_hours_become_target_sized_files_and_every_row_stays_once(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     n = build_lake(lake)
@@ -107,6 +108,7 @@ def test_open_and_recent_hours_are_left_alone(tmp_path: Path) -> None:
     assert stats.hours == 1 and stats.outputs == PARTITIONS
 
 
+@pytest.mark.slow  # a lake built and compacted once per step
 @pytest.mark.parametrize("crash_after", ["rewrite", "manifest", "rename"])
 def test_a_crash_at_each_step_loses_and_doubles_nothing(tmp_path: Path, crash_after: str) -> None:
     """Each step of `compact_hour` done by hand, the rest left undone (a kill -9 there): readers see every row
@@ -143,6 +145,7 @@ def test_a_reader_that_listed_before_the_commit_reads_every_row_once(tmp_path: P
     assert len(old) == n and len(set(old.to_pylist())) == n  # its files are still there (the grace period)
 
 
+@pytest.mark.slow  # readers in threads for the whole compaction
 def test_readers_during_compaction_see_every_row_once(tmp_path: Path) -> None:
     """Readers list and read in a loop while compaction passes run and the writer adds late files to the closed
     hours between passes (each pass rewrites the last one's outputs with them): every read has every row once."""
