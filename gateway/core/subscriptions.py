@@ -337,6 +337,25 @@ class SubscriptionRegistry:
         session.subscriptions_changed()
         return removed
 
+    def recheck(self, session: Subscriber, client: ClientInfo) -> list[str]:
+        """The client's grants changed while it is connected (dynamic security): each subscription is asked again;
+        those no longer allowed are removed (returned), the others are checked per message or not as now granted."""
+        authorizer = self.authorizer
+        revoked: list[str] = []
+        for key in list(session.subscriptions):
+            if key.startswith(P2P_PREFIX):
+                continue
+            shared = parse_shared(key) if key.startswith(SHARED_PREFIX) else None
+            topic_filter = shared[1] if shared is not None else key
+            access = authorizer.subscribe_access(client, topic_filter)
+            if access == SubscribeAccess.DENIED:
+                revoked.append(key)
+            elif shared is None:
+                self._set_access(session, client, key, access)
+        if revoked:
+            self.unsubscribe(session, revoked)
+        return revoked
+
     def _set_access(self, session: Subscriber, client: ClientInfo, topic_filter: str, access: SubscribeAccess) -> None:
         if access == SubscribeAccess.GRANTED:
             if session.filtered:
