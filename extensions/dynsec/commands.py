@@ -57,7 +57,11 @@ class _Fail(Exception):
     """A command's error response (Mosquitto's text)."""
 
 
-def run(config: Config, payload: bytes, hash_password: Callable[[str], str], limits: Limits = Limits()) -> Result:
+_DEFAULT_LIMITS = Limits()
+
+
+def run(config: Config, payload: bytes, hash_password: Callable[[str], str],
+        limits: Limits = _DEFAULT_LIMITS) -> Result:
     """Apply a `$CONTROL/dynamic-security/v1` request to a copy of `config`."""
     result = Result()
     try:

@@ -73,8 +73,8 @@ def test_entry_points_are_found_after_the_builtins(installed: Path) -> None:
 
 
 def test_an_unknown_name_is_an_error_naming_the_installed_ones(installed: Path) -> None:
-    with pytest.raises(ConfigError, match=r"no authentication source named 'ldap' .*installed: file, jwt, http, dynsec, "
-                                          r"testauth"):
+    with pytest.raises(ConfigError, match=r"no authentication source named 'ldap' .*installed: file, jwt, http, "
+                                          r"dynsec, testauth"):
         Security.build(Settings(auth_chain=["file", "ldap"]))
     with pytest.raises(ConfigError, match=r"no publish hook named 'nope'.*installed: stricthook, testhook"):
         Security.build(Settings(publish_hooks=["nope"]))

@@ -17,8 +17,8 @@ def _hash(password: str) -> str:
     return mosquitto_hash(password, iterations=2)
 
 
-def run(config: Config, *cmds: dict[str, Any], limits: commands.Limits = commands.Limits()) -> commands.Result:
-    return commands.run(config, json.dumps({"commands": list(cmds)}).encode(), _hash, limits)
+def run(config: Config, *cmds: dict[str, Any]) -> commands.Result:
+    return commands.run(config, json.dumps({"commands": list(cmds)}).encode(), _hash)
 
 
 def apply(config: Config, *cmds: dict[str, Any]) -> Config:
