@@ -84,11 +84,11 @@ def router(node: Node) -> APIRouter:
         answer = await run({"command": "createClient", **command})
         return answer if isinstance(answer, JSONResponse) else {"username": body.username}
 
-    @api.delete("/clients/{username}", status_code=204, response_class=Response)
-    async def delete_client(username: str) -> Any:
+    @api.delete("/clients/{username}", status_code=204, response_class=Response, response_model=None)
+    async def delete_client(username: str) -> Response:
         """Delete a client (its connections are closed, on every node)."""
         answer = await run({"command": "deleteClient", "username": username})
-        return answer if isinstance(answer, JSONResponse) else Response(status_code=204)
+        return answer if isinstance(answer, Response) else Response(status_code=204)
 
     @api.get("/roles")
     async def list_roles() -> Any:
@@ -101,21 +101,21 @@ def router(node: Node) -> APIRouter:
         answer = await run({"command": "createRole", **{k: v for k, v in body.model_dump().items() if v is not None}})
         return answer if isinstance(answer, JSONResponse) else {"rolename": body.rolename}
 
-    @api.delete("/roles/{rolename}", status_code=204, response_class=Response)
-    async def delete_role(rolename: str) -> Any:
+    @api.delete("/roles/{rolename}", status_code=204, response_class=Response, response_model=None)
+    async def delete_role(rolename: str) -> Response:
         answer = await run({"command": "deleteRole", "rolename": rolename})
-        return answer if isinstance(answer, JSONResponse) else Response(status_code=204)
+        return answer if isinstance(answer, Response) else Response(status_code=204)
 
     @api.post("/roles/{rolename}/acls", status_code=201)
     async def add_role_acl(rolename: str, body: AclRequest) -> Any:
         answer = await run({"command": "addRoleACL", "rolename": rolename, **body.model_dump()})
         return answer if isinstance(answer, JSONResponse) else body.model_dump()
 
-    @api.delete("/roles/{rolename}/acls", status_code=204, response_class=Response)
-    async def remove_role_acl(rolename: str, acltype: str, topic: str) -> Any:
+    @api.delete("/roles/{rolename}/acls", status_code=204, response_class=Response, response_model=None)
+    async def remove_role_acl(rolename: str, acltype: str, topic: str) -> Response:
         """Remove the role's ACL of this type and topic (query parameters)."""
         answer = await run({"command": "removeRoleACL", "rolename": rolename, "acltype": acltype, "topic": topic})
-        return answer if isinstance(answer, JSONResponse) else Response(status_code=204)
+        return answer if isinstance(answer, Response) else Response(status_code=204)
 
     @api.post("/commands")
     async def commands(body: dict[str, Any]) -> Any:
