@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tidewire.errors import ConfigError
 from tidewire.extensions.acl import AclFile
 from tidewire.extensions.authentication import AuthChain, Authenticator
-from tidewire.extensions.dynsec.source import DynsecAuthenticator, DynsecState
+from tidewire.extensions.dynsec.source import ControlTopicGuard, DynsecAuthenticator, DynsecState
 from tidewire.extensions.hooks import AllowAll, Authorizer
 from tidewire.extensions.http_auth import HttpAuthenticator
 from tidewire.extensions.password_file import PasswordFileAuthenticator
@@ -52,6 +52,7 @@ class Security:
     hooks: list[GuardedHook] = field(default_factory=list)
     plugin_errors: PluginErrors = field(default_factory=PluginErrors)
     dynsec: DynsecAuthenticator | None = None  # dynamic security (`dynsec_enabled`; gateway.ops.dynsec runs it)
+    guards: list[Authorizer] = field(default_factory=list)  # built-in narrowing authorizers, after the plugins
 
     @classmethod
     def build(cls, settings: Settings, catalog: PluginCatalog | None = None, clock: Clock = SYSTEM_CLOCK) -> Security:
@@ -101,8 +102,10 @@ class Security:
         if passwords is not None and len(passwords.scram_credentials):
             enhanced = ScramSha256(passwords.scram_credentials)
         authorizer: Authorizer = AclFile.load(settings.acl_file) if settings.acl_file else AllowAll()
+        # Without an ACL file every client may do anything: the dynamic-security control topics need a guard then.
+        guards: list[Authorizer] = [ControlTopicGuard()] if dynsec is not None and settings.acl_file is None else []
         return cls(AuthChain(sources, allow_anonymous), authorizer, enhanced, passwords, authorizers, hooks,
-                   plugins.errors, dynsec)
+                   plugins.errors, dynsec, guards)
 
     def reload(self, settings: Settings, node: Node) -> list[str]:
         """Re-read every file; returns what failed (that part keeps its previous state)."""

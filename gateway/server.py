@@ -390,7 +390,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
 
     node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
                 security.chain, max_pending=settings.max_pending_publishes, clock=clock, topology=role,
-                authorizers=security.authorizers, publish_hooks=security.hooks, plugin_errors=security.plugin_errors)
+                authorizers=[*security.authorizers, *security.guards], publish_hooks=security.hooks,
+                plugin_errors=security.plugin_errors)
     if security.dynsec is not None:
         node.dynsec = DynamicSecurity(node, security.dynsec)
     await node.start()

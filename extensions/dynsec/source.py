@@ -129,3 +129,26 @@ class DynsecAuthenticator:
 
     async def close(self) -> None:
         pass
+
+
+def _control_level(levels: list[str]) -> bool:
+    return len(levels) > 1 and levels[0] == "$CONTROL" and levels[1] in ("dynamic-security", "+", "#")
+
+
+class ControlTopicGuard:
+    """With dynamic security on and no ACL file (everyone else may do anything): the dynamic-security control topics
+    stay for clients with grants of their own (a dynamic-security client's roles decide) and superusers, so no other
+    client reads the responses (the user list) or forges one. An authorizer plugin after the others (`Narrowed`)."""
+
+    __slots__ = ()
+
+    def allow_publish(self, client: ClientInfo, topic: str) -> bool:
+        return client.acl is not None or not _control_level(topic.split("/", 2))
+
+    def subscribe_access(self, client: ClientInfo, topic_filter: str) -> SubscribeAccess:
+        if client.acl is None and _control_level(topic_filter.split("/", 2)):
+            return SubscribeAccess.DENIED
+        return SubscribeAccess.GRANTED
+
+    def allow_read(self, client: ClientInfo, topic: str) -> bool:
+        return self.allow_publish(client, topic)

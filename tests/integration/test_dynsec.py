@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory
+from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory, write_password_file
 
 pytestmark = [pytest.mark.tidewire_only,
               pytest.mark.skipif(shutil.which("mosquitto_ctrl") is None, reason="no mosquitto_ctrl")]
@@ -54,8 +55,10 @@ def command(port: int, *commands: dict[str, Any], user: str = ADMIN, password: s
 
 
 @pytest.fixture
-def dynsec_gateway(gateway_factory: GatewayFactory) -> Gateway:
-    return gateway_factory(env=DYNSEC_ENV)
+def dynsec_gateway(gateway_factory: GatewayFactory, tmp_path: Path) -> Gateway:
+    """Dynamic security on, and a password file with `plain` (a user with no grants of its own, no ACL file)."""
+    passwords = write_password_file(tmp_path / "passwords", {"plain": "plain-pw"})
+    return gateway_factory(env=DYNSEC_ENV, password_file=passwords)
 
 
 def test_mosquitto_tools_make_a_client_that_gets_exactly_its_grants(dynsec_gateway: Gateway,
@@ -106,6 +109,12 @@ def test_mosquitto_tools_make_a_client_that_gets_exactly_its_grants(dynsec_gatew
     assert dev.publish(CONTROL, json.dumps({"commands": [{"command": "deleteClient", "username": "admin"}]}),
                        qos=1) == 0x87
     assert "admin" in ctrl(port, "listClients").stdout.split()
+    # A password-file user (allowed everything else, there being no ACL file) neither commands nor reads answers.
+    plain = paho_factory(port, "plain", username="plain", password="plain-pw")
+    plain.connect()
+    assert plain.subscribe([(CONTROL + "/response", 0), ("$CONTROL/#", 0), ("anything/#", 0)]) == [0x87, 0x87, 0]
+    assert plain.publish(CONTROL, json.dumps({"commands": [{"command": "listClients"}]}), qos=1) == 0x87
+    assert plain.publish(CONTROL + "/response", '{"responses": []}', qos=1) == 0x87
     # Disabling the client disconnects it (Administrative action) and keeps it out.
     assert ctrl(port, "disableClient", "dev1").returncode == 0
     assert dev.wait_disconnect() == 0x98

@@ -125,3 +125,20 @@ async def test_source_accepts_the_password_and_refuses_disabled_or_foreign_ids()
     for request in (AuthRequest("c", "ghost", b"pw"), AuthRequest("c", "nopw", b"pw"), AuthRequest("c", None, None),
                     AuthRequest("c", "u", None)):
         assert (await source.authenticate(request)).outcome is Outcome.IGNORE  # the next source decides
+
+
+def test_control_guard_keeps_the_control_topics_for_clients_with_grants() -> None:
+    from tidewire.extensions.dynsec.source import ControlTopicGuard
+
+    guard = ControlTopicGuard()
+    plain = ClientInfo("c", "file-user")  # accepted by the password file, no grants of its own, no ACL file
+    own = ClientInfo("c", "u", acl=DynsecAuthorizer(DynsecState()))
+    for topic_filter in ("$CONTROL/dynamic-security/v1/response", "$CONTROL/#", "$CONTROL/+/v1/response",
+                         "$CONTROL/dynamic-security/#"):
+        assert guard.subscribe_access(plain, topic_filter) == SubscribeAccess.DENIED, topic_filter
+        assert guard.subscribe_access(own, topic_filter) == SubscribeAccess.GRANTED  # its roles decide
+    assert not guard.allow_publish(plain, "$CONTROL/dynamic-security/v1/response")  # no forged answers
+    assert not guard.allow_read(plain, "$CONTROL/dynamic-security/v1/response")
+    for other in ("$CONTROL/other-feature/v1", "#", "a/$CONTROL/dynamic-security", "$SYS/#"):
+        assert guard.subscribe_access(plain, other) == SubscribeAccess.GRANTED, other
+    assert guard.allow_publish(plain, "sensors/1")
