@@ -1,9 +1,11 @@
 """Dynamic security across a cluster (real processes, real Redis): a client and role made with `mosquitto_ctrl` on
 one node are in force on the other at once (the node that stores a change tells the others before it answers); a
-grant revoked there stops delivery to a client connected to the other node; disabling it there disconnects it."""
+grant revoked there stops delivery to a client connected to the other node; disabling it there disconnects it; a
+change written to the store behind the nodes' backs (a lost notice) is found by their periodic version check."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from tests.cluster.conftest import ClusterFactory
 from tests.integration.conftest import PahoFactory
 from tests.integration.test_dynsec import ADMIN, ADMIN_PW, DYNSEC_ENV, ctrl
+
+DOCUMENT_KEY = "{tw}:doc:dynsec"  # where the Redis engine keeps the configuration (store.redis.meta)
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("mosquitto_ctrl") is None, reason="no mosquitto_ctrl")]
 
@@ -53,3 +57,13 @@ def test_a_change_on_one_node_is_in_force_on_the_other(cluster: ClusterFactory, 
     late.connect()
     old = paho_factory(n2.port, "d1b", username="dev1", password="pw1")
     assert old.connect(check=False).reason_code == 0x86
+    # A change no node was told of (as when the notice is lost): each node finds it at its next version check.
+    r = c._client()
+    try:
+        version, body = r.hmget(DOCUMENT_KEY, "v", "d")
+        doc = json.loads(body)
+        next(x for x in doc["clients"] if x["username"] == "dev1")["disabled"] = True
+        r.hset(DOCUMENT_KEY, mapping={"v": int(version) + 1, "d": json.dumps(doc)})
+    finally:
+        r.close()
+    assert late.wait_disconnect(timeout=10) == 0x98  # within dynsec_refresh_interval (2 s)
