@@ -69,11 +69,19 @@ class Grants:
     """Access checks over one configuration (immutable: a change makes a new `Grants`), with each client's ordered
     ACL lists kept in a bounded cache."""
 
-    __slots__ = ("_cache", "config")
+    __slots__ = ("_cache", "_sorted", "config")
 
     def __init__(self, config: Config) -> None:
         self.config = config
         self._cache: dict[tuple[str, str], list[Role]] = {}
+        self._sorted: dict[tuple[str, str], list[Acl]] = {}  # (role, ACL type) -> its ACLs, highest priority first
+
+    def _acls(self, role: Role, acltype: str) -> list[Acl]:
+        key = (role.rolename, acltype)
+        acls = self._sorted.get(key)
+        if acls is None:
+            acls = self._sorted[key] = by_priority([a for a in role.acls if a.acltype == acltype])
+        return acls
 
     def _roles(self, username: str, client_id: str) -> list[Role]:
         key = (username, client_id)
@@ -109,7 +117,7 @@ class Grants:
 
     def _topic_check(self, acltype: str, kind: str, username: str, client_id: str, topic: str) -> bool:
         for role in self._roles(username, client_id):
-            for acl in by_priority([a for a in role.acls if a.acltype == acltype]):
+            for acl in self._acls(role, acltype):
                 pattern = substitute(acl.topic, client_id, username)
                 if pattern is not None and matches(pattern, topic):
                     return acl.allow
@@ -118,10 +126,21 @@ class Grants:
     def _filter_check(self, literal_type: str, pattern_type: str, kind: str, username: str, client_id: str,
                       topic_filter: str) -> bool:
         for role in self._roles(username, client_id):
-            decided = _role_filter_check(role, literal_type, pattern_type, username, client_id, topic_filter)
+            decided = self._role_filter_check(role, literal_type, pattern_type, username, client_id, topic_filter)
             if decided is not None:
                 return decided
         return self._default(kind, topic_filter)
+
+    def _role_filter_check(self, role: Role, literal_type: str, pattern_type: str, username: str, client_id: str,
+                           topic_filter: str) -> bool | None:
+        for acl in self._acls(role, literal_type):  # Mosquitto: one exact lookup per role, before its patterns
+            if substitute(acl.topic, client_id, username, literal=True) == topic_filter:
+                return acl.allow
+        for acl in self._acls(role, pattern_type):
+            pattern = substitute(acl.topic, client_id, username)
+            if pattern is not None and covers(pattern, topic_filter):
+                return acl.allow
+        return None
 
     def may_publish(self, username: str, client_id: str, topic: str) -> bool:
         return self._topic_check(PUBLISH_SEND, PUBLISH_SEND, username, client_id, topic)
@@ -143,22 +162,3 @@ class Grants:
             return True
         return any(not a.allow for role in self._roles(username, client_id) for a in role.acls
                    if a.acltype == PUBLISH_RECEIVE)
-
-
-def _role_filter_check(role: Role, literal_type: str, pattern_type: str, username: str, client_id: str,
-                       topic_filter: str) -> bool | None:
-    literals: list[Acl] = []
-    patterns: list[Acl] = []
-    for acl in role.acls:
-        if acl.acltype == literal_type:
-            literals.append(acl)
-        elif acl.acltype == pattern_type:
-            patterns.append(acl)
-    for acl in literals:  # Mosquitto: one exact lookup per role, before its patterns
-        if substitute(acl.topic, client_id, username, literal=True) == topic_filter:
-            return acl.allow
-    for acl in by_priority(patterns):
-        pattern = substitute(acl.topic, client_id, username)
-        if pattern is not None and covers(pattern, topic_filter):
-            return acl.allow
-    return None

@@ -112,8 +112,10 @@ class DynamicSecurity:
             try:
                 config = Config.from_json(data) if version else Config()
             except ValueError as exc:
+                # The configuration in force stays, taken as that version: the next change overwrites the damage.
                 log.error("dynsec.unreadable", extra={"version": version, "error": str(exc)})
-                return  # the configuration in force stays; a later good version replaces it
+                self.state.version = version
+                return
             self.state.install(config, version)
         self.enforce(set())
 
