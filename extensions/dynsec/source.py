@@ -55,6 +55,9 @@ class DynsecAuthorizer:
     configuration (deleted, about to be disconnected) may do nothing."""
 
     __slots__ = ("state",)
+    # A subscription these grants no longer allow is removed (`SubscriptionRegistry.recheck`), also when a stored
+    # session comes back: a revoked subscribe grant never delivers again, whatever publishClientReceive says.
+    revokes_subscriptions = True
 
     def __init__(self, state: DynsecState) -> None:
         self.state = state

@@ -239,6 +239,8 @@ class SubscriptionRegistry:
                 self._set_access(session, client, topic_filter,
                                  self.authorizer.subscribe_access(client, topic_filter))
         session.subscriptions_changed()
+        if getattr(client.acl, "revokes_subscriptions", False):  # grants that remove what they no longer allow
+            self.recheck(session, client)
 
     def resume_groups(self, session: Subscriber) -> None:
         """The session's connection is bound now: its groups may deliver to it (a group that tried while the

@@ -100,6 +100,19 @@ def test_mosquitto_tools_make_a_client_that_gets_exactly_its_grants(dynsec_gatew
     got = dev.get()
     assert (got.topic, got.payload) == ("cmd/dev1/go", b"c1")
     dev.assert_nothing(0.2)
+    # A grant revoked while a persistent session is offline: the subscription is gone when it comes back.
+    away = paho_factory(port, "dev1-id", username="dev1", password="dev1-pw", clean=False)
+    dev.disconnect()
+    away.connect(session_expiry=300)
+    assert away.subscribe([("cmd/dev1/#", 1)]) == [1]
+    away.disconnect()
+    assert ctrl(port, "removeRoleACL", "sensors", "subscribePattern", "cmd/%u/#").returncode == 0
+    back = paho_factory(port, "dev1-id", username="dev1", password="dev1-pw", clean=False)
+    assert back.connect(session_expiry=300).session_present
+    assert admin.publish("cmd/dev1/go", "c2", qos=1) == 0
+    back.assert_nothing(0.3)
+    assert back.unsubscribe("cmd/dev1/#") == [0x11]  # No subscription existed
+    dev = back
     # A bad command: Mosquitto's error, nothing changed.
     bad = command(port, {"command": "addRoleACL", "rolename": "sensors", "acltype": "bogus", "topic": "x"},
                   {"command": "deleteClient", "username": "nobody"})
