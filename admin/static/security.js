@@ -11,6 +11,7 @@
     "unsubscribeLiteral", "unsubscribePattern"];
   const $ = (id) => document.getElementById(id);
   let busy = false;
+  let lastShown = "";
 
   async function call(path, options = {}) {
     // The token the main dashboard script keeps in its field (from the address, storage or the form).
@@ -98,8 +99,13 @@
     try {
       const [clients, roles] = [await call("/clients"), await call("/roles")];
       $("security-section").hidden = false;
-      renderClients(clients.data);
-      renderRoles(roles.data);
+      // Rendered only when changed: a row under the pointer is not replaced between two clicks.
+      const shown = JSON.stringify([clients.data, roles.data]);
+      if (shown !== lastShown) {
+        lastShown = shown;
+        renderClients(clients.data);
+        renderRoles(roles.data);
+      }
     } catch (e) {
       if (e.status === 404) $("security-section").hidden = true;  // dynamic security is off on this node
       else if (e.status !== 401) say(e.message);
