@@ -127,26 +127,23 @@ class DynamicSecurity:
         for _ in range(CAS_ATTEMPTS):
             await self.refresh()
             async with self._lock:
-                base_version = self.state.version
                 result = commands.run(self.state.grants.config, payload, self.state.hash_password, self.limits)
-                if result.config is None:
-                    break
-                version = await self.node.store.put_document(DOCUMENT, result.config.to_json(), base_version)
-                if not version:
-                    continue  # another node changed it first: run the commands again on its configuration
-                await self.node.store.sync()
-                self.state.install(result.config, version)
-            log.info("dynsec.changed", extra={"version": version,
-                                              "commands": ",".join(r["command"] for r in result.responses)})
-            self.enforce(result.kick)
-            await self.node.topology.ask_others(CHANGED, str(version), None)
+                version = 0  # nothing to store: reads, or commands that all failed
+                if result.config is not None:
+                    version = await self.node.store.put_document(DOCUMENT, result.config.to_json(),
+                                                                 self.state.version)
+                    if not version:
+                        continue  # another node changed it first: run the commands again on its configuration
+                    await self.node.store.sync()
+                    self.state.install(result.config, version)
+            self.enforce(result.kick)  # also with nothing stored: a disable of a client already disabled kicks
+            if version:
+                log.info("dynsec.changed", extra={"version": version,
+                                                  "commands": ",".join(r["command"] for r in result.responses)})
+                await self.node.topology.ask_others(CHANGED, str(version), None)
             return result
-        else:
-            failed = commands.Result()
-            failed.responses.append({"command": "Unknown command", "error": "Internal error"})
-            return failed
-        self.enforce(result.kick)  # nothing stored (a failed command or a read); a disable of a disabled client
-        return result
+        log.error("dynsec.conflicts", extra={"attempts": CAS_ATTEMPTS})
+        return commands.Result([{"command": "Unknown command", "error": "Internal error"}])
 
     def enforce(self, kick: set[str]) -> None:
         """Apply the configuration in force to this node's MQTT clients the `dynsec` source accepted."""
