@@ -194,6 +194,7 @@ def build_app(node: Node, token: str, endpoints: Endpoints | None = None) -> Fas
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
     for router in (api_node.router(node), api_clients.router(node, app.state.endpoints), api_messages.router(node),
                    _optional_router("tidewire.admin.api_banned", "router", node),
+                   _optional_router("tidewire.admin.api_security", "router", node),
                    _optional_router("tidewire.admin.api_bridges", "router", node),
                    _optional_router("tidewire.admin.api_rules", "router", node),
                    _optional_router("tidewire.admin.metrics", "metrics_router", node)):

@@ -61,6 +61,7 @@ class AuthDecision:
     expires_at: float | None = None  # epoch seconds after which the connection must be closed (token exp)
     failure: Failure = Failure.BAD_CREDENTIALS  # for DENY
     reason: str = ""  # for the log line; says nothing about whether a user exists
+    tenant: str | None = None  # the tenant the client belongs to (its mount point); None: the default tenant
 
 
 IGNORE = AuthDecision(Outcome.IGNORE)

@@ -153,8 +153,9 @@ class SecuritySettings(BaseModel):
     auth_file: Path | None = Field(None, description="deprecated: read as a second password_file")
     allow_anonymous: bool | None = Field(None, description="default: true only when no authentication "
                                                            "source is configured (Mosquitto 2)")
-    auth_chain: list[str] = Field(["file", "jwt", "http"], description="order of the authentication sources: the "
-                                  "built-in `file`, `jwt`, `http` (each on when configured) and installed plugins "
+    auth_chain: list[str] = Field(["file", "jwt", "http", "dynsec"], description="order of the authentication "
+                                  "sources: the built-in `file`, `jwt`, `http`, `dynsec` (each on when configured) "
+                                  "and installed plugins "
                                   "(entry point group tidewire.auth, see [plugins])")
     password_hash_threads: int = Field(2, ge=1, description="threads that check expensive password hashes")
     password_inline_iterations: int = Field(200, ge=0, description="PBKDF2 checks up to this many iterations "
@@ -179,6 +180,26 @@ class SecuritySettings(BaseModel):
                                                                  "once")
     acl_file: Path | None = Field(None, description="Mosquitto-syntax ACL file (`topic`, `user`, `pattern` with %c and "
                                                     "%u)")
+    # Dynamic security: Mosquitto's dynamic-security plugin on the store (extensions.dynsec, gateway.ops.dynsec)
+    dynsec_enabled: bool = Field(False, description="users, groups, roles and ACLs managed at run time over "
+                                 "$CONTROL/dynamic-security/v1 (Mosquitto's JSON commands, mosquitto_ctrl dynsec), "
+                                 "the admin API and the dashboard, kept in the store; `dynsec` must be in auth_chain")
+    dynsec_admin_username: str | None = Field(None, description="bootstrap: when the store holds no dynamic-security "
+                                              "configuration yet, start one with this client in an `admin` role that "
+                                              "may send commands (as `mosquitto_ctrl dynsec init`); never overwrites")
+    dynsec_admin_password: str | None = Field(None, description="the bootstrap admin's password (prefer the env var "
+                                              "TIDEWIRE_DYNSEC_ADMIN_PASSWORD); stored salted and hashed")
+    dynsec_refresh_interval: float = Field(2.0, gt=0, description="s between checks of the stored configuration's "
+                                           "version (heals a change notice lost between nodes)")
+    dynsec_password_iterations: int = Field(101, ge=1, le=10_000_000, description="PBKDF2-SHA512 iterations of a "
+                                            "new password hash (Mosquitto's 101)")
+    dynsec_max_clients: int = Field(100_000, ge=1, description="clients the configuration may hold")
+    dynsec_max_roles: int = Field(10_000, ge=1, description="roles the configuration may hold")
+    dynsec_max_groups: int = Field(10_000, ge=1, description="groups the configuration may hold")
+    dynsec_max_acls: int = Field(1_000, ge=1, description="ACLs one role may hold")
+    dynsec_max_request_bytes: int = Field(1 << 20, ge=1024, description="bytes of one control request; a larger "
+                                          "one is refused")
+    dynsec_max_commands: int = Field(100, ge=1, description="commands in one control request")
 
 
 class PluginSettings(BaseModel):
@@ -411,7 +432,8 @@ SECTIONS: dict[str, type[BaseModel]] = {
 }
 # Settings a flag would show in the process list: file or environment only.
 # Plugin options may hold a plugin's own credentials.
-SECRETS = frozenset({"cluster_secret", "api_token", "jwt_secret", "http_auth_headers", "plugin_options"})
+SECRETS = frozenset({"cluster_secret", "api_token", "jwt_secret", "http_auth_headers", "plugin_options",
+                     "dynsec_admin_password"})
 # Short names a section's table may use for its settings: `[plugins.options.NAME]` reads as plugin_options.
 SECTION_SHORT_NAMES: dict[str, dict[str, str]] = {
     "plugins": {"options": "plugin_options", "defaults": "plugin_defaults", "timeouts": "plugin_timeouts"}}

@@ -53,6 +53,7 @@ from tidewire.notify.base import Notifier
 from tidewire.store.base import Message, Store
 
 if TYPE_CHECKING:
+    from tidewire.gateway.ops.dynsec import DynamicSecurity
     from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
 
 log = logging.getLogger("tidewire.node")
@@ -92,6 +93,7 @@ class Node:
                                 metrics=settings.metrics)
         self.connections: dict[str, ChannelBase] = {}
         self.bans = BanList(self)  # cluster-wide bans, checked on connect (gateway.ops.bans)
+        self.dynsec: DynamicSecurity | None = None  # dynamic security, set before `start` when on (gateway.ops.dynsec)
         self.writes = RecordWrites(store, clock)
         self.topology: Topology = topology(self) if topology is not None else SingleNode()
         self.subscriptions = SubscriptionRegistry(self.node_id, settings, store, self.writes, lookup, self.cache,
@@ -151,6 +153,8 @@ class Node:
     async def start(self) -> None:
         self.notifier.register(self.node_id, self.notified)
         await self.bans.refresh()  # in force before the first client: a ban outlives a restart
+        if self.dynsec is not None:
+            await self.dynsec.load()
         now = int(self.clock.time() * 1000)
         topology = self.topology
         # Only sessions marked online are read (not every stored one): expiry reads the store's index as it goes.
@@ -178,6 +182,8 @@ class Node:
                        loop.create_task(self._dispatch_loop()), loop.create_task(housekeeping_loop(self))]
         self._tasks += [loop.create_task(work) for work in topology.loops()]
         self._tasks.append(loop.create_task(self.bans.run()))
+        if self.dynsec is not None:
+            self._tasks.append(loop.create_task(self.dynsec.run()))
 
     @property
     def store_down(self) -> bool:

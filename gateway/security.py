@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tidewire.errors import ConfigError
 from tidewire.extensions.acl import AclFile
 from tidewire.extensions.authentication import AuthChain, Authenticator
+from tidewire.extensions.dynsec.source import ControlTopicGuard, DynsecAuthenticator, DynsecState
 from tidewire.extensions.hooks import AllowAll, Authorizer
 from tidewire.extensions.http_auth import HttpAuthenticator
 from tidewire.extensions.password_file import PasswordFileAuthenticator
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidewire.plugins")
 
 # The built-in members of each entry point group: made from the settings here, found before any entry point.
-BUILTIN_AUTH = ("file", "jwt", "http")
+BUILTIN_AUTH = ("file", "jwt", "http", "dynsec")
 BUILTIN_AUTHZ = ("acl",)
 BUILTINS = {AUTH_GROUP: BUILTIN_AUTH, AUTHZ_GROUP: BUILTIN_AUTHZ}
 
@@ -50,6 +51,8 @@ class Security:
     authorizers: list[GuardedAuthorizer] = field(default_factory=list)  # plugins, after the ACL (`Narrowed`)
     hooks: list[GuardedHook] = field(default_factory=list)
     plugin_errors: PluginErrors = field(default_factory=PluginErrors)
+    dynsec: DynsecAuthenticator | None = None  # dynamic security (`dynsec_enabled`; gateway.ops.dynsec runs it)
+    guards: list[Authorizer] = field(default_factory=list)  # built-in narrowing authorizers, after the plugins
 
     @classmethod
     def build(cls, settings: Settings, catalog: PluginCatalog | None = None, clock: Clock = SYSTEM_CLOCK) -> Security:
@@ -67,8 +70,12 @@ class Security:
             from tidewire.extensions.jwt_auth import JwtAuthenticator
 
             jwt = JwtAuthenticator.from_settings(settings)
+        dynsec = None
+        if settings.dynsec_enabled:
+            dynsec = DynsecAuthenticator(DynsecState(settings.dynsec_password_iterations),
+                                         settings.password_inline_iterations)
         available: dict[str, Authenticator | None] = {
-            "file": passwords, "jwt": jwt, "http": HttpAuthenticator.from_settings(settings)}
+            "file": passwords, "jwt": jwt, "http": HttpAuthenticator.from_settings(settings), "dynsec": dynsec}
         missing = [name for name, source in available.items() if source is not None and name not in settings.auth_chain]
         if missing:
             raise ValueError(f"configured but not in auth_chain: {', '.join(missing)}")
@@ -95,8 +102,10 @@ class Security:
         if passwords is not None and len(passwords.scram_credentials):
             enhanced = ScramSha256(passwords.scram_credentials)
         authorizer: Authorizer = AclFile.load(settings.acl_file) if settings.acl_file else AllowAll()
+        # Without an ACL file every client may do anything: the dynamic-security control topics need a guard then.
+        guards: list[Authorizer] = [ControlTopicGuard()] if dynsec is not None and settings.acl_file is None else []
         return cls(AuthChain(sources, allow_anonymous), authorizer, enhanced, passwords, authorizers, hooks,
-                   plugins.errors)
+                   plugins.errors, dynsec, guards)
 
     def reload(self, settings: Settings, node: Node) -> list[str]:
         """Re-read every file; returns what failed (that part keeps its previous state)."""

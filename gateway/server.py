@@ -27,6 +27,7 @@ from tidewire.gateway.config import Settings
 from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.node import Node
 from tidewire.gateway.ops.drain import drain
+from tidewire.gateway.ops.dynsec import DynamicSecurity
 from tidewire.gateway.protocols.mqtt.connection import MqttProtocol
 from tidewire.gateway.security import Security
 from tidewire.gateway.transport.listeners import Listener, make_listeners, open_listener
@@ -389,7 +390,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None, clock: Cl
 
     node = Node(settings, store, lookup, notifier, security.authorizer, security.enhanced,
                 security.chain, max_pending=settings.max_pending_publishes, clock=clock, topology=role,
-                authorizers=security.authorizers, publish_hooks=security.hooks, plugin_errors=security.plugin_errors)
+                authorizers=[*security.authorizers, *security.guards], publish_hooks=security.hooks,
+                plugin_errors=security.plugin_errors)
+    if security.dynsec is not None:
+        node.dynsec = DynamicSecurity(node, security.dynsec)
     await node.start()
     lag_watch = loop.create_task(node.admission.watch_loop_lag())
     servers = await open_listeners(node, tls)

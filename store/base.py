@@ -383,6 +383,16 @@ class Store(Protocol):
         """Remove the ban of (kind, who); False if there was none. With `expired_before`, only if the stored ban
         lapsed at or before that time, atomically: a lapsed ban's reader never deletes one renewed meanwhile."""
 
+    # --- documents: small versioned values with compare-and-set (the dynamic-security configuration) ----------
+    async def get_document(self, name: str) -> tuple[int, bytes]:
+        """The document `name` and its version (> 0); (0, b"") when there is none."""
+
+    async def put_document(self, name: str, value: bytes, expected: int) -> int:
+        """Replace document `name` with `value` if its version is still `expected` (0: there is none yet), atomically
+        across every node: returns the new version (`expected` + 1), or 0 when another writer changed it first
+        (nothing written). A retried put whose first attempt landed (the stored version is `expected` + 1 and its
+        value is `value`) returns that version again, so a lost reply is no conflict."""
+
     # --- consumer groups: competing consumers of light queues (AMQP queues, RocketMQ consumer groups) ---------
     async def put_group(self, record: GroupRecord) -> None:
         """Create or replace the group's definition. A new group's cursor starts at `record.start_seq`; an

@@ -239,6 +239,8 @@ class SubscriptionRegistry:
                 self._set_access(session, client, topic_filter,
                                  self.authorizer.subscribe_access(client, topic_filter))
         session.subscriptions_changed()
+        if getattr(client.acl, "revokes_subscriptions", False):  # grants that remove what they no longer allow
+            self.recheck(session, client)
 
     def resume_groups(self, session: Subscriber) -> None:
         """The session's connection is bound now: its groups may deliver to it (a group that tried while the
@@ -336,6 +338,25 @@ class SubscriptionRegistry:
             removed.append(True)
         session.subscriptions_changed()
         return removed
+
+    def recheck(self, session: Subscriber, client: ClientInfo) -> list[str]:
+        """The client's grants changed while it is connected (dynamic security): each subscription is asked again;
+        those no longer allowed are removed (returned), the others are checked per message or not as now granted."""
+        authorizer = self.authorizer
+        revoked: list[str] = []
+        for key in list(session.subscriptions):
+            if key.startswith(P2P_PREFIX):
+                continue
+            shared = parse_shared(key) if key.startswith(SHARED_PREFIX) else None
+            topic_filter = shared[1] if shared is not None else key
+            access = authorizer.subscribe_access(client, topic_filter)
+            if access == SubscribeAccess.DENIED:
+                revoked.append(key)
+            elif shared is None:
+                self._set_access(session, client, key, access)
+        if revoked:
+            self.unsubscribe(session, revoked)
+        return revoked
 
     def _set_access(self, session: Subscriber, client: ClientInfo, topic_filter: str, access: SubscribeAccess) -> None:
         if access == SubscribeAccess.GRANTED:

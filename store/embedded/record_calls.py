@@ -101,3 +101,13 @@ class RecordCalls:
             return False
         self._write_gen += 1
         return True
+
+    # --- versioned documents (one process owns the data directory: a read and a write never interleave) -------
+    async def get_document(self, name: str) -> tuple[int, bytes]:
+        return self._meta.get_document(name)
+
+    async def put_document(self, name: str, value: bytes, expected: int) -> int:
+        version = self._meta.put_document(name, value, expected)
+        if version:
+            self._write_gen += 1
+        return version

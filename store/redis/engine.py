@@ -592,6 +592,12 @@ class RedisStore(RedisGroups, RedisMembers, RedisLog):
     async def delete_ban(self, kind: str, who: str, expired_before: float | None = None) -> bool:
         return await self._meta.delete_ban(kind, who, expired_before)
 
+    async def get_document(self, name: str) -> tuple[int, bytes]:
+        return await self._meta.get_document(name)
+
+    async def put_document(self, name: str, value: bytes, expected: int) -> int:
+        return await self._meta.put_document(name, value, expected)
+
     # --- stats (the log for readers and retention: store.redis.log) ----------------------------------------
     async def stats(self) -> dict[str, Any]:
         parts = await self._conn.run_many([(_PART_STATS, [p.msg, p.bytes, p.seq], []) for p in self._parts])

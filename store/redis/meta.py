@@ -17,6 +17,7 @@ Layout (every key under `{prefix}`, so each multi-key script is valid on Redis C
     :wc     hash  wildcard filter -> holders;  :wv  the wildcard set version (copied into each partition)
     :lease:<key>  hash  {owner, until (server ms), epoch}: one holder at a time (a bridge's node)
     :ban    hash  <kind> 0x00 <who> -> ban JSON (`store.base.encode_ban`)
+    :doc:<name> hash  v -> version, d -> value (`Store.put_document`)
 
 A session record's `epoch` and `owner` come from `:ep` / `:own` (the JSON keeps what the last put carried), so
 a claim changes them without rewriting the record. Offsets set after the last put live in `:off` and win over
@@ -130,6 +131,16 @@ end
 return redis.call('HDEL', KEYS[1], ARGV[1])
 """)
 
+# Compare-and-set of a versioned document. ARGV: 1 expected version, 2 value. The new version, or 0 on a conflict; a
+# resend of a put that landed (version expected + 1 holding this very value) answers that version again.
+_PUT_DOCUMENT = Script("put_document", """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+local expected = tonumber(ARGV[1])
+if cur == expected + 1 and redis.call('HGET', KEYS[1], 'd') == ARGV[2] then return cur end
+if cur ~= expected then return 0 end
+redis.call('HSET', KEYS[1], 'v', expected + 1, 'd', ARGV[2])
+return expected + 1
+""")
 
 def _text(v: bytes | str) -> str:
     return v.decode() if isinstance(v, bytes) else v
@@ -189,6 +200,7 @@ class RedisMeta:
         self._p_holds = k + "wch:"  # + holder: the set of filters that holder holds
         self._p_lease = k + "lease:"
         self._k_ban = k + "ban"
+        self._p_doc = k + "doc:"
 
     # --- sessions -----------------------------------------------------------------------------------------
     async def get_session(self, client_id: str) -> SessionRecord | None:
@@ -375,6 +387,16 @@ class RedisMeta:
         if expired_before is None:
             return bool(await self._conn.command("HDEL", self._k_ban, field))
         return bool(await self._conn.run((_DELETE_LAPSED_BAN, [self._k_ban], [field, repr(expired_before)])))
+
+    # --- versioned documents ---------------------------------------------------------------------------------
+    async def get_document(self, name: str) -> tuple[int, bytes]:
+        version, value = await self._conn.command("HMGET", self._p_doc + name, "v", "d")
+        if version is None:
+            return 0, b""
+        return int(version), bytes(value or b"")
+
+    async def put_document(self, name: str, value: bytes, expected: int) -> int:
+        return int(await self._conn.run((_PUT_DOCUMENT, [self._p_doc + name], [expected, value])))
 
     # --- wildcard set ---------------------------------------------------------------------------------------
     async def change_wildcards(self, filters: Sequence[str], holder: str, add: bool) -> int:

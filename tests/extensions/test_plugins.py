@@ -65,7 +65,7 @@ def installed(plugin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # --- finding plugins --------------------------------------------------------------------------------------------
 def test_entry_points_are_found_after_the_builtins(installed: Path) -> None:
     catalog = PluginCatalog(BUILTINS)
-    assert catalog.installed(AUTH_GROUP) == ["file", "jwt", "http", "testauth"]
+    assert catalog.installed(AUTH_GROUP) == ["file", "jwt", "http", "dynsec", "testauth"]
     assert catalog.installed(PUBLISH_HOOK_GROUP) == ["stricthook", "testhook"]
     assert catalog.installed(SINK_GROUP) == ["testsink"]  # declared, not wired
     hook = catalog.create(PUBLISH_HOOK_GROUP, "testhook", {"prefix": "x/"})
@@ -74,7 +74,7 @@ def test_entry_points_are_found_after_the_builtins(installed: Path) -> None:
 
 def test_an_unknown_name_is_an_error_naming_the_installed_ones(installed: Path) -> None:
     with pytest.raises(ConfigError, match=r"no authentication source named 'ldap' .*installed: file, jwt, http, "
-                                          r"testauth"):
+                                          r"dynsec, testauth"):
         Security.build(Settings(auth_chain=["file", "ldap"]))
     with pytest.raises(ConfigError, match=r"no publish hook named 'nope'.*installed: stricthook, testhook"):
         Security.build(Settings(publish_hooks=["nope"]))

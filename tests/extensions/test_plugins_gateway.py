@@ -230,7 +230,7 @@ def test_an_unknown_plugin_name_stops_the_start_naming_the_installed_ones(tmp_pa
                            "--auth-chain", '["file", "nope"]'], env=env, capture_output=True, timeout=30, text=True)
     assert done.returncode == 2
     assert "no authentication source named 'nope'" in done.stderr
-    assert "installed: file, jwt, http, testauth" in done.stderr
+    assert "installed: file, jwt, http, dynsec, testauth" in done.stderr
 
 
 def test_a_bridges_incoming_messages_go_through_the_hooks(tmp_path: Path, plugin_dir: Path,

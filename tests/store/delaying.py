@@ -177,6 +177,13 @@ class DelayingStore:
     async def list_wills(self) -> list[WillRecord]:
         return await self._call(self.inner.list_wills)
 
+    # --- versioned documents (bytes are immutable: no snapshot needed) ---------------------------------------
+    async def get_document(self, name: str) -> tuple[int, bytes]:
+        return await self._call(lambda: self.inner.get_document(name))
+
+    async def put_document(self, name: str, value: bytes, expected: int) -> int:
+        return await self._call(lambda: self.inner.put_document(name, value, expected))
+
     # --- bans (a Ban is frozen: no snapshot needed) ---------------------------------------------------------
     async def get_bans(self) -> list[Ban]:
         return await self._call(self.inner.get_bans)

@@ -20,7 +20,7 @@ CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "pu
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
                    "set_visibility", "release_owner", "group_position", "ready_claims", "fetch", "read_log", "hold_log",
                    "log_holds", "get_bans", "put_ban", "delete_ban", "join_group", "leave_group", "subscribed",
-                   "add_group", "group_members", "release_members"})
+                   "add_group", "group_members", "release_members", "get_document", "put_document"})
 
 
 class FailingStore:
@@ -195,6 +195,14 @@ class FailingStore:
     async def list_wills(self) -> list[WillRecord]:
         self._check("list_wills")
         return await self.inner.list_wills()
+
+    async def get_document(self, name: str) -> tuple[int, bytes]:
+        self._check("get_document")
+        return await self.inner.get_document(name)
+
+    async def put_document(self, name: str, value: bytes, expected: int) -> int:
+        self._check("put_document")
+        return await self.inner.put_document(name, value, expected)
 
     async def get_bans(self) -> list[Ban]:
         self._check("get_bans")

@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from tidewire.extensions.dynsec.model import CONTROL_TOPIC
 from tidewire.gateway.core.ingress import INVALID_TOPIC, refuse_publish
 from tidewire.gateway.core.subscriptions import Refusal
 from tidewire.gateway.protocols.mqtt.codec import (
@@ -239,6 +240,8 @@ class MqttChannel(Handshake):
                 if known is None:
                     return self.abort(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} was never set")
                 topic = known
+        if topic == CONTROL_TOPIC and node.dynsec is not None:  # a dynamic-security request: run, never stored
+            return self._control_acked(qos, pid, node.dynsec.submit(self.info, packet.payload))
         refused = refuse_publish(node.settings, node.authorizer, self.info, topic)
         if refused == INVALID_TOPIC:
             log.info("client.topic_refused", extra={"client_id": self.client_id, "detail": "topic too long"})
@@ -302,6 +305,21 @@ class MqttChannel(Handshake):
         else:  # in order behind this client's earlier publishes; `publish_refused` if a hook refuses it
             node.hooks.submit(self, self.info, message, self, puback(pid) if qos == 1 else pubrec(pid))
         return None
+
+    def _control_acked(self, qos: int, pid: int, accepted: bool) -> None:
+        """Acknowledge a request to the dynamic-security control topic: refused (not an admin) as an ACL denial is."""
+        if not accepted:
+            log.info("acl.denied", extra={"client_id": self.client_id, "topic": CONTROL_TOPIC, "access": "publish"})
+            self.node.counters.drop("not_authorized")
+        code = 0 if accepted or self.level < 5 else ReasonCode.NOT_AUTHORIZED
+        if qos == 1:
+            self._send(Puback(pid, code))
+        elif qos == 2:
+            if accepted:  # its PUBREL gets the PUBCOMP
+                if self.inbound_qos2 is None:
+                    self.inbound_qos2 = set()
+                self.inbound_qos2.add(pid)
+            self._send(Pubrec(pid, code))
 
     def _retained_refused(self, topic: str, qos: int, pid: int) -> None:
         """Over a retained cap (`gateway.core.retained_quota`): PUBACK/PUBREC 0x97 (3.1.1: a plain one), the

@@ -15,6 +15,7 @@ One keyspace, ordered bytewise; the first byte names the namespace:
     B <kind> 0x00 <who>              -> ban (store.base.encode_ban, JSON)
     C <name>                         -> <q   counters: sessions, retained (+ bytes), wills, high_seq (COUNTERS)
     D >I len(scope) <scope> <id>     -> <q   the seq holding a de-duplication key (store.base.Message.dedupe)
+    V <name>                         -> <q version> <value>   a versioned document (`Store.put_document`)
 
 Strings are UTF-8. Every index entry is written in the same WriteBatch as the record it derives from.
 
@@ -56,6 +57,7 @@ WILL = b"W"
 GROUP = b"G"
 COUNTER = b"C"
 BAN = b"B"
+DOCUMENT = b"V"  # V name -> <q version> value (`Store.put_document`)
 DEDUPE = b"D"  # D u32 len(scope) scope id -> the seq of the message holding the key (`Message.dedupe`)
 
 COUNTERS = ("sessions", "retained", "retained_bytes", "wills", "high_seq")
@@ -130,6 +132,10 @@ def will_key(client_id: str) -> bytes:
 
 def group_key(ns: int, key: str) -> bytes:
     return GROUP + bytes((ns,)) + key.encode()
+
+
+def document_key(name: str) -> bytes:
+    return DOCUMENT + name.encode()
 
 
 def ban_key(kind: str, who: str) -> bytes:

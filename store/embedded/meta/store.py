@@ -447,6 +447,24 @@ class MetaStore:
         bans = [decode_ban(value) for _key, value in self.scan(K.BAN)]
         return [ban for ban in bans if ban is not None]
 
+    # --- versioned documents ---------------------------------------------------------------------------------
+    def get_document(self, name: str) -> tuple[int, bytes]:
+        value = self._db.get(K.document_key(name))
+        if value is None:
+            return 0, b""
+        return int(K.COUNT.unpack_from(value)[0]), bytes(value[K.COUNT.size:])
+
+    def put_document(self, name: str, value: bytes, expected: int) -> int:
+        version, stored = self.get_document(name)
+        if version == expected + 1 and stored == value:
+            return version  # a retry of a put that landed
+        if version != expected:
+            return 0
+        ch = _Changes()
+        ch.batch.put(K.document_key(name), K.COUNT.pack(expected + 1) + value)
+        self._commit(ch)
+        return expected + 1
+
     # --- de-duplication keys (`Message.dedupe`: the engine's `append` looks them up and records them) ----------
     def dedupe_seqs(self, keys: list[tuple[str, str]]) -> list[int | None]:
         """The seq each key holds (None: not held); one batched lookup."""
