@@ -37,6 +37,7 @@ from tidewire.gateway.core.retained_quota import RetainedQuota
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
+from tidewire.gateway.core.tenants import tenants_from_settings
 from tidewire.gateway.core.topology import SingleNode, Topology
 from tidewire.gateway.core.writes import RecordWrites
 from tidewire.gateway.ops.bans import BanList
@@ -109,6 +110,7 @@ class Node:
         # Session and delivery events for the lake (pipeline.lake.event_export drains them); None: not recorded.
         self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
         self.sessions = SessionOpener(self)  # open (takeover, claim, restore) and close client sessions
+        self.tenants = tenants_from_settings(settings)  # who is in which tenant, and its limits and counts
         # publish pipeline: appends (→ store) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
         # what the protocols ask before taking a retained publish (`max_retained_*`)

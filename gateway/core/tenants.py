@@ -1,0 +1,212 @@
+"""Tenants, sans-IO: which tenant a client belongs to, its mount point, and its limits and counts on this node.
+
+A tenant's topics live under its mount point `$tenant/<name>/`: a tenant client publishing `a/b` writes
+`$tenant/x/a/b`, subscribing `a/#` reads `$tenant/x/a/#`, and sees its topics without the mount. Why that form:
+
+- invisible to the others: MQTT never matches a topic starting with `$` against a filter whose first level is a
+  wildcard (spec 4.7.2), so no `#` or `+/...` subscriber of the default tenant sees a tenant's messages, and a
+  tenant client's own `#` is mounted to `$tenant/x/#`, which never reaches `$tenant/y/...`. What a default-tenant
+  client could still name by hand (`$tenant/...` topics and filters, `$tenant/...` client ids) is refused unless it
+  is a superuser (`reserved`).
+- a superuser of the default tenant addresses every tenant in MQTT's own terms: `$tenant/x/#` (one tenant),
+  `$tenant/+/alerts` (one topic in all of them), `$tenant/#` (everything of every tenant).
+- the light queues: a message is indexed into its topic's queue and its first level's queue. Every tenant's
+  messages share the first level `$tenant`, so `$tenant/#` is the superuser's feed of all tenants at no extra
+  write (it is the queue they were indexed into anyway); a tenant's own `a/#` becomes the wildcard
+  `$tenant/x/a/#` (registered like any wildcard). A name inside the first level (`$tenant.x/...`) would keep a
+  first-level queue per tenant, but then no filter could name every tenant at once, and its second level would be
+  the tenant client's own first level, where `<first>/p2p/<id>` would let it address any client's P2P queue; here
+  the second level is the tenant's name, which may not be `p2p`.
+
+Client ids are scoped per tenant, as VerneMQ scopes them by mountpoint: a tenant client's session, takeover and
+will are keyed by `$tenant/x/<id>`, so `dev1` of x and `dev1` of y are two sessions and a takeover across tenants
+cannot happen; the client still sees (and ACL patterns' `%c` still read) its own `dev1`. `$SYS` is not mounted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tidewire.errors import TidewireError
+from tidewire.gateway.transport.ratelimit import TokenBucket
+
+if TYPE_CHECKING:
+    from tidewire.gateway.config import TenantLimits, TenantSettings
+
+ROOT = "$tenant"
+PREFIX = ROOT + "/"
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+RESERVED_NAMES = frozenset({"p2p"})  # `<first>/p2p/<clientId>` is a P2P topic: `$tenant/p2p/...` would be one
+_SHARE = "$share/"
+
+# Why a tenant refused a client or a message (the metrics' `reason` label).
+QUOTA = "quota"
+RATE = "rate"
+MESSAGE_RATE = "message_rate"
+REFUSALS = (QUOTA, RATE, MESSAGE_RATE)
+
+
+def valid_tenant_name(name: str) -> bool:
+    """A tenant name is one topic level of safe characters: never `/`, `+`, `#`, `$`, nor a P2P level."""
+    return bool(_NAME.fullmatch(name)) and name not in RESERVED_NAMES and name not in (".", "..")
+
+
+def mount_point(tenant: str) -> str:
+    return f"{PREFIX}{tenant}/"
+
+
+def split_shared(topic_filter: str) -> tuple[str, str]:
+    """`$share/g/a/b` → (`$share/g/`, `a/b`); any other filter → ("", filter)."""
+    if topic_filter.startswith(_SHARE):
+        slash = topic_filter.find("/", len(_SHARE))
+        if slash > 0:
+            return topic_filter[:slash + 1], topic_filter[slash + 1:]
+    return "", topic_filter
+
+
+def reserved(topic_or_filter: str) -> bool:
+    """Does it name the tenants' space (only a default-tenant superuser may)? Shared filters by their filter."""
+    _, plain = split_shared(topic_or_filter)
+    return plain == ROOT or plain.startswith(PREFIX)
+
+
+def mount_topic(mount: str, topic: str) -> str:
+    """The stored topic of a tenant client's topic (`$SYS` is the broker's, never mounted)."""
+    return topic if topic.startswith("$SYS") else mount + topic
+
+
+def mount_filter(mount: str, topic_filter: str) -> str:
+    """The stored filter of a tenant client's filter; a shared one keeps its group, mounted inside it."""
+    share, plain = split_shared(topic_filter)
+    return topic_filter if plain.startswith("$SYS") else share + mount + plain
+
+
+def unmount(mount: str, topic: str) -> str:
+    """What a tenant client is shown of a stored topic."""
+    return topic[len(mount):] if topic.startswith(mount) else topic
+
+
+def tenant_of(topic: str) -> str | None:
+    """The tenant whose space a stored topic is in; None: the default tenant's."""
+    if not topic.startswith(PREFIX):
+        return None
+    end = topic.find("/", len(PREFIX))
+    return topic[len(PREFIX):end] if end > 0 else None
+
+
+class TenantConflict(TidewireError):
+    """The listener fixes one tenant and the client's identity names another (or a source named no valid one)."""
+
+
+def resolve(listener_tenant: str | None, identity_tenant: str | None, username: str | None,
+            users: dict[str, str]) -> str | None:
+    """A client's tenant: its listener's, else its identity's (a JWT claim, a source's `AuthDecision.tenant`),
+    else `users[username]`; None: the default tenant. `TenantConflict` when the listener and the identity differ."""
+    if listener_tenant is not None:
+        if identity_tenant is not None and identity_tenant != listener_tenant:
+            raise TenantConflict(f"identity of tenant {identity_tenant!r} on the listener of {listener_tenant!r}")
+        return listener_tenant
+    if identity_tenant is not None:
+        return identity_tenant
+    return users.get(username) if username is not None else None
+
+
+@dataclass(slots=True)
+class Limits:
+    """A tenant's limits on one node (0: no limit); `gateway.config.TenantLimits` is their settings form."""
+
+    max_connections: int = 0
+    max_connection_rate: float = 0.0
+    max_message_rate: float = 0.0
+
+
+@dataclass(slots=True)
+class Tenant:
+    """One tenant on this node: its mount, its limits, its live counts. Time is passed in (`now`, monotonic s)."""
+
+    name: str
+    limits: Limits
+    mount: str = ""
+    connections: int = 0
+    messages_in: int = 0
+    messages_out: int = 0
+    refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
+    _connects: TokenBucket | None = None
+    _messages: TokenBucket | None = None
+
+    def __post_init__(self) -> None:
+        self.mount = mount_point(self.name)
+
+    def admit_connection(self, now: float) -> str | None:
+        """None: one more client may connect (counted by `connected`); else why not (`QUOTA`, `RATE`)."""
+        limits = self.limits
+        if limits.max_connections and self.connections >= limits.max_connections:
+            self.refused[QUOTA] += 1
+            return QUOTA
+        if limits.max_connection_rate:
+            if self._connects is None:
+                self._connects = TokenBucket(limits.max_connection_rate, max(limits.max_connection_rate, 1.0), now)
+            if not self._connects.take(now):
+                self.refused[RATE] += 1
+                return RATE
+        return None
+
+    def admit_message(self, now: float) -> bool:
+        """May a tenant client's PUBLISH be taken now? Counts it either way."""
+        rate = self.limits.max_message_rate
+        if rate:
+            if self._messages is None:
+                self._messages = TokenBucket(rate, max(rate, 1.0), now)
+            if not self._messages.take(now):
+                self.refused[MESSAGE_RATE] += 1
+                return False
+        self.messages_in += 1
+        return True
+
+
+class Tenants:
+    """This node's tenants: configured ones from the start, others as their first client arrives (a JWT claim, a
+    source's record); each keeps its counts for the metrics and the admin API while the node runs."""
+
+    __slots__ = ("_by_name", "_configured", "defaults", "listeners", "superusers", "users")
+
+    def __init__(self, configured: dict[str, Limits], defaults: Limits, listeners: dict[str, str],
+                 users: dict[str, str], superusers: list[str]) -> None:
+        self._configured = configured
+        self.defaults = defaults
+        self.listeners = listeners
+        self.users = users
+        self.superusers = frozenset(superusers)
+        self._by_name: dict[str, Tenant] = {name: Tenant(name, limits) for name, limits in configured.items()}
+
+    def get(self, name: str) -> Tenant:
+        tenant = self._by_name.get(name)
+        if tenant is None:
+            tenant = self._by_name[name] = Tenant(name, self._configured.get(name, self.defaults))
+        return tenant
+
+    def all(self) -> list[Tenant]:
+        return sorted(self._by_name.values(), key=lambda t: t.name)
+
+    def tenant_for(self, listener: str, identity_tenant: str | None, username: str | None) -> Tenant | None:
+        """The client's tenant (`resolve`); `TenantConflict` as there; None: the default tenant."""
+        name = resolve(self.listeners.get(listener), identity_tenant, username, self.users)
+        if name is None:
+            return None
+        if not valid_tenant_name(name):  # a source's record or a token claim: trusted, yet never a topic level
+            raise TenantConflict(f"invalid tenant name {name!r}")
+        return self.get(name)
+
+
+def _limits(settings: TenantLimits) -> Limits:
+    return Limits(settings.max_connections, settings.max_connection_rate, settings.max_message_rate)
+
+
+def tenants_from_settings(settings: TenantSettings) -> Tenants:
+    """The node's tenants as the `tenant*` settings describe them."""
+    return Tenants({name: _limits(limits) for name, limits in settings.tenants.items()},
+                   _limits(settings.tenant_defaults), {str(k): v for k, v in settings.tenant_listeners.items()},
+                   dict(settings.tenant_users),
+                   list(settings.tenant_superusers))
