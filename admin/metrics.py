@@ -70,6 +70,30 @@ class NodeCollector(Collector):
         yield from self._bridges()
         yield from self._rules()
         yield from self._lake_events(node)
+        yield from self._tenants(node)
+
+    @staticmethod
+    def _tenants(node: Node) -> Iterator[Metric]:
+        """Per tenant (`gateway.core.tenants`), only the tenants this node knows: none without tenants."""
+        tenants = node.tenants.all()
+        if not tenants:
+            return
+        connections = GaugeMetricFamily(f"{PREFIX}_tenant_connections", "MQTT clients of a tenant connected to this "
+                                        "node.", labels=["tenant"])
+        received = CounterMetricFamily(f"{PREFIX}_tenant_messages_received", "PUBLISHes a tenant's clients sent "
+                                       "that its limits took.", labels=["tenant"])
+        sent = CounterMetricFamily(f"{PREFIX}_tenant_messages_sent", "PUBLISHes sent to a tenant's clients (first "
+                                   "sends).", labels=["tenant"])
+        refused = CounterMetricFamily(f"{PREFIX}_tenant_refused", "Connections and PUBLISHes a tenant's limits "
+                                      "refused, by reason (quota, rate: connections; message_rate).",
+                                      labels=["tenant", "reason"])
+        for tenant in tenants:
+            connections.add_metric([tenant.name], tenant.connections)
+            received.add_metric([tenant.name], tenant.messages_in)
+            sent.add_metric([tenant.name], tenant.messages_out)
+            for reason, count in sorted(tenant.refused.items()):
+                refused.add_metric([tenant.name, reason], count)
+        yield from (connections, received, sent, refused)
 
     @staticmethod
     def _lake_events(node: Node) -> Iterator[Metric]:

@@ -187,6 +187,10 @@ class Tenants:
             tenant = self._by_name[name] = Tenant(name, self._configured.get(name, self.defaults))
         return tenant
 
+    def find(self, name: str) -> Tenant | None:
+        """The tenant if this node knows it (`get` makes it)."""
+        return self._by_name.get(name)
+
     def all(self) -> list[Tenant]:
         return sorted(self._by_name.values(), key=lambda t: t.name)
 
