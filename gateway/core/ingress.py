@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.errors import PublishFailed
-from tidewire.gateway.core.tenants import reserved
+from tidewire.gateway.core.tenants import closed_to
 from tidewire.store.base import PROTOCOL_MQTT, Message
 from tidewire.store.properties import Properties
 
@@ -102,7 +102,7 @@ def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInf
     if topic[0] == "$":
         if topic.startswith("$SYS") and not speaks_for_itself(client, topic):
             return NOT_AUTHORIZED
-        if reserved(topic) and (client.tenant is not None or not client.superuser):
+        if closed_to(client, topic):
             return NOT_AUTHORIZED  # the tenants' space (gateway.core.tenants): a default-tenant superuser's only
     if not authorizer.allow_publish(client, topic):
         return NOT_AUTHORIZED

@@ -26,6 +26,7 @@ cannot happen; the client still sees (and ACL patterns' `%c` still read) its own
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from tidewire.errors import TidewireError
 from tidewire.gateway.transport.ratelimit import TokenBucket
 
 if TYPE_CHECKING:
+    from tidewire.extensions.hooks import ClientInfo
     from tidewire.gateway.config import TenantLimits, TenantSettings
 
 ROOT = "$tenant"
@@ -86,6 +88,27 @@ def mount_filter(mount: str, topic_filter: str) -> str:
 def unmount(mount: str, topic: str) -> str:
     """What a tenant client is shown of a stored topic."""
     return topic[len(mount):] if topic.startswith(mount) else topic
+
+
+def vhost_mount(vhost: str) -> str:
+    """The mount point of an AMQP virtual host: a tenant's vhost is named as the tenant, `/` is the default's."""
+    return "" if vhost == "/" else mount_point(vhost)
+
+
+def vhosts_allowed(tenant: str | None, superuser: bool, configured: frozenset[str]) -> Callable[[str], bool]:
+    """Which AMQP vhosts a client may open: a tenant client its tenant's only; a default-tenant superuser the
+    configured ones and every tenant's; any other client the configured ones (`/`)."""
+    if tenant is not None:
+        return frozenset({tenant}).__contains__
+    if superuser:
+        return lambda vhost: vhost in configured or valid_tenant_name(vhost)
+    return configured.__contains__
+
+
+def closed_to(client: ClientInfo, topic_or_filter: str) -> bool:
+    """Is a topic or filter of the tenants' space, as a client wrote it, closed to this client? Open only to a
+    default-tenant superuser (a tenant client's own `$tenant/...` is mounted inside its space: also refused)."""
+    return reserved(topic_or_filter) and (client.tenant is not None or not client.superuser)
 
 
 def tenant_of(topic: str) -> str | None:
