@@ -90,6 +90,11 @@ def unmount(mount: str, topic: str) -> str:
     return topic[len(mount):] if topic.startswith(mount) else topic
 
 
+def client_mount(client: ClientInfo) -> str:
+    """The mount point of the client's tenant ("": the default tenant)."""
+    return "" if client.tenant is None else mount_point(client.tenant)
+
+
 def vhost_mount(vhost: str) -> str:
     """The mount point of an AMQP virtual host: a tenant's vhost is named as the tenant, `/` is the default's."""
     return "" if vhost == "/" else mount_point(vhost)
@@ -216,6 +221,21 @@ class Tenants:
 
     def all(self) -> list[Tenant]:
         return sorted(self._by_name.values(), key=lambda t: t.name)
+
+    def namespace_tenant(self, listener: str, namespace: str, username: str | None) -> Tenant | None:
+        """The tenant a RocketMQ call acts in, from its namespace (`x-mq-namespace`): a tenant's access key acts in
+        its tenant's (the namespace empty or its name), a default-tenant superuser in any tenant it names, any
+        other caller in the default one only (namespace empty). `TenantConflict` for any other namespace."""
+        own = self.tenant_for(listener, None, username)
+        if own is not None:
+            if namespace not in ("", own.name):
+                raise TenantConflict(f"namespace {namespace!r} of another tenant")
+            return own
+        if not namespace:
+            return None
+        if username is not None and username in self.superusers and valid_tenant_name(namespace):
+            return self.get(namespace)
+        raise TenantConflict(f"namespace {namespace!r} is not this caller's")
 
     def tenant_for(self, listener: str, identity_tenant: str | None, username: str | None) -> Tenant | None:
         """The client's tenant (`resolve`); `TenantConflict` as there; None: the default tenant."""

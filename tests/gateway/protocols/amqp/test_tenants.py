@@ -53,7 +53,7 @@ def test_tenant_vhosts_see_only_their_devices(amqp_gateway: AmqpGateway, pika_fa
         assert device.subscribe("commands/#", 1) == [1]
     for tenant, device in devices.items():
         assert device.publish("sensors/1", (tenant or "-").encode(), qos=1) == 0
-    for tenant, device in devices.items():
+    for device in devices.values():
         assert device.publish("sensors/end", b"end", qos=1) == 0
     for tenant in TENANTS:
         drain(conns[tenant], lambda t=tenant: any(body == b"end" for _, body in got[t]), what=f"{tenant} marker")
