@@ -32,20 +32,23 @@ def token(sub: str, tenant: str | None = None) -> str:
     return jwt.encode(claims, SECRET, algorithm="HS256")
 
 
-def until_marker(client: PahoClient, marker: bytes = b"end") -> list[Received]:
-    """What `client` receives up to the marker (the marker left out)."""
+def until_marker(client: PahoClient, markers: int = 1) -> list[Received]:
+    """What `client` receives up to its `markers`-th marker (markers left out): one per subscription matching it."""
     got: list[Received] = []
-    while True:
+    while markers:
         message = client.get()
-        if message.payload == marker:
-            return got
-        got.append(message)
+        if message.payload == b"end":
+            markers -= 1
+        else:
+            got.append(message)
+    return got
 
 
 def test_tenants_are_invisible_to_each_other(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:
-    gw = gateway_factory(env={"TIDEWIRE_JWT_SECRET": SECRET, "TIDEWIRE_TENANT_JWT_CLAIM": "tenant",
-                              "TIDEWIRE_TENANT_SUPERUSERS": json.dumps(["root"]),
-                              "TIDEWIRE_TENANTS": json.dumps({"acme": {"max_connections": 3}})})
+    gw = gateway_factory(ws=True, env={"TIDEWIRE_JWT_SECRET": SECRET, "TIDEWIRE_TENANT_JWT_CLAIM": "tenant",
+                                       "TIDEWIRE_TENANT_SUPERUSERS": json.dumps(["root"]),
+                                       "TIDEWIRE_TENANT_LISTENERS": json.dumps({"ws": "globex"}),
+                                       "TIDEWIRE_TENANTS": json.dumps({"acme": {"max_connections": 3}})})
 
     def client(name: str, tenant: str | None, client_id: str = "", version: int = 5) -> PahoClient:
         return paho_factory(gw.port, client_id or name, version, username=name, password=token(name, tenant))
@@ -71,13 +74,35 @@ def test_tenants_are_invisible_to_each_other(gateway_factory: GatewayFactory, pa
         assert pub.publish("sensors/end", b"end", qos=1) == 0
 
     for tenant, sub in subs.items():
-        got = until_marker(sub)
+        got = until_marker(sub, markers=2)
         # `#` and the shared subscription each deliver it once (two subscriptions, one message each)
         assert sorted((m.topic, m.payload) for m in got) == [("sensors/1", tenant.encode())] * 2, (tenant, got)
         assert pubs[tenant].client.is_connected()  # not taken over by its namesake
     seen = sorted((m.topic, m.payload) for m in root.expect(3))
     assert seen == [("$tenant/acme/sensors/1", b"acme"), ("$tenant/globex/sensors/1", b"globex"),
                     ("sensors/1", b"-")]
+
+    # The superuser addresses one tenant; a device's will stays in its tenant; the ws listener is globex's: a client
+    # there without a tenant claim is globex's, one whose token names another tenant is refused.
+    acme_dev = client("acme-dev", "acme", "dev2")
+    acme_dev.client.will_set("status/dev2", b"gone", qos=1)
+    acme_dev.connect()
+    on_ws = paho_factory(gw.ws_port, "ws-dev", username="ws-dev", password=token("ws-dev"), websocket=True)
+    on_ws.connect()
+    assert on_ws.subscribe("commands/#", 1) == [1]
+    assert paho_factory(gw.ws_port, "ws-x", username="ws-x", password=token("ws-x", "acme"),
+                        websocket=True).connect(check=False).reason_code == NOT_AUTHORIZED
+    assert root.publish("$tenant/globex/commands/7", b"from root", qos=1) == 0
+    got = on_ws.get()
+    assert (got.topic, got.payload) == ("commands/7", b"from root")
+    acme_dev.drop()  # no DISCONNECT: its will is due
+    will = subs["acme"].get()
+    assert (will.topic, will.payload) == ("status/dev2", b"gone")
+    # Stored after the will: a subscriber holding the marker would have had the will (globex's `#` has had the
+    # superuser's command to globex meanwhile, the default tenant's nothing).
+    for tenant, since in (("globex", [("commands/7", b"from root")]), ("-", [])):
+        assert pubs[tenant].publish("status/end", b"end", qos=1) == 0
+        assert [(m.topic, m.payload) for m in until_marker(subs[tenant])] == since  # `#` alone matches status/end
 
     # Retained messages stay in their tenant too.
     for tenant in ("acme", "globex", "-"):
@@ -89,7 +114,8 @@ def test_tenants_are_invisible_to_each_other(gateway_factory: GatewayFactory, pa
         assert [(m.topic, m.payload, m.retain) for m in got] == [("sensors/1", tenant.encode(), True)], got
         late.disconnect()
 
-    # acme allows 3 connections: sub, dev and late-acme (gone now) → one more, then its next is refused alone.
+    # acme allows 3 connections: sub and dev (late-acme and acme-dev are gone) → one more, then its next is
+    # refused alone.
     extra = client("extra-acme", "acme")
     extra.connect()
     refused = client("over-acme", "acme")

@@ -16,6 +16,8 @@ from tests.gateway.protocols.amqp.conftest import AmqpGateway, PikaFactory
 from tests.gateway.protocols.amqp.helpers import drain
 from tests.integration.conftest import PahoFactory
 
+pytestmark = pytest.mark.slow  # pika on three vhosts and paho: over a second
+
 SECRET = "tidewire-integration-test-secret-0123456789"
 TENANTS = ("acme", "globex", None)  # None: the default tenant
 
