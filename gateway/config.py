@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.bridges.rules.settings import RuleSettings
 from tidewire.errors import ConfigError
-from tidewire.gateway.core.tenants import valid_tenant_name
+from tidewire.gateway.core.tenants import ANY_TENANT, valid_tenant_name
 
 ListenerName = Literal["mqtt", "mqtts", "ws", "wss", "amqp", "amqps", "rocketmq"]
 OFF_WORDS = frozenset({"off", "none", "false", "disabled", ""})
@@ -302,9 +302,8 @@ class TenantSettings(BaseModel):
     JWT claim, `AuthDecision.tenant`), else from `tenant_users`; none: the default tenant (no mount)."""
 
     tenants: dict[str, TenantLimits] = Field(default_factory=dict, description="tenant name → its limits "
-                                             "(names: letters, digits, `_`, `-`, `.`, at most 64; not `p2p`)")
-    tenant_defaults: TenantLimits = Field(default_factory=TenantLimits, description="limits of a tenant not "
-                                          "listed in `tenants`")
+                                             "(names: letters, digits, `_`, `-`, `.`, at most 64; not `p2p`); "
+                                             "`*`: the limits of every tenant not listed")
     tenant_listeners: dict[ListenerName, str] = Field(default_factory=dict, description="listener → the tenant of "
                                                       "every client connecting there (an identity naming another "
                                                       "tenant is refused)")
@@ -319,7 +318,8 @@ class TenantSettings(BaseModel):
     @classmethod
     def _tenant_names(cls, value: dict[str, Any], info: Any) -> dict[str, Any]:
         names = value.keys() if info.field_name == "tenants" else value.values()
-        bad = sorted(str(name) for name in names if not valid_tenant_name(str(name)))
+        bad = sorted(str(name) for name in names if not valid_tenant_name(str(name)) and (
+            name != ANY_TENANT or info.field_name != "tenants"))
         if bad:
             raise ValueError(f"invalid tenant names {bad}: letters, digits, `_`, `-`, `.`, at most 64, not `p2p`")
         return value

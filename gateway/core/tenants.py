@@ -42,6 +42,7 @@ PREFIX = ROOT + "/"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 RESERVED_NAMES = frozenset({"p2p"})  # `<first>/p2p/<clientId>` is a P2P topic: `$tenant/p2p/...` would be one
 _SHARE = "$share/"
+ANY_TENANT = "*"  # the `tenants` setting's entry for every tenant it does not list
 
 # Why a tenant refused a client or a message (the metrics' `reason` label).
 QUOTA = "quota"
@@ -253,7 +254,10 @@ def _limits(settings: TenantLimits) -> Limits:
 
 def tenants_from_settings(settings: TenantSettings) -> Tenants:
     """The node's tenants as the `tenant*` settings describe them."""
-    return Tenants({name: _limits(limits) for name, limits in settings.tenants.items()},
-                   _limits(settings.tenant_defaults), {str(k): v for k, v in settings.tenant_listeners.items()},
+    configured = settings.tenants
+    defaults = configured.get(ANY_TENANT)
+    return Tenants({name: _limits(limits) for name, limits in configured.items() if name != ANY_TENANT},
+                   _limits(defaults) if defaults is not None else Limits(),
+                   {str(k): v for k, v in settings.tenant_listeners.items()},
                    dict(settings.tenant_users),
                    list(settings.tenant_superusers))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
 from tidewire.gateway.core.ingress import neutral_message, publish_future
-from tidewire.gateway.core.tenants import client_mount, mount_topic, unmount
+from tidewire.gateway.core.tenants import client_mount, closed_to, mount_topic, unmount
 from tidewire.pipeline.lake.event_names import ACKED, DELIVERED
 from tidewire.store.base import PROTOCOL_ROCKETMQ, GroupRecord
 from tidewire.store.properties import Properties
@@ -72,8 +72,11 @@ def group_name(group: str, topic: str, mount: str = "") -> str:
 
 
 def may_read(node: Node, caller: ClientInfo, topic: str) -> bool:
-    """The ACL lets `caller` read all of topic T (a partial grant is refused: RocketMQ has no per-message ACL)."""
-    return node.authorizer.subscribe_access(caller, topic + "/#") is SubscribeAccess.GRANTED
+    """The ACL lets `caller` read all of topic T (a partial grant is refused: RocketMQ has no per-message ACL); the
+    tenants' `$tenant` space is a default-tenant superuser's only (`gateway.core.tenants`)."""
+    topic_filter = topic + "/#"
+    return not closed_to(caller, topic_filter) and (
+        node.authorizer.subscribe_access(caller, topic_filter) is SubscribeAccess.GRANTED)
 
 
 class Consuming:

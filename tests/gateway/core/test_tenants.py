@@ -121,7 +121,7 @@ def test_message_rate() -> None:
 
 
 def test_from_settings() -> None:
-    settings = Settings(tenants={"acme": {"max_connections": 3}}, tenant_defaults={"max_message_rate": 5},
+    settings = Settings(tenants={"acme": {"max_connections": 3}, "*": {"max_message_rate": 5}},
                         tenant_listeners={"ws": "acme"}, tenant_users={"bob": "globex"}, tenant_superusers=["root"])
     tenants = tenants_from_settings(settings)
     assert [t.name for t in tenants.all()] == ["acme"]  # configured ones from the start

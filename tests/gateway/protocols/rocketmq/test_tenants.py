@@ -16,6 +16,7 @@ import jwt
 import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import Code, MessagingServiceStub, QueryRouteRequest
+from rocketmq.v5.exception import ForbiddenException
 from rocketmq.v5.util.signature import Signature
 
 from tests.integration.conftest import Gateway, PahoFactory
@@ -68,6 +69,12 @@ def test_namespaces_see_only_their_tenant(rmq_gateway: Callable[..., Gateway], c
     assert route_status(gw, "acme-key", "globex") == Code.FORBIDDEN
     assert route_status(gw, "plain-key", "acme") == Code.FORBIDDEN
     assert route_status(gw, "root", "globex") == Code.OK
+
+    snooper = SimpleConsumer(config(gw, "plain-key", ""), "S", {"$tenant": FilterExpression()}, await_duration=1)
+    clients.made.append(snooper)
+    snooper.startup()
+    with pytest.raises(ForbiddenException, match="may not read"):  # the tenants' space: closed to the default's
+        snooper.receive(16, 30)
 
     consumers: dict[str | None, SimpleConsumer] = {}
     for tenant in TENANTS:  # the same group and topic in every namespace
