@@ -49,6 +49,7 @@ from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
 from tidewire.gateway.sessions.wills import DelayedWills, delay_left
 from tidewire.gateway.transport.admission import Admission
+from tidewire.gateway.transport.ratelimit import TokenBucket
 from tidewire.lookup.base import Lookup
 from tidewire.notify.base import Notifier
 from tidewire.store.base import Message, Store
@@ -110,7 +111,7 @@ class Node:
         # Session and delivery events for the lake (pipeline.lake.event_export drains them); None: not recorded.
         self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
         self.sessions = SessionOpener(self)  # open (takeover, claim, restore) and close client sessions
-        self.tenants = tenants_from_settings(settings)  # who is in which tenant, and its limits and counts
+        self.tenants = tenants_from_settings(settings, TokenBucket)  # who is in which tenant, and its limits and counts
         # publish pipeline: appends (→ store) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
         # what the protocols ask before taking a retained publish (`max_retained_*`)

@@ -28,10 +28,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tidewire.errors import TidewireError
-from tidewire.gateway.transport.ratelimit import TokenBucket
 
 if TYPE_CHECKING:
     from tidewire.extensions.hooks import ClientInfo
@@ -142,6 +141,15 @@ def resolve(listener_tenant: str | None, identity_tenant: str | None, username: 
     return users.get(username) if username is not None else None
 
 
+class Bucket(Protocol):
+    """A token bucket (`gateway.transport.ratelimit.TokenBucket`): `take` one token at `now`, or refuse."""
+
+    def take(self, now: float, n: float = 1) -> bool: ...
+
+
+BucketFactory = Callable[[float, float, float], Bucket]  # (rate per s, burst, now) → a full bucket
+
+
 @dataclass(slots=True)
 class Limits:
     """A tenant's limits on one node (0: no limit); `gateway.config.TenantLimits` is their settings form."""
@@ -157,13 +165,14 @@ class Tenant:
 
     name: str
     limits: Limits
+    bucket: BucketFactory  # makes its rate limits' buckets
     mount: str = ""
     connections: int = 0
     messages_in: int = 0
     messages_out: int = 0
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
-    _connects: TokenBucket | None = None
-    _messages: TokenBucket | None = None
+    _connects: Bucket | None = None
+    _messages: Bucket | None = None
 
     def __post_init__(self) -> None:
         self.mount = mount_point(self.name)
@@ -176,7 +185,7 @@ class Tenant:
             return QUOTA
         if limits.max_connection_rate:
             if self._connects is None:
-                self._connects = TokenBucket(limits.max_connection_rate, max(limits.max_connection_rate, 1.0), now)
+                self._connects = self.bucket(limits.max_connection_rate, max(limits.max_connection_rate, 1.0), now)
             if not self._connects.take(now):
                 self.refused[RATE] += 1
                 return RATE
@@ -187,7 +196,7 @@ class Tenant:
         rate = self.limits.max_message_rate
         if rate:
             if self._messages is None:
-                self._messages = TokenBucket(rate, max(rate, 1.0), now)
+                self._messages = self.bucket(rate, max(rate, 1.0), now)
             if not self._messages.take(now):
                 self.refused[MESSAGE_RATE] += 1
                 return False
@@ -199,21 +208,22 @@ class Tenants:
     """This node's tenants: configured ones from the start, others as their first client arrives (a JWT claim, a
     source's record); each keeps its counts for the metrics and the admin API while the node runs."""
 
-    __slots__ = ("_by_name", "_configured", "defaults", "listeners", "superusers", "users")
+    __slots__ = ("_by_name", "_configured", "bucket", "defaults", "listeners", "superusers", "users")
 
     def __init__(self, configured: dict[str, Limits], defaults: Limits, listeners: dict[str, str],
-                 users: dict[str, str], superusers: list[str]) -> None:
+                 users: dict[str, str], superusers: list[str], bucket: BucketFactory) -> None:
         self._configured = configured
+        self.bucket = bucket
         self.defaults = defaults
         self.listeners = listeners
         self.users = users
         self.superusers = frozenset(superusers)
-        self._by_name: dict[str, Tenant] = {name: Tenant(name, limits) for name, limits in configured.items()}
+        self._by_name: dict[str, Tenant] = {name: Tenant(name, limits, bucket) for name, limits in configured.items()}
 
     def get(self, name: str) -> Tenant:
         tenant = self._by_name.get(name)
         if tenant is None:
-            tenant = self._by_name[name] = Tenant(name, self._configured.get(name, self.defaults))
+            tenant = self._by_name[name] = Tenant(name, self._configured.get(name, self.defaults), self.bucket)
         return tenant
 
     def find(self, name: str) -> Tenant | None:
@@ -252,12 +262,12 @@ def _limits(settings: TenantLimits) -> Limits:
     return Limits(settings.max_connections, settings.max_connection_rate, settings.max_message_rate)
 
 
-def tenants_from_settings(settings: TenantSettings) -> Tenants:
-    """The node's tenants as the `tenant*` settings describe them."""
+def tenants_from_settings(settings: TenantSettings, bucket: BucketFactory) -> Tenants:
+    """The node's tenants as the `tenant*` settings describe them; `bucket` makes their rate limits' buckets."""
     configured = settings.tenants
     defaults = configured.get(ANY_TENANT)
     return Tenants({name: _limits(limits) for name, limits in configured.items() if name != ANY_TENANT},
                    _limits(defaults) if defaults is not None else Limits(),
                    {str(k): v for k, v in settings.tenant_listeners.items()},
                    dict(settings.tenant_users),
-                   list(settings.tenant_superusers))
+                   list(settings.tenant_superusers), bucket)

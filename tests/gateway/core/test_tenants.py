@@ -29,6 +29,7 @@ from tidewire.gateway.core.tenants import (
     vhosts_allowed,
 )
 from tidewire.gateway.core.topics import matches
+from tidewire.gateway.transport.ratelimit import TokenBucket
 
 M = "$tenant/acme/"
 
@@ -78,7 +79,7 @@ def test_which_tenant() -> None:
     assert resolve(None, None, "bob", users) is None and resolve(None, None, None, users) is None
     with pytest.raises(TenantConflict):
         resolve("acme", "globex", None, users)
-    tenants = Tenants({}, Limits(), {}, {}, [])
+    tenants = Tenants({}, Limits(), {}, {}, [], TokenBucket)
     with pytest.raises(TenantConflict):
         tenants.tenant_for("mqtt", "../x", None)  # a source's name must be a valid one too
 
@@ -90,7 +91,7 @@ def test_vhosts_and_namespaces() -> None:
     assert root("/") and root("globex") and not root("a/b")
     plain = vhosts_allowed(None, False, frozenset({"/"}))
     assert plain("/") and not plain("acme")
-    tenants = Tenants({}, Limits(), {}, {"acme-key": "acme"}, ["root"])
+    tenants = Tenants({}, Limits(), {}, {"acme-key": "acme"}, ["root"], TokenBucket)
     assert tenants.namespace_tenant("rocketmq", "", "acme-key").name == "acme"  # type: ignore[union-attr]
     assert tenants.namespace_tenant("rocketmq", "globex", "root").name == "globex"  # type: ignore[union-attr]
     assert tenants.namespace_tenant("rocketmq", "", "plain") is None
@@ -100,7 +101,7 @@ def test_vhosts_and_namespaces() -> None:
 
 
 def test_connection_limits() -> None:
-    tenant = Tenant("acme", Limits(max_connections=2, max_connection_rate=2))
+    tenant = Tenant("acme", Limits(max_connections=2, max_connection_rate=2), TokenBucket)
     assert tenant.admit_connection(0.0) is None
     tenant.connections = 2
     assert tenant.admit_connection(0.0) == QUOTA  # full: refused before the rate is charged
@@ -112,18 +113,18 @@ def test_connection_limits() -> None:
 
 
 def test_message_rate() -> None:
-    tenant = Tenant("acme", Limits(max_message_rate=10))
+    tenant = Tenant("acme", Limits(max_message_rate=10), TokenBucket)
     taken = sum(tenant.admit_message(0.0) for _ in range(15))
     assert taken == 10 and tenant.refused[MESSAGE_RATE] == 5 and tenant.messages_in == 10
     assert tenant.admit_message(0.1)  # one more token after 0.1 s at 10/s
-    unlimited = Tenant("free", Limits())
+    unlimited = Tenant("free", Limits(), TokenBucket)
     assert all(unlimited.admit_message(0.0) for _ in range(1000))
 
 
 def test_from_settings() -> None:
     settings = Settings(tenants={"acme": {"max_connections": 3}, "*": {"max_message_rate": 5}},
                         tenant_listeners={"ws": "acme"}, tenant_users={"bob": "globex"}, tenant_superusers=["root"])
-    tenants = tenants_from_settings(settings)
+    tenants = tenants_from_settings(settings, TokenBucket)
     assert [t.name for t in tenants.all()] == ["acme"]  # configured ones from the start
     acme = tenants.tenant_for("ws", None, "anyone")
     assert acme is not None and acme.limits.max_connections == 3
