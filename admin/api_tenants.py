@@ -20,6 +20,7 @@ class TenantLimitsOut(BaseModel):
     max_connections: int = Field(description="connected clients on this node (0: no limit)")
     max_connection_rate: float = Field(description="CONNECTs/s on this node (0: no limit)")
     max_message_rate: float = Field(description="PUBLISHes/s on this node (0: no limit)")
+    max_retained_bytes: int = Field(description="payload bytes of its retained messages (0: no limit)")
 
 
 class TenantEntry(BaseModel):
@@ -30,18 +31,23 @@ class TenantEntry(BaseModel):
     connections: int = Field(description="MQTT clients of the tenant connected to this node")
     messages_in: int = Field(description="PUBLISHes its clients sent, taken")
     messages_out: int = Field(description="PUBLISHes sent to its clients (first sends)")
+    retained_bytes: int | None = Field(description="its stored bytes: payload bytes of its retained messages as "
+                                                   "last measured plus admitted since; null: not measured (no cap)")
     refused: dict[str, int] = Field(description="what its limits refused, by reason: quota (connections), rate "
-                                                "(connection rate), message_rate")
+                                                "(connection rate), message_rate, retained_bytes")
     limits: TenantLimitsOut
 
 
 def entry(tenant: Tenant, configured: bool) -> TenantEntry:
     limits = tenant.limits
     return TenantEntry(name=tenant.name, mount=tenant.mount, configured=configured, connections=tenant.connections,
-                       messages_in=tenant.messages_in, messages_out=tenant.messages_out, refused=dict(tenant.refused),
+                       messages_in=tenant.messages_in, messages_out=tenant.messages_out,
+                       retained_bytes=tenant.retained_bytes if limits.max_retained_bytes else None,
+                       refused=dict(tenant.refused),
                        limits=TenantLimitsOut(max_connections=limits.max_connections,
                                               max_connection_rate=limits.max_connection_rate,
-                                              max_message_rate=limits.max_message_rate))
+                                              max_message_rate=limits.max_message_rate,
+                                              max_retained_bytes=limits.max_retained_bytes))
 
 
 def router(node: Node) -> APIRouter:

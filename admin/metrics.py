@@ -85,15 +85,21 @@ class NodeCollector(Collector):
         sent = CounterMetricFamily(f"{PREFIX}_tenant_messages_sent", "PUBLISHes sent to a tenant's clients (first "
                                    "sends).", labels=["tenant"])
         refused = CounterMetricFamily(f"{PREFIX}_tenant_refused", "Connections and PUBLISHes a tenant's limits "
-                                      "refused, by reason (quota, rate: connections; message_rate).",
+                                      "refused, by reason (quota, rate: connections; message_rate, retained_bytes).",
                                       labels=["tenant", "reason"])
+        retained = GaugeMetricFamily(f"{PREFIX}_tenant_retained_bytes", "Payload bytes of a tenant's retained "
+                                     "messages: as last measured, plus set and admitted since (tenants with "
+                                     "max_retained_bytes only).",
+                                     labels=["tenant"])
         for tenant in tenants:
             connections.add_metric([tenant.name], tenant.connections)
             received.add_metric([tenant.name], tenant.messages_in)
             sent.add_metric([tenant.name], tenant.messages_out)
             for reason, count in sorted(tenant.refused.items()):
                 refused.add_metric([tenant.name, reason], count)
-        yield from (connections, received, sent, refused)
+            if tenant.limits.max_retained_bytes:
+                retained.add_metric([tenant.name], tenant.retained_bytes)
+        yield from (connections, received, sent, refused, retained)
 
     @staticmethod
     def _lake_events(node: Node) -> Iterator[Metric]:

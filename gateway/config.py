@@ -294,6 +294,10 @@ class TenantLimits(BaseModel):
     max_message_rate: float = Field(0, ge=0, description="PUBLISHes/s of the tenant's clients on one node (token "
                                     "bucket, one second's burst); over it PUBACK/PUBREC 0x97, the message dropped; "
                                     "0: no limit")
+    max_retained_bytes: int = Field(0, ge=0, description="the tenant's stored bytes: payload bytes of its retained "
+                                    "messages in the store (measured every `tenant_measure_interval`, plus what "
+                                    "was admitted since); a retained publish over it gets PUBACK/PUBREC 0x97; "
+                                    "0: no limit")
 
 
 class TenantSettings(BaseModel):
@@ -308,6 +312,8 @@ class TenantSettings(BaseModel):
                                                       "every client connecting there (an identity naming another "
                                                       "tenant is refused)")
     tenant_jwt_claim: str | None = Field(None, description="JWT claim naming the client's tenant; None: not read")
+    tenant_measure_interval: float = Field(30.0, gt=0, description="s between measures of the retained bytes of "
+                                           "each tenant with `max_retained_bytes`")
     tenant_users: dict[str, str] = Field(default_factory=dict, description="proved user name → tenant, for "
                                          "sources whose records carry none (the password file)")
     tenant_superusers: list[str] = Field(default_factory=list, description="proved user names of the default "

@@ -37,6 +37,7 @@ from tidewire.gateway.core.retained_quota import RetainedQuota
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
+from tidewire.gateway.core.tenants import PREFIX as TENANTS_PREFIX
 from tidewire.gateway.core.tenants import tenants_from_settings
 from tidewire.gateway.core.topology import SingleNode, Topology
 from tidewire.gateway.core.writes import RecordWrites
@@ -406,6 +407,8 @@ class Node:
                 await self.store.set_retained(message.topic, message if message.payload else None)
                 unretained.popleft()
                 quota.landed(len(message.payload))
+                if message.topic.startswith(TENANTS_PREFIX):
+                    self.tenants.retained_landed(message.topic, len(message.payload))
             if quota.capped:
                 quota.settled(*await self.store.retained_usage())
         # Only now: a subscriber that got a retained message live and subscribes anew finds it retained.

@@ -1,5 +1,5 @@
 // Tidewire dashboard, tenants panel: every tenant of this node (GET /api/v1/tenants) with its mount point,
-// connections against its limit, messages in and out and what its limits refused. Hidden while the node has no
+// connections against its limit, messages in and out, retained bytes against its cap and what its limits refused. Hidden while the node has no
 // tenant. It reads the token app.js keeps (localStorage), so it never asks for one itself. Tenant names come
 // from settings or signed tokens, mount points from them: still put on the page as text (textContent) only.
 "use strict";
@@ -36,6 +36,7 @@
       const cells = [
         [t.name, ""], [t.mount, ""], [`${t.connections} / ${limit(t.limits.max_connections)}`, "num"],
         [limit(t.limits.max_message_rate), "num"], [String(t.messages_in), "num"], [String(t.messages_out), "num"],
+        [t.retained_bytes === null ? "–" : `${t.retained_bytes} / ${t.limits.max_retained_bytes}`, "num"],
         [refusedText(t.refused), ""],
       ];
       for (const [text, cls] of cells) {

@@ -35,6 +35,7 @@ from tidewire.errors import TidewireError
 if TYPE_CHECKING:
     from tidewire.extensions.hooks import ClientInfo
     from tidewire.gateway.config import TenantLimits, TenantSettings
+    from tidewire.store.base import Store
 
 ROOT = "$tenant"
 PREFIX = ROOT + "/"
@@ -47,7 +48,9 @@ ANY_TENANT = "*"  # the `tenants` setting's entry for every tenant it does not l
 QUOTA = "quota"
 RATE = "rate"
 MESSAGE_RATE = "message_rate"
-REFUSALS = (QUOTA, RATE, MESSAGE_RATE)
+RETAINED_BYTES = "retained_bytes"
+REFUSALS = (QUOTA, RATE, MESSAGE_RATE, RETAINED_BYTES)
+_MEASURE_PAGE = 1024  # retained messages read per store call while a tenant's retained bytes are measured
 
 
 def valid_tenant_name(name: str) -> bool:
@@ -157,6 +160,7 @@ class Limits:
     max_connections: int = 0
     max_connection_rate: float = 0.0
     max_message_rate: float = 0.0
+    max_retained_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -173,9 +177,20 @@ class Tenant:
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REFUSALS, 0))
     _connects: Bucket | None = None
     _messages: Bucket | None = None
+    # Its stored bytes: the payload bytes of its retained messages as last measured in the store
+    # (`measure_retained`), plus those the store set since that measure began, plus those admitted and not yet set.
+    # A replacement counts as growth until the next measure says otherwise (as `RetainedQuota` for the node's caps).
+    retained_measured: int = 0
+    retained_landed: int = 0
+    retained_admitted: int = 0
 
     def __post_init__(self) -> None:
         self.mount = mount_point(self.name)
+
+    @property
+    def retained_bytes(self) -> int:
+        return self.retained_measured + self.retained_landed + self.retained_admitted
+
 
     def admit_connection(self, now: float) -> str | None:
         """None: one more client may connect (counted by `connected`); else why not (`QUOTA`, `RATE`)."""
@@ -191,17 +206,26 @@ class Tenant:
                 return RATE
         return None
 
-    def admit_message(self, now: float) -> bool:
-        """May a tenant client's PUBLISH be taken now? Counts it either way."""
+    def admit_message(self, now: float, retained_size: int = 0) -> str | None:
+        """None: a tenant client's PUBLISH (`retained_size`: the payload bytes of a retained one with a payload)
+        may be taken now; else why not (`MESSAGE_RATE`, `RETAINED_BYTES`). Counts it either way."""
+        capped = retained_size and self.limits.max_retained_bytes
+        if capped:
+            if self.retained_bytes + retained_size > self.limits.max_retained_bytes:
+                self.refused[RETAINED_BYTES] += 1
+                return RETAINED_BYTES
+            self.retained_admitted += retained_size
         rate = self.limits.max_message_rate
         if rate:
             if self._messages is None:
                 self._messages = self.bucket(rate, max(rate, 1.0), now)
             if not self._messages.take(now):
+                if capped:
+                    self.retained_admitted -= retained_size  # never taken
                 self.refused[MESSAGE_RATE] += 1
-                return False
+                return MESSAGE_RATE
         self.messages_in += 1
-        return True
+        return None
 
 
 class Tenants:
@@ -225,6 +249,14 @@ class Tenants:
         if tenant is None:
             tenant = self._by_name[name] = Tenant(name, self._configured.get(name, self.defaults), self.bucket)
         return tenant
+
+    def retained_landed(self, topic: str, payload_size: int) -> None:
+        """The store set the retained entry of a tenant's topic (`RetainedQuota.landed`)."""
+        name = tenant_of(topic)
+        tenant = self._by_name.get(name) if name is not None else None
+        if tenant is not None and tenant.limits.max_retained_bytes:
+            tenant.retained_admitted = max(0, tenant.retained_admitted - payload_size)
+            tenant.retained_landed += payload_size
 
     def find(self, name: str) -> Tenant | None:
         """The tenant if this node knows it (`get` makes it)."""
@@ -259,7 +291,24 @@ class Tenants:
 
 
 def _limits(settings: TenantLimits) -> Limits:
-    return Limits(settings.max_connections, settings.max_connection_rate, settings.max_message_rate)
+    return Limits(settings.max_connections, settings.max_connection_rate, settings.max_message_rate,
+                  settings.max_retained_bytes)
+
+
+async def measure_retained(store: Store, tenant: Tenant) -> None:
+    """Read the payload bytes of the tenant's retained messages from the store, a page at a time (its mount's
+    first level is every tenant's, so the index narrows the scan to the tenants' retained messages)."""
+    landed_before = tenant.retained_landed  # in the store by now: what the measure reads
+    nbytes = 0
+    after: str | None = None
+    while True:
+        page = await store.match_retained(tenant.mount + "#", after, _MEASURE_PAGE)
+        if not page:
+            break
+        nbytes += sum(len(m.payload) for m in page)
+        after = page[-1].topic
+    tenant.retained_measured = nbytes
+    tenant.retained_landed = max(0, tenant.retained_landed - landed_before)
 
 
 def tenants_from_settings(settings: TenantSettings, bucket: BucketFactory) -> Tenants:

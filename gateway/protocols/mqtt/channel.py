@@ -274,7 +274,7 @@ class MqttChannel(Handshake):
             self.io.write(pubrec(pid))  # a resend before PUBREL: acknowledge, don't store twice
             return None
         if self.tenant is not None:  # below the channel a tenant's topics are under its mount point
-            if not self.tenant.admit_message(self.clock.monotonic()):
+            if self.tenant.admit_message(self.clock.monotonic(), len(packet.payload) if packet.retain else 0):
                 return self._tenant_refused(topic, qos, pid)
             topic = mount_topic(self.mount, topic)
         if packet.retain and packet.payload and not node.retained_quota.admit(len(packet.payload)):
@@ -328,9 +328,9 @@ class MqttChannel(Handshake):
             self._send((Puback if qos == 1 else Pubrec)(pid, code))
 
     def _tenant_refused(self, topic: str, qos: int, pid: int) -> None:
-        """Over its tenant's message rate: PUBACK/PUBREC 0x97 (3.1.1: a plain one), the message dropped and
-        counted by the tenant; the connection stays."""
-        log.info("publish.tenant_rate", extra={"client_id": self.client_id, "topic": topic})
+        """Over its tenant's message rate or retained bytes: PUBACK/PUBREC 0x97 (3.1.1: a plain one), the message
+        dropped and counted by the tenant; the connection stays."""
+        log.info("publish.tenant_limit", extra={"client_id": self.client_id, "topic": topic})
         if qos:
             code = ReasonCode.QUOTA_EXCEEDED if self.level >= 5 else 0
             self._send((Puback if qos == 1 else Pubrec)(pid, code))

@@ -12,6 +12,7 @@ from tidewire.gateway.core.tenants import (
     MESSAGE_RATE,
     QUOTA,
     RATE,
+    RETAINED_BYTES,
     Limits,
     Tenant,
     TenantConflict,
@@ -109,16 +110,35 @@ def test_connection_limits() -> None:
     assert tenant.admit_connection(0.0) is None  # the bucket's second token
     assert tenant.admit_connection(0.1) == RATE
     assert tenant.admit_connection(0.6) is None  # refilled at 2/s
-    assert tenant.refused == {QUOTA: 1, RATE: 1, MESSAGE_RATE: 0}
+    assert tenant.refused == {QUOTA: 1, RATE: 1, MESSAGE_RATE: 0, RETAINED_BYTES: 0}
 
 
 def test_message_rate() -> None:
     tenant = Tenant("acme", Limits(max_message_rate=10), TokenBucket)
-    taken = sum(tenant.admit_message(0.0) for _ in range(15))
+    taken = sum(tenant.admit_message(0.0) is None for _ in range(15))
     assert taken == 10 and tenant.refused[MESSAGE_RATE] == 5 and tenant.messages_in == 10
-    assert tenant.admit_message(0.1)  # one more token after 0.1 s at 10/s
+    assert tenant.admit_message(0.1) is None  # one more token after 0.1 s at 10/s
     unlimited = Tenant("free", Limits(), TokenBucket)
-    assert all(unlimited.admit_message(0.0) for _ in range(1000))
+    assert all(unlimited.admit_message(0.0, 1000) is None for _ in range(1000))
+
+
+def test_retained_bytes() -> None:
+    tenants = Tenants({"acme": Limits(max_retained_bytes=100, max_message_rate=3)}, Limits(), {}, {}, [], TokenBucket)
+    tenant = tenants.get("acme")
+    tenant.retained_measured = 60  # as measured in the store
+    assert tenant.admit_message(0.0, 30) is None
+    assert tenant.admit_message(0.0, 20) == RETAINED_BYTES  # 60 + 30 admitted + 20 > 100
+    assert tenant.admit_message(0.0, 0) is None  # not retained (or a delete): never counted
+    tenants.retained_landed("$tenant/acme/a", 30)  # set in the store: counted until the next measure
+    tenants.retained_landed("$tenant/other/a", 500)  # another tenant's
+    tenants.retained_landed("a", 500)  # the default tenant's
+    assert (tenant.retained_admitted, tenant.retained_landed, tenant.retained_bytes) == (0, 30, 90)
+    assert tenant.admit_message(0.0, 10) is None  # the bucket's last token; 100 bytes fit
+    assert tenant.admit_message(0.0, 0) == MESSAGE_RATE
+    tenant.retained_measured, tenant.retained_landed = 50, 0  # a measure: some were deleted or replaced
+    assert tenant.admit_message(0.0, 30) == MESSAGE_RATE  # over the rate: its bytes are not kept admitted
+    assert tenant.retained_bytes == 60
+    assert tenant.refused == {QUOTA: 0, RATE: 0, MESSAGE_RATE: 2, RETAINED_BYTES: 1}
 
 
 def test_from_settings() -> None:
