@@ -36,7 +36,7 @@
       const cells = [
         [t.name, ""], [t.mount, ""], [`${t.connections} / ${limit(t.limits.max_connections)}`, "num"],
         [limit(t.limits.max_message_rate), "num"], [String(t.messages_in), "num"], [String(t.messages_out), "num"],
-        [t.retained_bytes === null ? "–" : `${t.retained_bytes} / ${t.limits.max_retained_bytes}`, "num"],
+        [t.retained_bytes === null ? "-" : `${t.retained_bytes} / ${t.limits.max_retained_bytes}`, "num"],
         [refusedText(t.refused), ""],
       ];
       for (const [text, cls] of cells) {

@@ -49,7 +49,7 @@ def test_dashboard_tenants_panel(node: Gateway, browser: WebDriver) -> None:  # 
             name: row[:3] for name, row in _table(d, "tenants", "data-tenant").items()} == {
             "acme": ["acme", "$tenant/acme/", "1 / 1"], "globex": ["globex", "$tenant/globex/", "1 / ∞"]})
         rows = _table(browser, "tenants", "data-tenant")
-        assert rows["acme"][6:] == ["0 / 1000", "quota 1"] and rows["globex"][6:] == ["–", "0"]
+        assert rows["acme"][6:] == ["0 / 1000", "quota 1"] and rows["globex"][6:] == ["-", "0"]
         _no_script_errors(browser)
     finally:
         for c in clients:
