@@ -93,8 +93,8 @@ def test_tenants_are_invisible_to_each_other(gateway_factory: GatewayFactory, pa
     assert paho_factory(gw.ws_port, "ws-x", username="ws-x", password=token("ws-x", "acme"),
                         websocket=True).connect(check=False).reason_code == NOT_AUTHORIZED
     assert root.publish("$tenant/globex/commands/7", b"from root", qos=1) == 0
-    got = on_ws.get()
-    assert (got.topic, got.payload) == ("commands/7", b"from root")
+    command = on_ws.get()
+    assert (command.topic, command.payload) == ("commands/7", b"from root")
     acme_dev.drop()  # no DISCONNECT: its will is due
     will = subs["acme"].get()
     assert (will.topic, will.payload) == ("status/dev2", b"gone")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 
 import jwt
 import pika
@@ -27,6 +28,11 @@ def token(sub: str, tenant: str | None) -> str:
     if tenant is not None:
         claims["tenant"] = tenant
     return jwt.encode(claims, SECRET, algorithm="HS256")
+
+
+def marked(into: list[tuple[str, bytes]]) -> Callable[[], bool]:
+    """Has the end marker arrived in `into`?"""
+    return lambda: any(body == b"end" for _, body in into)
 
 
 def test_tenant_vhosts_see_only_their_devices(amqp_gateway: AmqpGateway, pika_factory: PikaFactory,
@@ -58,7 +64,7 @@ def test_tenant_vhosts_see_only_their_devices(amqp_gateway: AmqpGateway, pika_fa
     for device in devices.values():
         assert device.publish("sensors/end", b"end", qos=1) == 0
     for tenant in TENANTS:
-        drain(conns[tenant], lambda t=tenant: any(body == b"end" for _, body in got[t]), what=f"{tenant} marker")
+        drain(conns[tenant], marked(got[tenant]), what=f"{tenant} marker")
         assert got[tenant] == [("sensors.1", (tenant or "-").encode()), ("sensors.end", b"end")], (tenant, got)
 
     # A tenant's backend commands only its own devices (the same topic in every tenant). Confirmed publishes:
