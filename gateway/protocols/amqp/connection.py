@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tidewire.extensions.authentication import AuthRequest, Refused
 from tidewire.extensions.hooks import ClientInfo
-from tidewire.gateway.core.tenants import TenantConflict, vhost_mount, vhosts_allowed
+from tidewire.gateway.core.tenants import Tenant, TenantConflict, vhost_mount, vhosts_allowed
 from tidewire.gateway.protocols.amqp.channel import Channel
 from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, INTERNAL_ERROR, NOT_ALLOWED, Fault
 from tidewire.gateway.protocols.amqp.core import ConnectionCore
@@ -60,6 +60,7 @@ class AmqpConnection(asyncio.Protocol):
         self.peer = f"{peer[0]}:{peer[1]}" if peer is not None else ""  # the real client behind a PROXY header
         self.counted = False  # logged in: counted in its listener's connections
         self.mount = ""  # the mount point of the vhost it opened (a tenant's: `gateway.core.tenants`)
+        self.tenant: Tenant | None = None  # its user's tenant: counted in its connections while `counted`
         self.core: ConnectionCore = server.new_core(self._want_flush)
         self.transport: asyncio.Transport | None = None
         self.expires_at: float | None = None  # a token's expiry: the connection is closed then
@@ -321,6 +322,15 @@ class AmqpConnection(asyncio.Protocol):
             self.core.auth_refused(REFUSED_TEXT)
             self._deadline = self.clock.monotonic() + self.node.settings.close_drain_timeout
             return
+        if tenant is not None:
+            over = tenant.admit_connection(self.clock.monotonic())
+            if over is not None:  # as RabbitMQ's vhost connection limit: Connection.Open is refused
+                log.info("amqp.refused", extra={"conn": self.id, "peer": self.peer,
+                                                "detail": f"tenant {tenant.name}: connection {over}"})
+                self.core.refuse_open(NOT_ALLOWED, f"connection refused: tenant {tenant.name} connection {over}")
+                return
+            tenant.connections += 1
+            self.tenant = tenant
         self.core.vhost_allowed = vhosts_allowed(tenant.name if tenant is not None else None, superuser,
                                                  self.core.limits.vhosts)
         self.info = ClientInfo(self.id, result.username, self.peer, superuser=superuser and tenant is None,

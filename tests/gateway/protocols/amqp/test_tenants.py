@@ -16,6 +16,7 @@ import pytest
 from tests.gateway.protocols.amqp.conftest import AmqpGateway, PikaFactory
 from tests.gateway.protocols.amqp.helpers import drain
 from tests.integration.conftest import PahoFactory
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow  # pika on three vhosts and paho: over a second
 
@@ -38,7 +39,8 @@ def marked(into: list[tuple[str, bytes]]) -> Callable[[], bool]:
 def test_tenant_vhosts_see_only_their_devices(amqp_gateway: AmqpGateway, pika_factory: PikaFactory,
                                               paho_factory: PahoFactory) -> None:
     gw = amqp_gateway(env={"TIDEWIRE_JWT_SECRET": SECRET, "TIDEWIRE_TENANT_JWT_CLAIM": "tenant",
-                           "TIDEWIRE_TENANT_SUPERUSERS": json.dumps(["root"])})
+                           "TIDEWIRE_TENANT_SUPERUSERS": json.dumps(["root"]),
+                           "TIDEWIRE_TENANTS": json.dumps({"globex": {"max_connections": 2}})})
     assert gw.amqp_port is not None
     got: dict[str | None, list[tuple[str, bytes]]] = {}
     conns: dict[str | None, pika.BlockingConnection] = {}
@@ -102,3 +104,18 @@ def test_tenant_vhosts_see_only_their_devices(amqp_gateway: AmqpGateway, pika_fa
         assert device.publish("sensors/2", (tenant or "-").encode(), qos=1) == 0
     drain(root, lambda: len(every) == 2, what="both tenants' sensors/2")
     assert sorted(every) == [("$tenant.acme.sensors.2", b"acme"), ("$tenant.globex.sensors.2", b"globex")]
+
+    # globex's limit counts its AMQP backend and its MQTT device: its next AMQP connection is refused, acme's not.
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        pika_factory(gw.amqp_port, "backend-globex", token("backend-globex", "globex"), virtual_host="globex")
+    pika_factory(gw.amqp_port, "backend-acme", token("backend-acme", "acme"), virtual_host="acme")
+    conns["globex"].close()  # one connection less: room again, once the node has seen it go
+
+    def opens() -> bool:
+        try:
+            pika_factory(gw.amqp_port, "backend-globex", token("backend-globex", "globex"), virtual_host="globex")
+        except pika.exceptions.AMQPConnectionError:
+            return False
+        return True
+
+    wait_until(opens, timeout=5, what="globex's closed connection no longer counted")
