@@ -19,6 +19,8 @@ from tests.waiting import wait_until
 
 SECRET = "tidewire-integration-test-secret-0123456789"
 QUOTA_EXCEEDED = 0x97
+ADMINISTRATIVE_ACTION = 0x98
+BANNED = 0x8A
 
 
 def tenant_client(gw: Gateway, name: str, tenant: str) -> PahoClient:
@@ -74,6 +76,17 @@ def test_tenants_api_and_metrics(node: Gateway) -> None:
             assert api.get("/api/v1/tenants/nobody").status_code == 404
             assert http(node, "").get("/api/v1/tenants").status_code == 401
             metrics = api.get("/metrics").text
+            # Operators see (and ban) a tenant's client by its scoped id; `a1` of another tenant is not touched.
+            listed = [c["client_id"] for c in api.get("/api/v1/clients").json()["data"]]
+            assert sorted(listed) == ["$tenant/acme/a1", "$tenant/globex/g1"]
+            assert api.post("/api/v1/banned", json={"as": "clientid", "who": "$tenant/acme/a1"}).status_code == 201
+        assert acme.wait_disconnect(timeout=5) == ADMINISTRATIVE_ACTION
+        again = tenant_client(node, "a1", "acme")
+        clients.append(again)
+        assert again.connect(check=False).reason_code == BANNED
+        other = tenant_client(node, "a1", "globex")
+        clients.append(other)
+        other.connect()
         assert 'tidewire_tenant_connections{tenant="acme"} 1.0' in metrics
         assert 'tidewire_tenant_messages_received_total{tenant="globex"} 6.0' in metrics
         assert 'tidewire_tenant_retained_bytes{tenant="globex"} 5.0' in metrics

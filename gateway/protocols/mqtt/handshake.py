@@ -126,6 +126,8 @@ class Handshake(ChannelBase):
                 self._enter_tenant(terms, proof.tenant)
             except Refusal as refusal:
                 return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+            if self.tenant is not None and (ban := node.bans.check(terms.client_id, None, None)) is not None:
+                return self._banned(ban)  # a tenant's client banned by the scoped id operators see
             return self._open_session(packet, terms)
         method = packet.properties[PropertyId.AUTHENTICATION_METHOD]  # the will is checked once AUTH succeeded
         auth = node.enhanced_auth.begin(method, terms.client_id, packet.username) if node.enhanced_auth else None
@@ -171,7 +173,8 @@ class Handshake(ChannelBase):
             return None
         assert terms is not None
         terms.ack_properties.update(props)
-        terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level)
+        superuser = result.username is not None and result.username in self.node.tenants.superusers
+        terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level, superuser)
         ban = self.node.bans.check(terms.client_id, result.username, self.peer)
         if ban is not None:
             return self._banned(ban)
@@ -180,6 +183,8 @@ class Handshake(ChannelBase):
             self._enter_tenant(terms, None)
         except Refusal as refusal:
             return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+        if self.tenant is not None and (ban := self.node.bans.check(terms.client_id, None, None)) is not None:
+            return self._banned(ban)
         self._state = CONNECTING
         self._open_session(connect, terms)
         return None
