@@ -43,6 +43,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 RESERVED_NAMES = frozenset({"p2p"})  # `<first>/p2p/<clientId>` is a P2P topic: `$tenant/p2p/...` would be one
 _SHARE = "$share/"
 ANY_TENANT = "*"  # the `tenants` setting's entry for every tenant it does not list
+MAX_TENANTS = 100_000  # tenants a node keeps counts of (names come from signed tokens and sources: still bounded)
 
 # Why a tenant refused a client or a message (the metrics' `reason` label).
 QUOTA = "quota"
@@ -245,8 +246,11 @@ class Tenants:
         self._by_name: dict[str, Tenant] = {name: Tenant(name, limits, bucket) for name, limits in configured.items()}
 
     def get(self, name: str) -> Tenant:
+        """The tenant, made on its first client; `TenantConflict` past `MAX_TENANTS` (each keeps its counts)."""
         tenant = self._by_name.get(name)
         if tenant is None:
+            if len(self._by_name) >= MAX_TENANTS:
+                raise TenantConflict(f"more than {MAX_TENANTS} tenants on this node")
             tenant = self._by_name[name] = Tenant(name, self._configured.get(name, self.defaults), self.bucket)
         return tenant
 

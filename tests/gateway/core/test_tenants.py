@@ -85,6 +85,15 @@ def test_which_tenant() -> None:
         tenants.tenant_for("mqtt", "../x", None)  # a source's name must be a valid one too
 
 
+def test_tenants_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tidewire.gateway.core.tenants.MAX_TENANTS", 2)
+    tenants = Tenants({}, Limits(), {}, {}, [], TokenBucket)
+    tenants.get("a"), tenants.get("b")
+    assert tenants.get("a").name == "a"  # known ones still answer
+    with pytest.raises(TenantConflict, match="more than 2 tenants"):
+        tenants.tenant_for("mqtt", "c", None)
+
+
 def test_vhosts_and_namespaces() -> None:
     assert vhosts_allowed("acme", False, frozenset({"/"}))("acme")
     assert not vhosts_allowed("acme", True, frozenset({"/"}))("/")
