@@ -70,6 +70,36 @@ class NodeCollector(Collector):
         yield from self._bridges()
         yield from self._rules()
         yield from self._lake_events(node)
+        yield from self._tenants(node)
+
+    @staticmethod
+    def _tenants(node: Node) -> Iterator[Metric]:
+        """Per tenant (`gateway.core.tenants`), only the tenants this node knows: none without tenants."""
+        tenants = node.tenants.all()
+        if not tenants:
+            return
+        connections = GaugeMetricFamily(f"{PREFIX}_tenant_connections", "MQTT clients of a tenant connected to this "
+                                        "node.", labels=["tenant"])
+        received = CounterMetricFamily(f"{PREFIX}_tenant_messages_received", "PUBLISHes a tenant's clients sent "
+                                       "that its limits took.", labels=["tenant"])
+        sent = CounterMetricFamily(f"{PREFIX}_tenant_messages_sent", "PUBLISHes sent to a tenant's clients (first "
+                                   "sends).", labels=["tenant"])
+        refused = CounterMetricFamily(f"{PREFIX}_tenant_refused", "Connections and PUBLISHes a tenant's limits "
+                                      "refused, by reason (quota, rate: connections; message_rate, retained_bytes).",
+                                      labels=["tenant", "reason"])
+        retained = GaugeMetricFamily(f"{PREFIX}_tenant_retained_bytes", "Payload bytes of a tenant's retained "
+                                     "messages: as last measured, plus set and admitted since (tenants with "
+                                     "max_retained_bytes only).",
+                                     labels=["tenant"])
+        for tenant in tenants:
+            connections.add_metric([tenant.name], tenant.connections)
+            received.add_metric([tenant.name], tenant.messages_in)
+            sent.add_metric([tenant.name], tenant.messages_out)
+            for reason, count in sorted(tenant.refused.items()):
+                refused.add_metric([tenant.name, reason], count)
+            if tenant.limits.max_retained_bytes:
+                retained.add_metric([tenant.name], tenant.retained_bytes)
+        yield from (connections, received, sent, refused, retained)
 
     @staticmethod
     def _lake_events(node: Node) -> Iterator[Metric]:

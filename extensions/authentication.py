@@ -90,6 +90,7 @@ class Identity:
     acl: Authorizer | None = None
     expires_at: float | None = None
     source: str = ""  # which source accepted, "anonymous" or "certificate"
+    tenant: str | None = None  # the tenant the client belongs to (its mount point); None: the default tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +138,8 @@ class AuthChain:
                 return Refused(Failure.UNAVAILABLE, source.name, "source failed")
             if decision.outcome is Outcome.ALLOW:
                 username = decision.username if decision.username is not None else request.username
-                return Identity(username, decision.superuser, decision.acl, decision.expires_at, source.name)
+                return Identity(username, decision.superuser, decision.acl, decision.expires_at, source.name,
+                                decision.tenant)
             if decision.outcome is Outcome.DENY:
                 return Refused(decision.failure, source.name, decision.reason or "denied")
         if request.username is None and request.password is None:

@@ -17,6 +17,7 @@ class ClientInfo:
     protocol_level: int = 4
     superuser: bool = False
     acl: Authorizer | None = None  # the client's own grants (JWT claims, HTTP hook), instead of the ACL file
+    tenant: str | None = None  # the tenant the client belongs to (its mount point); None: the default tenant
 
 
 class SubscribeAccess(IntEnum):

@@ -10,7 +10,7 @@ Answers:
 * HTTP 200 with a JSON object: ``result`` is ``"allow"``, ``"deny"`` (not authorized) or ``"ignore"`` (the next
   source decides); for ``allow`` the optional ``is_superuser`` (bool), ``username`` (the identity to use
   instead of the claimed one), ``expire_at`` (epoch seconds; the connection is closed then; an allow that is
-  already expired is a deny) and ``acl`` are honoured.
+  already expired is a deny), ``tenant`` (the client's tenant: docs/tenants.md) and ``acl`` are honoured.
 * ``acl`` replaces the ACL file for this client and grants exactly what it lists, everything else denied.
   Two forms: EMQX 5's rule list ``[{"permission": "allow"|"deny", "action": "publish"|"subscribe"|"all",
   "topic": "t/#"}]`` (``"topics": [...]`` also accepted) and ``{"pub": [...], "sub": [...], "all": [...]}``
@@ -339,7 +339,11 @@ def _decide(status: int, body: bytes, now: float) -> AuthDecision:
             acl = AclFile.from_grants(_grants(answer["acl"]))
         except ValueError as exc:
             raise _ServiceError(f"malformed answer: acl: {exc}") from None
-    return AuthDecision(Outcome.ALLOW, username=username, superuser=superuser, acl=acl, expires_at=expires_at)
+    tenant = answer.get("tenant")
+    if tenant is not None and (not isinstance(tenant, str) or not tenant):
+        raise _ServiceError("malformed answer: tenant")  # the node checks the name itself (a topic level)
+    return AuthDecision(Outcome.ALLOW, username=username, superuser=superuser, acl=acl, expires_at=expires_at,
+                        tenant=tenant)
 
 
 def _grants(acl: object) -> list[tuple[str, str]]:

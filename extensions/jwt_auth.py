@@ -129,6 +129,7 @@ class JwtAuthenticator:
         "max_token_bytes",
         "name",
         "public_key_file",
+        "tenant_claim",
         "username_claim",
     )
 
@@ -144,6 +145,7 @@ class JwtAuthenticator:
         issuer: str | None = None,
         leeway: float = 0.0,
         max_token_bytes: int = MAX_TOKEN_BYTES,
+        tenant_claim: str | None = None,
     ) -> None:
         """ValueError when no key is given, a key is weak or unreadable, or an option is out of range."""
         if secret is None and public_key_file is None and jwks_file is None:
@@ -155,6 +157,7 @@ class JwtAuthenticator:
         if max_token_bytes < 1:
             raise ValueError("jwt: max_token_bytes must be >= 1")
         self.name = "jwt"
+        self.tenant_claim = tenant_claim  # names the client's tenant (gateway.core.tenants); None: not read
         self._secret = _secret_key(secret) if secret is not None else None
         self.public_key_file = Path(public_key_file) if public_key_file is not None else None
         self.jwks_file = Path(jwks_file) if jwks_file is not None else None
@@ -182,6 +185,7 @@ class JwtAuthenticator:
             audience=settings.jwt_audience,
             issuer=settings.jwt_issuer,
             leeway=settings.jwt_leeway,
+            tenant_claim=settings.tenant_jwt_claim,
         )
 
     def _load_keys(self) -> _Keys:
@@ -273,7 +277,12 @@ class JwtAuthenticator:
                 acl = AclFile.from_grants(grants_from_acl_claim(claims[self.acl_claim]))
             except ValueError as exc:
                 return _deny(f"malformed acl claim: {exc}")
-        return AuthDecision(Outcome.ALLOW, username=username, acl=acl, expires_at=expires_at)
+        tenant: str | None = None
+        if self.tenant_claim is not None and self.tenant_claim in claims:
+            tenant = claims[self.tenant_claim]
+            if not isinstance(tenant, str) or not tenant:
+                return _deny("invalid tenant claim")  # the node checks the name itself (a topic level)
+        return AuthDecision(Outcome.ALLOW, username=username, acl=acl, expires_at=expires_at, tenant=tenant)
 
 
 def grants_from_acl_claim(value: object) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from tidewire.bridges.mqtt.settings import BridgeSettings
 from tidewire.bridges.rules.settings import RuleSettings
 from tidewire.errors import ConfigError
+from tidewire.gateway.core.tenants import ANY_TENANT, valid_tenant_name
 
 ListenerName = Literal["mqtt", "mqtts", "ws", "wss", "amqp", "amqps", "rocketmq"]
 OFF_WORDS = frozenset({"off", "none", "false", "disabled", ""})
@@ -301,6 +302,56 @@ class ClusterSettings(BaseModel):
                                         "always through the owner (two hops)")
 
 
+# --- Multi-tenancy (gateway.core.tenants) ------------------------------------------------------------------
+class TenantLimits(BaseModel):
+    """One tenant's limits, on each node (0: no limit)."""
+
+    model_config = {"extra": "forbid"}
+
+    max_connections: int = Field(0, ge=0, description="connected MQTT clients of the tenant on one node; the next "
+                                 "one is refused with CONNACK 0x97 (3.1.1: 3); 0: no limit")
+    max_connection_rate: float = Field(0, ge=0, description="CONNECTs/s of the tenant's clients on one node (token "
+                                       "bucket, one second's burst); over it CONNACK 0x9F (3.1.1: 3); 0: no limit")
+    max_message_rate: float = Field(0, ge=0, description="PUBLISHes/s of the tenant's clients on one node (token "
+                                    "bucket, one second's burst); over it PUBACK/PUBREC 0x97, the message dropped; "
+                                    "0: no limit")
+    max_retained_bytes: int = Field(0, ge=0, description="the tenant's stored bytes: payload bytes of its retained "
+                                    "messages in the store (measured every `tenant_measure_interval`, plus what "
+                                    "was admitted since); a retained publish over it gets PUBACK/PUBREC 0x97; "
+                                    "0: no limit")
+
+
+class TenantSettings(BaseModel):
+    """`[tenancy]`: Tenants: each tenant's topics live under its mount point `$tenant/<name>/`, invisible to the
+    others (docs/tenants.md). A client's tenant comes from its listener, else from its authentication source (a
+    JWT claim, `AuthDecision.tenant`), else from `tenant_users`; none: the default tenant (no mount)."""
+
+    tenants: dict[str, TenantLimits] = Field(default_factory=dict, description="tenant name → its limits "
+                                             "(names: letters, digits, `_`, `-`, `.`, at most 64; not `p2p`); "
+                                             "`*`: the limits of every tenant not listed")
+    tenant_listeners: dict[ListenerName, str] = Field(default_factory=dict, description="listener → the tenant of "
+                                                      "every client connecting there (an identity naming another "
+                                                      "tenant is refused)")
+    tenant_jwt_claim: str | None = Field(None, description="JWT claim naming the client's tenant; None: not read")
+    tenant_measure_interval: float = Field(30.0, gt=0, description="s between measures of the retained bytes of "
+                                           "each tenant with `max_retained_bytes`")
+    tenant_users: dict[str, str] = Field(default_factory=dict, description="proved user name → tenant, for "
+                                         "sources whose records carry none (the password file)")
+    tenant_superusers: list[str] = Field(default_factory=list, description="proved user names of the default "
+                                         "tenant that are superusers: every topic, every tenant's under "
+                                         "`$tenant/<name>/`, every AMQP vhost")
+
+    @field_validator("tenants", "tenant_listeners", "tenant_users", mode="after")
+    @classmethod
+    def _tenant_names(cls, value: dict[str, Any], info: Any) -> dict[str, Any]:
+        names = value.keys() if info.field_name == "tenants" else value.values()
+        bad = sorted(str(name) for name in names if not valid_tenant_name(str(name)) and (
+            name != ANY_TENANT or info.field_name != "tenants"))
+        if bad:
+            raise ValueError(f"invalid tenant names {bad}: letters, digits, `_`, `-`, `.`, at most 64, not `p2p`")
+        return value
+
+
 class BackendSettings(BaseModel):
     """`[backends]`: The backend protocols: AMQP 0.9.1 and RocketMQ 5 listeners and their limits."""
 
@@ -428,7 +479,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
     "listeners": ListenerSettings, "mqtt": MqttSettings, "security": SecuritySettings, "plugins": PluginSettings,
     "store": StoreSettings,
     "cluster": ClusterSettings, "backends": BackendSettings, "lake": LakeSettings, "bridges": BridgeSection,
-    "rules": RulesSection, "admin": AdminSettings,
+    "rules": RulesSection, "admin": AdminSettings, "tenancy": TenantSettings,
 }
 # Settings a flag would show in the process list: file or environment only.
 # Plugin options may hold a plugin's own credentials.
@@ -439,7 +490,7 @@ SECTION_SHORT_NAMES: dict[str, dict[str, str]] = {
     "plugins": {"options": "plugin_options", "defaults": "plugin_defaults", "timeouts": "plugin_timeouts"}}
 
 
-class Settings(BaseSettings, AdminSettings, RulesSection, BridgeSection, LakeSettings, BackendSettings,
+class Settings(BaseSettings, TenantSettings, AdminSettings, RulesSection, BridgeSection, LakeSettings, BackendSettings,
                ClusterSettings, StoreSettings, PluginSettings, SecuritySettings, MqttSettings, ListenerSettings):
     """Every knob of a node. Env var: `TIDEWIRE_<FIELD>` (upper case), e.g. `TIDEWIRE_PORT=1884`."""
 

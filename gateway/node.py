@@ -37,6 +37,8 @@ from tidewire.gateway.core.retained_quota import RetainedQuota
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
+from tidewire.gateway.core.tenants import PREFIX as TENANTS_PREFIX
+from tidewire.gateway.core.tenants import tenants_from_settings
 from tidewire.gateway.core.topology import SingleNode, Topology
 from tidewire.gateway.core.writes import RecordWrites
 from tidewire.gateway.ops.bans import BanList
@@ -48,6 +50,7 @@ from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
 from tidewire.gateway.sessions.wills import DelayedWills, delay_left
 from tidewire.gateway.transport.admission import Admission
+from tidewire.gateway.transport.ratelimit import TokenBucket
 from tidewire.lookup.base import Lookup
 from tidewire.notify.base import Notifier
 from tidewire.store.base import Message, Store
@@ -111,6 +114,7 @@ class Node:
         # Session and delivery events for the lake (pipeline.lake.event_export drains them); None: not recorded.
         self.events = self.sys.events = EventBuffer(settings.lake_events_buffer) if settings.lake_dir else None
         self.sessions = SessionOpener(self)  # open (takeover, claim, restore) and close client sessions
+        self.tenants = tenants_from_settings(settings, TokenBucket)  # who is in which tenant, and its limits and counts
         # publish pipeline: appends (→ store) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
         # what the protocols ask before taking a retained publish (`max_retained_*`)
@@ -409,6 +413,8 @@ class Node:
                 await self.store.set_retained(message.topic, message if message.payload else None)
                 unretained.popleft()
                 quota.landed(len(message.payload))
+                if message.topic.startswith(TENANTS_PREFIX):
+                    self.tenants.retained_landed(message.topic, len(message.payload))
             if quota.capped:
                 quota.settled(*await self.store.retained_usage())
         # Only now: a subscriber that got a retained message live and subscribes anew finds it retained.

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.errors import PublishFailed
+from tidewire.gateway.core.tenants import closed_to
 from tidewire.store.base import PROTOCOL_MQTT, Message
 from tidewire.store.properties import Properties
 
@@ -94,11 +95,15 @@ def invalid_topic(settings: Settings, topic: str) -> bool:
 
 def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInfo, topic: str) -> str | None:
     """Why `client` may not publish to `topic`: `INVALID_TOPIC` (empty, wildcards, over the configured levels
-    or length: `invalid_topic`), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, or the ACL); None: it may."""
+    or length: `invalid_topic`), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, the tenants' `$tenant/` space
+    but to a default-tenant superuser, or the ACL); None: it may. A tenant client's `topic` is as it wrote it."""
     if invalid_topic(settings, topic):
         return INVALID_TOPIC
-    if topic.startswith("$SYS") and not speaks_for_itself(client, topic):
-        return NOT_AUTHORIZED
+    if topic[0] == "$":
+        if topic.startswith("$SYS") and not speaks_for_itself(client, topic):
+            return NOT_AUTHORIZED
+        if closed_to(client, topic):
+            return NOT_AUTHORIZED  # the tenants' space (gateway.core.tenants): a default-tenant superuser's only
     if not authorizer.allow_publish(client, topic):
         return NOT_AUTHORIZED
     return None

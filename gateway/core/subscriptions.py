@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from tidewire.extensions.hooks import Authorizer, ClientInfo, SubscribeAccess
 from tidewire.gateway.core.shared import GroupMember, SharedGroup, parse_shared, strategy_for
+from tidewire.gateway.core.tenants import mount_point, reserved, unmount
 from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.core.wildcards import WILDCARD_WRITE, WildcardIndex, is_wildcard_queue
 from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord, p2p_queue
@@ -291,7 +292,12 @@ class SubscriptionRegistry:
                     >= settings.max_subscriptions):
                 codes.append(Refusal.QUOTA_EXCEEDED)
                 continue
-            access = authorizer.subscribe_access(client, topic_filter)
+            if client.tenant is None and not client.superuser and reserved(topic_filter):
+                codes.append(Refusal.NOT_AUTHORIZED)  # the tenants' space: only a default-tenant superuser's
+                continue
+            # The ACL reads a tenant client's filters as the client wrote them, without its mount point.
+            access = authorizer.subscribe_access(client, topic_filter if client.tenant is None else
+                                                 unmount(mount_point(client.tenant), topic_filter))
             if access == SubscribeAccess.DENIED:
                 log.info("acl.denied", extra={"client_id": session.client_id, "filter": key, "access": "subscribe"})
                 codes.append(Refusal.NOT_AUTHORIZED)
@@ -368,4 +374,8 @@ class SubscriptionRegistry:
         session.filtered.add(topic_filter)
         if session.read_check is None:
             authorizer = self.authorizer
-            session.read_check = lambda topic: authorizer.allow_read(client, topic)
+            if client.tenant is None:
+                session.read_check = lambda topic: authorizer.allow_read(client, topic)
+            else:
+                mount = mount_point(client.tenant)
+                session.read_check = lambda topic: authorizer.allow_read(client, unmount(mount, topic))

@@ -1,5 +1,6 @@
 """The node's periodic chores: `$SYS` stats, offsets of idle sessions, session expiry and eviction over
-`max_stored_sessions`, letting go of offline sessions' wildcard filters nobody holds any more, store retention."""
+`max_stored_sessions`, letting go of offline sessions' wildcard filters nobody holds any more, store retention, the
+retained bytes of tenants with a cap."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.tenants import measure_retained
 from tidewire.store.base import P2P_PREFIX
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ async def housekeeping_loop(node: Node) -> None:
     retention_due = 0.0
     filters_due = clock.monotonic() + node.settings.stored_filters_check_interval
     stats_due = clock.monotonic() + node.settings.sys_interval
+    tenants_due = 0.0  # measured at once: the caps hold from the first publishes
     retry = Backoff("housekeeping", clock, node.store_health)  # about every second: how an idle node notices
     while True:
         # Wake for the stats when they are due: a fixed 1 s nap that wakes a hair early skips a whole period.
@@ -46,6 +49,11 @@ async def housekeeping_loop(node: Node) -> None:
                 if enforce is not None:
                     await enforce()
                 retention_due = clock.monotonic() + RETENTION_INTERVAL
+            if clock.monotonic() >= tenants_due:
+                tenants_due = clock.monotonic() + node.settings.tenant_measure_interval
+                for tenant in node.tenants.all():
+                    if tenant.limits.max_retained_bytes:
+                        await measure_retained(node.store, tenant)
         except Exception as exc:  # tried again on the next tick; the nap above is the backoff
             stop_if_cancelled()
             retry.failed(exc)

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from tidewire.cache.queue_cache import QueueCache
     from tidewire.gateway.core.clock import Clock
     from tidewire.gateway.core.event_buffer import EventBuffer
+    from tidewire.gateway.core.tenants import Tenant
     from tidewire.gateway.ops.sys_topics import Counters
     from tidewire.gateway.sessions.session import Session
 
@@ -28,6 +29,8 @@ class Writer(Protocol):
     paused: bool
     alias_max: int  # the client's Topic Alias Maximum (0: none)
     max_packet: int  # the client's Maximum Packet Size (0: no limit)
+    mount: str  # its tenant's mount point, taken off the topics it is sent ("": the default tenant)
+    tenant: Tenant | None  # its tenant (counts what it is sent); None: the default tenant
 
     def write_chunks(self, chunks: list[bytes]) -> None: ...
 
@@ -75,10 +78,10 @@ class Inflight:
 
 
 def resend(inflight: dict[int, Inflight], level: int, deadline: float, events: EventBuffer | None,
-           client_id: str, clock: Clock) -> tuple[list[bytes], int]:
+           client_id: str, clock: Clock, mount: str = "") -> tuple[list[bytes], int]:
     """PUBREL, or the PUBLISH with DUP, of every in-flight entry last sent at or before `deadline` (monotonic s),
     which count as sent now: on a new connection (everything) and on 3.1.1's retry timer. Returns the packets
-    and how many of them are PUBLISH."""
+    and how many of them are PUBLISH. `mount`: the receiver's tenant mount point (`Writer.mount`)."""
     chunks: list[bytes] = []
     published = 0
     now = clock.monotonic()
@@ -91,7 +94,7 @@ def resend(inflight: dict[int, Inflight], level: int, deadline: float, events: E
         if entry.released or message is None:
             chunks.append(pubrel(pid))
             continue
-        head, tail = encoded_publish_with(message, level, entry.qos, entry.retain, entry.sub_ids, 0, 0, True)
+        head, tail = encoded_publish_with(message, level, entry.qos, entry.retain, entry.sub_ids, 0, 0, True, mount)
         chunks += (with_dup(head), pid.to_bytes(2, "big"), tail)
         published += 1
         if events is not None:

@@ -64,7 +64,7 @@ class Session(SessionState):
         self.p2p_pending = self.p2p_sub is not None and not fresh  # anything sent to it while it was away
         if self.inflight:
             chunks, published = resend(self.inflight, self.level, _NO_HORIZON, self.owner.events, self.client_id,
-                                       self.owner.clock)
+                                       self.owner.clock, conn.mount)
             if chunks:
                 conn.write_chunks(chunks)
                 self.owner.count_out(published, sum(map(len, chunks)), published)
@@ -175,6 +175,8 @@ class Session(SessionState):
         if chunks:
             conn.write_chunks(chunks)
             self.owner.count_out(1, sum(map(len, chunks)))
+            if conn.tenant is not None:
+                conn.tenant.messages_out += 1
             self._arm_retry()
         return sent
 
@@ -308,6 +310,7 @@ class Session(SessionState):
         cursor = self.cursor
         blocked = False
         simple = not (conn.alias_max or conn.max_packet)
+        mount = conn.mount  # a tenant's clients are sent their topics without it (gateway.core.tenants)
         retain = False
         ids: tuple[int, ...] = ()
         sent = retried = 0
@@ -327,8 +330,9 @@ class Session(SessionState):
                 cursor = message.seq
                 continue
             if simple and not ids and not message.expires_at_ms:
-                parts = message.encoded.get((level, qos, retain)) if message.encoded is not None else None
-                head, tail = parts if parts is not None else encoded_publish(message, level, qos, retain)
+                key = (level, qos, retain, mount) if mount else (level, qos, retain)
+                parts = message.encoded.get(key) if message.encoded is not None else None
+                head, tail = parts if parts is not None else encoded_publish(message, level, qos, retain, mount)
                 if qos == 0:
                     chunks.append(head)
                 else:
@@ -359,6 +363,8 @@ class Session(SessionState):
         if chunks:
             self._write(conn, chunks)
             self.owner.count_out(sent, sum(map(len, chunks)), retried)
+            if conn.tenant is not None:
+                conn.tenant.messages_out += sent
             self._arm_retry()
         if blocked:
             self.pending = True
@@ -390,7 +396,8 @@ class Session(SessionState):
                 send_topic = False
             elif len(aliases) < conn.alias_max:
                 alias = len(aliases) + 1  # assigned below, once the packet is known to go out
-        head, tail = encoded_publish_with(message, self.level, qos, retain, ids, expiry, alias, send_topic)
+        head, tail = encoded_publish_with(message, self.level, qos, retain, ids, expiry, alias, send_topic,
+                                          conn.mount)
         if conn.max_packet and len(head) + len(tail) + (2 if qos else 0) > conn.max_packet:
             self.owner.counters.drop("too_large")
             if events is not None:
@@ -463,6 +470,8 @@ class Session(SessionState):
         if chunks:
             conn.write_chunks(chunks)
             self.owner.count_out(sent, sum(map(len, chunks)))
+            if conn.tenant is not None:
+                conn.tenant.messages_out += sent
             self._arm_retry()
         if extra:
             return False
@@ -501,7 +510,8 @@ class Session(SessionState):
             return
         clock = self.owner.clock
         deadline = clock.monotonic() - self.retry_interval
-        chunks, published = resend(self.inflight, self.level, deadline, self.owner.events, self.client_id, clock)
+        chunks, published = resend(self.inflight, self.level, deadline, self.owner.events, self.client_id, clock,
+                                   conn.mount)
         if chunks:
             conn.write_chunks(chunks)
             self.owner.count_out(published, sum(map(len, chunks)), published)

@@ -185,6 +185,12 @@ async def test_superuser_identity_and_expiry(hook: HookServer, make: Callable[..
     assert decision == AuthDecision(Outcome.ALLOW, username="alice@tenant", superuser=True, expires_at=float(exp))
 
 
+async def test_tenant(hook: HookServer, make: Callable[..., HttpAuthenticator]) -> None:
+    hook.answer = allow(tenant="acme")
+    decision = await make().authenticate(request())
+    assert (decision.outcome, decision.tenant) == (Outcome.ALLOW, "acme")
+
+
 async def test_allow_already_expired_is_deny(hook: HookServer, make: Callable[..., HttpAuthenticator]) -> None:
     hook.answer = allow(expire_at=int(time.time()) - 10)
     decision = await make().authenticate(request())
@@ -247,6 +253,7 @@ async def test_acl_pub_sub_form(hook: HookServer, make: Callable[..., HttpAuthen
     json_answer({"result": "allow", "is_superuser": "true"}),
     json_answer({"result": "allow", "username": ""}),
     json_answer({"result": "allow", "expire_at": "soon"}),
+    json_answer({"result": "allow", "tenant": 7}),
     json_answer({"result": "allow", "acl": "all"}),
     json_answer({"result": "allow", "acl": [{"permission": "allow", "action": "fly", "topic": "t"}]}),
     json_answer({"result": "allow", "acl": [{"permission": "allow", "action": "publish", "topic": "a/#/b"}]}),

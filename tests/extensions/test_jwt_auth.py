@@ -129,6 +129,15 @@ async def test_chain_passes_ordinary_passwords_on_and_accepts_tokens(hs: JwtAuth
 # --- accepted tokens -----------------------------------------------------------------------------------------
 
 
+async def test_tenant_claim() -> None:
+    auth = JwtAuthenticator(secret=SECRET, tenant_claim="org")
+    assert (await decide(auth, make(claims(org="acme"), SECRET, "HS256"))).tenant == "acme"
+    assert (await decide(auth, make(claims(), SECRET, "HS256"))).tenant is None  # no claim: no tenant
+    await denied(auth, make(claims(org=["acme"]), SECRET, "HS256"), "invalid tenant claim")
+    unread = JwtAuthenticator(secret=SECRET)  # no claim configured: a token cannot pick its tenant
+    assert (await decide(unread, make(claims(tenant="acme"), SECRET, "HS256"))).tenant is None
+
+
 async def test_hs256_allows_with_identity_and_expiry(hs: JwtAuthenticator) -> None:
     exp = int(time.time()) + 600
     decision = await decide(hs, make(claims(exp=exp), SECRET, "HS256"))

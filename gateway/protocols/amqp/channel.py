@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from tidewire.gateway.core.ingress import NOT_AUTHORIZED, neutral_message, refuse_publish
+from tidewire.gateway.core.tenants import mount_topic, vhost_mount
 from tidewire.gateway.protocols.amqp.arguments import parse_arguments
 from tidewire.gateway.protocols.amqp.codec import (
     ACCESS_REFUSED,
@@ -62,6 +63,7 @@ class Channel:
         self.number = number
         self.node = conn.node
         self.vhost = conn.core.vhost
+        self.mount = vhost_mount(self.vhost)  # a tenant's vhost: its topics below the channel are under its mount
         self.deliveries = Deliveries(conn, number)
         self.exchanges = ExchangeCommands(conn, self.vhost, self._reply)
         self.confirm = False
@@ -149,6 +151,7 @@ class Channel:
         if refused is not None:
             return fault(PRECONDITION_FAILED, f"routing key '{method.routing_key[:80]}' is not a valid topic "
                                               f"on exchange '{exchange.name}'", method)
+        topic = mount_topic(self.mount, topic) if self.mount else topic
         mapped = properties_in(properties, conn.info.username)
         if isinstance(mapped, str):
             return fault(PRECONDITION_FAILED, mapped, method)
@@ -198,7 +201,8 @@ class Channel:
         graph = await self.conn.server.routing.graph(self.vhost)
         own = bool(exchange.alternate) and await self.node.groups.routed(topic)
         headers = properties.headers if properties is not None and isinstance(properties.headers, dict) else {}
-        return tuple(sorted(queue_topic(q) for q in route(graph, exchange.name, key, headers, own)))
+        return tuple(sorted(mount_topic(self.mount, queue_topic(q)) if self.mount else queue_topic(q)
+                            for q in route(graph, exchange.name, key, headers, own)))
 
     async def _confirm_select(self, method: Any, _p: Properties | None, _b: bytes) -> Fault | None:
         self.confirm = True

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tidewire.extensions.authentication import AuthRequest, Refused
 from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.core.tenants import Tenant, TenantConflict, vhost_mount, vhosts_allowed
 from tidewire.gateway.protocols.amqp.channel import Channel
 from tidewire.gateway.protocols.amqp.codec import CONNECTION_FORCED, INTERNAL_ERROR, NOT_ALLOWED, Fault
 from tidewire.gateway.protocols.amqp.core import ConnectionCore
@@ -58,6 +59,8 @@ class AmqpConnection(asyncio.Protocol):
         self.writable = True
         self.peer = f"{peer[0]}:{peer[1]}" if peer is not None else ""  # the real client behind a PROXY header
         self.counted = False  # logged in: counted in its listener's connections
+        self.mount = ""  # the mount point of the vhost it opened (a tenant's: `gateway.core.tenants`)
+        self.tenant: Tenant | None = None  # its user's tenant: counted in its connections while `counted`
         self.core: ConnectionCore = server.new_core(self._want_flush)
         self.transport: asyncio.Transport | None = None
         self.expires_at: float | None = None  # a token's expiry: the connection is closed then
@@ -268,6 +271,7 @@ class AmqpConnection(asyncio.Protocol):
         elif isinstance(event, Authenticate):
             await self._authenticate(event)
         elif isinstance(event, Opened):
+            self.mount = vhost_mount(event.vhost)
             log.info("amqp.connected", extra={"conn": self.id, "peer": self.peer, "user": self.info.username,
                                               "listener": self.listener.name, "heartbeat": core.heartbeat,
                                               "frame_max": core.frame_max})
@@ -308,7 +312,29 @@ class AmqpConnection(asyncio.Protocol):
             self.core.auth_refused(REFUSED_TEXT)
             self._deadline = self.clock.monotonic() + self.node.settings.close_drain_timeout
             return
-        self.info = ClientInfo(self.id, result.username, self.peer, superuser=result.superuser, acl=result.acl)
+        tenants = self.node.tenants
+        superuser = result.superuser or (result.username is not None and result.username in tenants.superusers)
+        try:
+            tenant = tenants.tenant_for(self.listener.name, result.tenant, result.username)
+        except TenantConflict as exc:
+            log.info("amqp.auth_refused", extra={"conn": self.id, "peer": self.peer, "username": event.username,
+                                                 "source": result.source, "reason": str(exc)})
+            self.core.auth_refused(REFUSED_TEXT)
+            self._deadline = self.clock.monotonic() + self.node.settings.close_drain_timeout
+            return
+        if tenant is not None:
+            over = tenant.admit_connection(self.clock.monotonic())
+            if over is not None:  # as RabbitMQ's vhost connection limit: Connection.Open is refused
+                log.info("amqp.refused", extra={"conn": self.id, "peer": self.peer,
+                                                "detail": f"tenant {tenant.name}: connection {over}"})
+                self.core.refuse_open(NOT_ALLOWED, f"connection refused: tenant {tenant.name} connection {over}")
+                return
+            tenant.connections += 1
+            self.tenant = tenant
+        self.core.vhost_allowed = vhosts_allowed(tenant.name if tenant is not None else None, superuser,
+                                                 self.core.limits.vhosts)
+        self.info = ClientInfo(self.id, result.username, self.peer, superuser=superuser and tenant is None,
+                               acl=result.acl, tenant=tenant.name if tenant is not None else None)
         self.expires_at = result.expires_at
         self.listener.connections += 1
         self.counted = True

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from pamqp import commands
 
 from tidewire.gateway.core.group_reader import Delivery
+from tidewire.gateway.core.tenants import unmount
 from tidewire.gateway.protocols.amqp.codec import PRECONDITION_FAILED, Fault, Method, fault
 from tidewire.gateway.protocols.amqp.dead_letters import REJECTED
 from tidewire.gateway.protocols.amqp.mapping import origin, properties_out
@@ -146,7 +147,8 @@ class Deliveries:
         return None
 
     def _origin(self, topic: str) -> tuple[str, str]:
-        return origin(topic, self.conn.server.exchanges.kinds)
+        mount = self.conn.mount
+        return origin(unmount(mount, topic) if mount else topic, self.conn.server.exchanges.kinds)
 
     def _tag(self) -> int:
         tag = self.next_tag

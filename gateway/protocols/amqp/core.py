@@ -83,6 +83,8 @@ class ConnectionCore:
         self.channel_max = limits.channel_max
         self.heartbeat = 0
         self.vhost = ""
+        # Which vhosts Connection.Open may name: the configured ones, until authentication says (tenants).
+        self.vhost_allowed: Callable[[str], bool] = limits.vhosts.__contains__
         self.close_reason: Fault | None = None  # what closed the connection (ours or the client's)
         self._open_refusal: tuple[int, str] | None = None  # admission's answer to Connection.Open (`refuse_open`)
         self._wake = wake
@@ -225,7 +227,7 @@ class ConnectionCore:
             if self._open_refusal is not None:
                 self.close_connection(fault(*self._open_refusal, method))
                 return
-            if method.virtual_host not in self.limits.vhosts:
+            if not self.vhost_allowed(method.virtual_host):
                 self.close_connection(fault(NOT_ALLOWED, f"vhost {method.virtual_host!r} not found", method))
                 return
             self.vhost = method.virtual_host

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.core.ingress import publish_future
+from tidewire.gateway.core.tenants import mount_topic, unmount, vhost_mount
 from tidewire.gateway.protocols.amqp.arguments import QueueArgs
 from tidewire.gateway.protocols.amqp.exchanges import Exchange
 from tidewire.gateway.protocols.amqp.mapping import DEATHS, origin, publish_topic
@@ -72,10 +73,10 @@ def cyclic(message: Message, queue: str, reason: str) -> bool:
 
 
 def dead_lettered(message: Message, reason: str, queue: str, target: Exchange, routing_key: str | None,
-                  kinds: dict[str, str], now_ms: int) -> Message:
-    """The copy of `message` that `queue` dead-letters to `target` (pure)."""
+                  kinds: dict[str, str], now_ms: int, mount: str = "") -> Message:
+    """The copy of `message` that `queue` dead-letters to `target` (pure); `mount`: the queue's vhost's."""
     props = Properties.from_block(message.properties)
-    exchange, key = origin(message.topic, kinds)
+    exchange, key = origin(unmount(mount, message.topic) if mount else message.topic, kinds)
     deaths, user = _deaths(message)
     now_s = now_ms // 1000
     for i, entry in enumerate(deaths):
@@ -99,6 +100,8 @@ def dead_lettered(message: Message, reason: str, queue: str, target: Exchange, r
     props.user = user
     props.expiry_interval = None  # RabbitMQ drops the expiration (kept in x-death as original-expiration)
     topic = publish_topic(target.name, target.kind, key if routing_key is None else routing_key)
+    if mount:
+        topic = mount_topic(mount, topic)
     return Message(topic, message.payload, message.qos, False, props.to_block(), now_ms, 0, "",
                    protocol=PROTOCOL_AMQP)
 
@@ -125,7 +128,8 @@ class DeadLetters:
         kept = [m for m in messages if not cyclic(m, queue, reason)]
         if len(kept) < len(messages):
             self.node.counters.drop(reason, len(messages) - len(kept))
-        copies = [dead_lettered(m, reason, queue, target, args.dlrk, self.exchanges.kinds, now) for m in kept]
+        mount = vhost_mount(vhost_of(record))
+        copies = [dead_lettered(m, reason, queue, target, args.dlrk, self.exchanges.kinds, now, mount) for m in kept]
         if not copies:
             return
         await asyncio.gather(*publish_future(self.node.publish, copies))

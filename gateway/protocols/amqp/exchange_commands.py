@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from tidewire.extensions.hooks import SubscribeAccess
+from tidewire.gateway.core.tenants import closed_to
 from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.protocols.amqp.codec import (
     ACCESS_REFUSED,
@@ -143,7 +144,7 @@ class ExchangeCommands:
                 return fault(PRECONDITION_FAILED, f"binding key '{key[:80]}' has no MQTT topic filter equivalent",
                              method)
             topic_filter = checked = mapped
-        if not self._may_read(checked):
+        if closed_to(self.conn.info, checked) or not self._may_read(checked):
             return fault(ACCESS_REFUSED, f"access to topic filter '{checked[:80]}' refused for user "
                                          f"'{self.conn.info.username}'", method)
         return topic_filter, encode_arguments(arguments)

@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.gateway.core.group_reader import Delivery
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.tenants import mount_filter, vhost_mount
 from tidewire.gateway.core.topics import first_level_queue, matches
 from tidewire.gateway.protocols.amqp.arguments import ARGUMENT_NAMES, ATTRS, QueueArgs, show
 from tidewire.gateway.protocols.amqp.backlog import Backlog
 from tidewire.gateway.protocols.amqp.codec import NOT_FOUND, PRECONDITION_FAILED, RESOURCE_LOCKED, Fault, Method, fault
-from tidewire.gateway.protocols.amqp.dead_letters import EXPIRED, DeadLetters
+from tidewire.gateway.protocols.amqp.dead_letters import EXPIRED, DeadLetters, vhost_of
 from tidewire.gateway.protocols.amqp.exchanges import Exchanges, stored_bindings
 from tidewire.gateway.protocols.amqp.mapping import queue_topic
 from tidewire.store.base import GroupRecord
@@ -128,7 +129,8 @@ class Queues:
                                  "auto_delete": spec.auto_delete, **spec.args.attrs(), "bindings": []}
         if spec.exclusive:  # it goes with this process too, if the process dies (`process_gone`)
             attrs["process"] = self.node.topology.holder
-        record = GroupRecord(group_name(vhost, spec.name), [queue_topic(spec.name)], spec.durable, attrs=attrs)
+        record = GroupRecord(group_name(vhost, spec.name), [mount_filter(vhost_mount(vhost), queue_topic(spec.name))],
+                             spec.durable, attrs=attrs)
         stored, created = await self.node.groups.declare(record)
         if not created:
             found = await self.find(vhost, spec.name, conn_id, method)
@@ -166,7 +168,10 @@ class Queues:
         # A copy: `record` may be the very object node.groups holds, and set_filters diffs old against new.
         changed = dataclasses.replace(record, attrs={**record.attrs, "bindings": bindings})
         queue = str(record.attrs.get("queue", record.name.rsplit("/", 1)[-1]))
-        await self.node.groups.set_filters(changed, [queue_topic(queue), *(b[2] for b in bindings if b[2])])
+        # Bindings keep the client's filters (the routing graph matches them); what the queue reads is mounted.
+        mount = vhost_mount(vhost_of(record))
+        await self.node.groups.set_filters(changed, [mount_filter(mount, f) for f in (
+            queue_topic(queue), *(b[2] for b in bindings if b[2]))])
         # Bind-Ok / Unbind-Ok once every live node reads the new bindings: a consumer elsewhere reading the old
         # ones would take what is published after an unbind, or move the queue's cursor past what a new
         # binding routes (lost to the queue).

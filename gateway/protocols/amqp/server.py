@@ -76,6 +76,8 @@ class AmqpServer:
         self.connections[conn.listener.name].discard(conn)
         if conn.counted:
             conn.listener.connections -= 1
+            if conn.tenant is not None:
+                conn.tenant.connections -= 1
             conn.counted = False
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tidewire.extensions.dynsec.model import CONTROL_TOPIC
 from tidewire.gateway.core.ingress import INVALID_TOPIC, refuse_publish
 from tidewire.gateway.core.subscriptions import Refusal
+from tidewire.gateway.core.tenants import mount_filter, mount_topic
 from tidewire.gateway.protocols.mqtt.codec import (
     PINGRESP,
     Auth,
@@ -90,6 +91,12 @@ def bridge_requests(requests: list[SubscriptionRequest]) -> list[SubscriptionReq
     stays off a shared subscription, where MQTT 5 forbids it."""
     return [SubscriptionRequest(r.topic_filter, r.qos, not r.topic_filter.startswith("$share/"), True)
             for r in requests]
+
+
+def mount_requests(mount: str, requests: list[SubscriptionRequest]) -> list[SubscriptionRequest]:
+    """A tenant client's subscriptions under its mount point (`gateway.core.tenants`)."""
+    return [SubscriptionRequest(mount_filter(mount, r.topic_filter), r.qos, r.no_local, r.retain_as_published,
+                                r.retain_handling) for r in requests]
 
 
 def unsuback_codes(removed: list[bool]) -> list[int]:
@@ -269,6 +276,10 @@ class MqttChannel(Handshake):
         if qos == 2 and self.inbound_qos2 is not None and pid in self.inbound_qos2:
             self.io.write(pubrec(pid))  # a resend before PUBREL: acknowledge, don't store twice
             return None
+        if self.tenant is not None:  # below the channel a tenant's topics are under its mount point
+            if self.tenant.admit_message(self.clock.monotonic(), len(packet.payload) if packet.retain else 0):
+                return self._tenant_refused(topic, qos, pid)
+            topic = mount_topic(self.mount, topic)
         if packet.retain and packet.payload and not node.retained_quota.admit(len(packet.payload)):
             return self._retained_refused(topic, qos, pid)
         now_ms = int(self.clock.time() * 1000)
@@ -330,6 +341,14 @@ class MqttChannel(Handshake):
         if node.events is not None:
             node.events.add(DROPPED, int(self.clock.time() * 1000), self.client_id, "mqtt", topic, None, qos,
                             reason="retained_quota")
+        if qos:
+            code = ReasonCode.QUOTA_EXCEEDED if self.level >= 5 else 0
+            self._send((Puback if qos == 1 else Pubrec)(pid, code))
+
+    def _tenant_refused(self, topic: str, qos: int, pid: int) -> None:
+        """Over its tenant's message rate or retained bytes: PUBACK/PUBREC 0x97 (3.1.1: a plain one), the message
+        dropped and counted by the tenant; the connection stays."""
+        log.info("publish.tenant_limit", extra={"client_id": self.client_id, "topic": topic})
         if qos:
             code = ReasonCode.QUOTA_EXCEEDED if self.level >= 5 else 0
             self._send((Puback if qos == 1 else Pubrec)(pid, code))
@@ -398,6 +417,8 @@ class MqttChannel(Handshake):
         requests = packet.subscriptions
         if self.bridge and self.level < 5:  # an MQTT 5 bridge sets these options itself
             requests = bridge_requests(requests)
+        if self.mount:
+            requests = mount_requests(self.mount, requests)
         granted, retained, registering = node.subscribe(session, self, requests, ids[0] if ids else 0)
         log.info("client.subscribed", extra={"client_id": self.client_id,
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
@@ -446,7 +467,9 @@ class MqttChannel(Handshake):
     def _on_unsubscribe(self, packet: Unsubscribe) -> None:
         session = self.session
         assert session is not None
-        removed = self.node.unsubscribe(session, packet.topic_filters)
+        filters = packet.topic_filters
+        removed = self.node.unsubscribe(session, [mount_filter(self.mount, f) for f in filters] if self.mount
+                                        else filters)
         self._send(Unsuback(packet.packet_id, unsuback_codes(removed)))
         if session.persistent:
             self.node.writes.save_session(session.snapshot())

@@ -8,10 +8,12 @@ A CONNECT that needs nothing to wait for is answered within the call that read i
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from tidewire.extensions.authentication import AuthRequest, Identity, Refused
 from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.core.tenants import QUOTA, TenantConflict, mount_topic, reserved
 from tidewire.gateway.protocols.mqtt.codec import (
     Auth,
     Connack,
@@ -111,8 +113,8 @@ class Handshake(ChannelBase):
             return self._refuse(code311, code5, f"authentication failed ({proof.failure.value}, {proof.source})")
         node = self.node
         if proof is not None:
-            terms.info = ClientInfo(terms.client_id, proof.username, self.peer, self.level, proof.superuser,
-                                    proof.acl)
+            superuser = proof.superuser or (proof.username is not None and proof.username in node.tenants.superusers)
+            terms.info = ClientInfo(terms.client_id, proof.username, self.peer, self.level, superuser, proof.acl)
             # The user name only counts once proven; the id and address again: a ban may be newer than the CONNECT.
             ban = node.bans.check(terms.client_id, proof.username, self.peer)
             if ban is not None:
@@ -121,8 +123,11 @@ class Handshake(ChannelBase):
                 self.expiry_at(proof.expires_at)
             try:
                 check_will(terms, node.authorizer)
+                self._enter_tenant(terms, proof.tenant)
             except Refusal as refusal:
                 return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+            if self.tenant is not None and (ban := node.bans.check(terms.client_id, None, None)) is not None:
+                return self._banned(ban)  # a tenant's client banned by the scoped id operators see
             return self._open_session(packet, terms)
         method = packet.properties[PropertyId.AUTHENTICATION_METHOD]  # the will is checked once AUTH succeeded
         auth = node.enhanced_auth.begin(method, terms.client_id, packet.username) if node.enhanced_auth else None
@@ -168,17 +173,48 @@ class Handshake(ChannelBase):
             return None
         assert terms is not None
         terms.ack_properties.update(props)
-        terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level)
+        superuser = result.username is not None and result.username in self.node.tenants.superusers
+        terms.info = ClientInfo(terms.client_id, result.username, self.peer, self.level, superuser)
         ban = self.node.bans.check(terms.client_id, result.username, self.peer)
         if ban is not None:
             return self._banned(ban)
         try:
             check_will(terms, self.node.authorizer)
+            self._enter_tenant(terms, None)
         except Refusal as refusal:
             return self._refuse(refusal.code311, refusal.code5, refusal.detail)
+        if self.tenant is not None and (ban := self.node.bans.check(terms.client_id, None, None)) is not None:
+            return self._banned(ban)
         self._state = CONNECTING
         self._open_session(connect, terms)
         return None
+
+    def _enter_tenant(self, terms: Terms, identity_tenant: str | None) -> None:
+        """Once authenticated and the will allowed (ACLs see the client's own topics): its tenant
+        (`gateway.core.tenants`), that tenant's connection limits, and its terms mounted: the client id scoped by
+        the mount, the will's topic under it. `Refusal` if the tenant refuses it."""
+        try:
+            tenant = self.node.tenants.tenant_for(self.listener.name, identity_tenant, terms.info.username)
+        except TenantConflict as exc:
+            raise Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, str(exc)) from None
+        will = terms.will
+        if tenant is None:
+            if reserved(terms.client_id):
+                raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                              "client ids under $tenant/ are the tenants' own")
+            if will is not None and reserved(will.topic) and not terms.info.superuser:
+                raise Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, "will denied")
+            return
+        refused = tenant.admit_connection(self.clock.monotonic())
+        if refused is not None:
+            code5 = ReasonCode.QUOTA_EXCEEDED if refused == QUOTA else ReasonCode.CONNECTION_RATE_EXCEEDED
+            raise Refusal(ConnackCode311.SERVER_UNAVAILABLE, code5, f"tenant {tenant.name}: connection {refused}")
+        terms.info = replace(terms.info, tenant=tenant.name)
+        self.tenant, self.mount = tenant, tenant.mount
+        self.client_id = terms.client_id = tenant.mount + terms.client_id
+        if will is not None:
+            will.topic = mount_topic(tenant.mount, will.topic)
+            will.publisher = terms.client_id
 
     def _take_terms(self, terms: Terms) -> None:
         """What CONNECT negotiated, for the life of the connection."""
@@ -232,6 +268,8 @@ class Handshake(ChannelBase):
         if session.persistent and session.record.inbound_qos2:  # PUBREC'd before a move (`SessionOpener.open`)
             self.inbound_qos2 = set(session.record.inbound_qos2)
         self.listener.connections += 1
+        if self.tenant is not None:
+            self.tenant.connections += 1
         if self.will is not None and not node.topology.shared:
             node.writes.save_will(WillRecord(client_id, self.will, self.will_delay, node.node_id))
         ack = terms.ack_properties

@@ -31,6 +31,7 @@ from tidewire.gateway.transport.tls import CertUsername
 from tidewire.store.base import NEVER_EXPIRES, Ban, Message
 
 if TYPE_CHECKING:
+    from tidewire.gateway.core.tenants import Tenant
     from tidewire.gateway.node import Node
     from tidewire.gateway.sessions.session import Session
 
@@ -82,8 +83,8 @@ class ChannelBase:
     __slots__ = (
         "_backlog", "_expiry_handle", "_holds", "_socket_full", "_state", "alias_max", "aliases_in", "auth", "bridge",
         "clean_start", "client_id", "clock", "connected_at", "expiry", "inbound_qos2", "info", "io", "keepalive",
-        "last_rx", "level", "limiter", "listener", "max_packet", "node", "parser", "paused", "peer",
-        "pending_qos1", "session", "unacked_in", "will", "will_delay",
+        "last_rx", "level", "limiter", "listener", "max_packet", "mount", "node", "parser", "paused", "peer",
+        "pending_qos1", "session", "tenant", "unacked_in", "will", "will_delay",
     )
 
     def __init__(self, node: Node, listener: Listener, io: ChannelIo, peer: str, clock: Clock) -> None:
@@ -110,6 +111,8 @@ class ChannelBase:
         self.pending_qos1 = 0  # inbound QoS 1 publishes not yet acknowledged (counts against Receive Maximum)
         self.alias_max = 0  # the client's Topic Alias Maximum: outgoing aliases we may use
         self.max_packet = 0  # the client's Maximum Packet Size (0: no limit)
+        self.tenant: Tenant | None = None  # None: the default tenant (gateway.core.tenants)
+        self.mount = ""  # the tenant's mount point: on its topics below the channel, off those it is sent
         self.aliases_in: dict[int, str] | None = None
         # enhanced authentication in progress: (session, method, CONNECT and terms, or None when re-authenticating)
         self.auth: tuple[AuthSession, str, Connect | None, Terms | None] | None = None
@@ -259,6 +262,8 @@ class ChannelBase:
             return
         node = self.node
         self.listener.connections -= 1
+        if self.tenant is not None:
+            self.tenant.connections -= 1
         session, self.session = self.session, None
         node.sessions.close(self, session, transfer=transfer)
         if self.will is not None and will:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo, SubscribeAccess
 from tidewire.gateway.core.ingress import neutral_message, publish_future
+from tidewire.gateway.core.tenants import client_mount, closed_to, mount_topic, unmount
 from tidewire.pipeline.lake.event_names import ACKED, DELIVERED
 from tidewire.store.base import PROTOCOL_ROCKETMQ, GroupRecord
 from tidewire.store.properties import Properties
@@ -65,13 +66,17 @@ MAX_ACK_ENTRIES = 1024  # receipt handles in one AckMessage
 STOP_WAIT_S = 2.0  # at stop, how long requeues of undelivered messages may still take
 
 
-def group_name(group: str, topic: str) -> str:
-    return f"{GROUP_PREFIX}{group}/{topic}"
+def group_name(group: str, topic: str, mount: str = "") -> str:
+    """The store's consumer group of a RocketMQ group's subscription to a topic (a tenant's: under its mount)."""
+    return f"{GROUP_PREFIX}{mount}{group}/{topic}"
 
 
 def may_read(node: Node, caller: ClientInfo, topic: str) -> bool:
-    """The ACL lets `caller` read all of topic T (a partial grant is refused: RocketMQ has no per-message ACL)."""
-    return node.authorizer.subscribe_access(caller, topic + "/#") is SubscribeAccess.GRANTED
+    """The ACL lets `caller` read all of topic T (a partial grant is refused: RocketMQ has no per-message ACL); the
+    tenants' `$tenant` space is a default-tenant superuser's only (`gateway.core.tenants`)."""
+    topic_filter = topic + "/#"
+    return not closed_to(caller, topic_filter) and (
+        node.authorizer.subscribe_access(caller, topic_filter) is SubscribeAccess.GRANTED)
 
 
 class Consuming:
@@ -89,13 +94,15 @@ class Consuming:
                                  self.settings.rocketmq_renew_max_seconds * 1000)
 
     # --- subscriptions ---------------------------------------------------------------------------------------
-    async def subscribe(self, group: str, topic: str, filter_type: int, expression: str) -> str | Refusal:
-        """Make sure the group of this subscription exists with this filter; returns its name."""
+    async def subscribe(self, group: str, topic: str, filter_type: int, expression: str,
+                        mount: str = "") -> str | Refusal:
+        """Make sure the group of this subscription exists with this filter; returns its name. `mount`: the
+        caller's tenant's mount point (its namespace's)."""
         if bad_name(group):
             return Refusal(Code.ILLEGAL_CONSUMER_GROUP, "a consumer group name is 1 to 255 characters, no '/'")
         if bad_name(topic):
             return Refusal(Code.ILLEGAL_TOPIC, "a topic is one MQTT topic level: no '/', '+', '#'")
-        name = group_name(group, topic)
+        name = group_name(group, topic, mount)
         wanted = (filter_type, expression)
         if self._known.get(name) == wanted:
             return name
@@ -108,7 +115,7 @@ class Consuming:
             if name not in self._known and len(self._known) >= MAX_GROUPS:
                 return Refusal(Code.TOO_MANY_REQUESTS, f"over {MAX_GROUPS} RocketMQ subscriptions on this node")
             _, created = await self.node.groups.declare(GroupRecord(
-                name, [topic + "/#"], durable=True,
+                name, [mount + topic + "/#"], durable=True,
                 attrs={"protocol": "rocketmq", "group": group, "topic": topic,
                        "filter_type": filter_type, "expression": expression}))
             self.node.groups.matcher(name, matcher)
@@ -130,7 +137,8 @@ class Consuming:
             yield service_pb2.ReceiveMessageResponse(status=status(Code.FORBIDDEN, "may not read this topic"))
             return
         expression = request.filter_expression
-        name = await self.subscribe(group, topic, expression.type, expression.expression)
+        mount = client_mount(caller)
+        name = await self.subscribe(group, topic, expression.type, expression.expression, mount)
         if isinstance(name, Refusal):
             yield service_pb2.ReceiveMessageResponse(status=status(name.code, name.reason))
             return
@@ -153,7 +161,7 @@ class Consuming:
             yield service_pb2.ReceiveMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
         to = Outbound(request.group.resource_namespace, name, invisible_ms,
-                      self.settings.rocketmq_second_topic_property, self.store_host)
+                      self.settings.rocketmq_second_topic_property, self.store_host, mount)
         sent = 0
         events = self.node.events
         try:
@@ -187,7 +195,7 @@ class Consuming:
             return Refusal(Code.BAD_REQUEST, "unknown consumer group or topic")
         if not may_read(self.node, caller, topic):
             return Refusal(Code.FORBIDDEN, "may not read this topic")
-        return group_name(group, topic)
+        return group_name(group, topic, client_mount(caller))
 
     async def ack(self, caller: ClientInfo, request: Any) -> Any:
         name = self._checked(caller, request.group.name, request.topic.name)
@@ -251,10 +259,13 @@ class Consuming:
         found = await self.node.store.fetch([held[0]])
         if found:
             original = found[0]
+            mount = client_mount(caller)
+            seen = unmount(mount, original.topic)  # as the caller's namespace names it
             properties = Properties.from_block(original.properties)
             properties.user += [("ORIGIN_MESSAGE_ID", message_id(original.seq)),
-                                ("RETRY_TOPIC", split_topic(original.topic)[0])]
-            copy = neutral_message(join_topic(DLQ_PREFIX + group, split_topic(original.topic)[1]), original.payload,
+                                ("RETRY_TOPIC", split_topic(seen)[0])]
+            dlq = join_topic(DLQ_PREFIX + group, split_topic(seen)[1])
+            copy = neutral_message(mount_topic(mount, dlq) if mount else dlq, original.payload,
                                    properties=properties, now_ms=int(self.node.clock.time() * 1000),
                                    protocol=PROTOCOL_ROCKETMQ)
             try:

@@ -194,12 +194,13 @@ class Outbound(NamedTuple):
     invisible_ms: int
     second_topic_property: str
     store_host: str
+    mount: str = ""  # the receiver's tenant's mount point, taken off the topic
 
 
 def outbound(message: Message, claim: Claim, to: Outbound) -> Any:
     """A stored message as the `definition_pb2.Message` a consumer receives."""
     pb = definition_pb2.Message()
-    rmq_topic, second = split_topic(message.topic)
+    rmq_topic, second = split_topic(message.topic[len(to.mount):] if to.mount else message.topic)
     pb.topic.name = rmq_topic
     pb.topic.resource_namespace = to.namespace
     pb.body = message.payload

@@ -21,6 +21,7 @@ from tidewire.errors import PublishFailed
 from tidewire.extensions.hooks import ClientInfo
 from tidewire.gateway.core.held_keys import HeldKeys
 from tidewire.gateway.core.ingress import INVALID_TOPIC, neutral_message, publish_future, refuse_publish
+from tidewire.gateway.core.tenants import client_mount, mount_topic
 from tidewire.store.base import PROTOCOL_ROCKETMQ, Message
 
 from .kinds import inbound_kind
@@ -113,6 +114,8 @@ class Producing:
         if why is not None:
             code = Code.ILLEGAL_TOPIC if why == INVALID_TOPIC else Code.FORBIDDEN
             return _entry(pb, code, why)
+        if caller.tenant is not None:  # below here the topic is under its tenant's mount point
+            mapped = mapped._replace(topic=mount_topic(client_mount(caller), mapped.topic))
         key = (caller.username or "", mapped.message_id)
         answer = self._recent.get(key)
         if answer is not None:

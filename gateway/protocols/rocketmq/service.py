@@ -17,9 +17,11 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from tidewire.extensions.hooks import ClientInfo
+from tidewire.gateway.core.tenants import TenantConflict, client_mount
 from tidewire.gateway.core.topology import Topology
 
 from .admission import ClientAdmission
@@ -43,6 +45,7 @@ DEFAULT_LONG_POLL_S = 20
 UNSUPPORTED = "not supported by this gateway"
 ACCEPTED_TYPES = (definition_pb2.NORMAL, definition_pb2.FIFO, definition_pb2.DELAY, definition_pb2.TRANSACTION)
 SERVICE = "rocketmq"  # the name a node advertises its endpoint under (`Topology.advertise`)
+NAMESPACE_HEADER = "x-mq-namespace"  # every call's namespace, as the RocketMQ 5 clients sign it
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
@@ -108,7 +111,22 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             log.info("rocketmq.refused", extra={"client_id": caller.client_id, "peer": context.peer(),
                                                 "reason": refusal.detail})
             return status(Code.TOO_MANY_REQUESTS, refusal.detail)
-        return caller
+        return self._in_namespace(caller, context)
+
+    def _in_namespace(self, caller: ClientInfo, context: Any) -> ClientInfo | Any:
+        """The caller in the tenant its namespace names (`gateway.core.tenants`: a namespace is a tenant), or the
+        FORBIDDEN status of a namespace it may not use."""
+        tenants = self.consuming.node.tenants
+        namespace = next((str(v) for k, v in context.invocation_metadata() or () if k.lower() == NAMESPACE_HEADER), "")
+        try:
+            tenant = tenants.namespace_tenant("rocketmq", namespace, caller.username)
+        except TenantConflict as exc:
+            log.info("rocketmq.namespace_refused", extra={"client_id": caller.client_id, "reason": str(exc)})
+            return status(Code.FORBIDDEN, "namespace not allowed")
+        superuser = caller.username is not None and caller.username in tenants.superusers
+        if tenant is None and not superuser:
+            return caller
+        return replace(caller, tenant=tenant.name if tenant is not None else None, superuser=superuser)
 
     def _queues(self, topic: Any, requested: Any) -> list[Any]:
         """This node's queue and every other live node's, by node id."""
@@ -223,7 +241,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                     code, reason = Code.FORBIDDEN, f"may not read topic {entry.topic.name}"
                     continue
                 done = await self.consuming.subscribe(wanted.group.name, entry.topic.name, entry.expression.type,
-                                                      entry.expression.expression)
+                                                      entry.expression.expression, client_mount(caller))
                 if isinstance(done, Refusal):
                     code, reason = done.code, done.reason
         else:  # a producer
