@@ -437,6 +437,12 @@ class Store(Protocol):
         """The seqs of the group's pending claims visible at `now_ms` (requeued, lapsed or released: ready to be
         reclaimed), ascending; the rest of its claims are held by consumers. Empty for an unknown group."""
 
+    async def pending_claims(self, group: str, after_seq: int, limit: int) -> list[PendingClaim]:
+        """The group's pending claims above `after_seq`, lowest seq first, at most `limit` (a claim held back in
+        its lane has owner "" and a `visible_at_ms` never reached). For operators: what a group holds and until
+        when (delayed publishes, `gateway.core.delayed`); a listed handle settles the claim while it is current.
+        Empty for an unknown group."""
+
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         """Messages by seq, ascending; seqs no longer stored (retention) are left out."""
 
@@ -481,6 +487,16 @@ class GroupRecord:
     # Filters taken off the group (an AMQP Queue.Unbind) -> the last seq of theirs it still reads: what was
     # routed to it before stays in it until consumed (`gateway.core.consumers`).
     drains: dict[str, int] = field(default_factory=dict)
+
+
+class PendingClaim(NamedTuple):
+    """A claim as `Store.pending_claims` lists it: its handle (seq, token), who holds it and until when."""
+
+    seq: int
+    deliveries: int
+    token: int
+    visible_at_ms: int
+    owner: str
 
 
 class Claim(NamedTuple):
