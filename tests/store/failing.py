@@ -29,8 +29,8 @@ CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "pu
                    "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "release_wildcards", "wildcards",
                    "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
-                   "set_visibility", "release_owner", "group_position", "ready_claims", "pending_claims", "fetch", "read_log",
-                   "hold_log",
+                   "set_visibility", "release_owner", "group_position", "ready_claims", "pending_claims", "fetch",
+                   "read_log", "hold_log",
                    "log_holds", "get_bans", "put_ban", "delete_ban", "join_group", "leave_group", "subscribed",
                    "add_group", "group_members", "release_members"})
 

@@ -1,0 +1,148 @@
+"""EMQX's conveniences end to end with paho and mosquitto clients: topic rewrite before the ACL, auto-subscribe,
+exclusive subscriptions, and delayed publish (refusals, the admin API's listing and cancel; its timing, restart
+and cancel-never-arrives are slow tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.tidewire_only
+MOSQUITTO_PUB = "/usr/bin/mosquitto_pub"
+
+# Anonymous clients may write and read only `dest/...` and their own `inbox/<client id>/...`.
+ACL = """\
+topic readwrite dest/#
+pattern readwrite inbox/%c/#
+topic readwrite later/#
+"""
+RULES = [
+    {"action": "all", "source_topic": "src/#", "re": "^src/(.+)$", "dest_topic": "dest/$1"},
+    {"action": "publish", "source_topic": "broken/#", "re": "^broken/(.+)$", "dest_topic": "dest/#/$1"},
+    {"action": "subscribe", "source_topic": "mine/+", "re": "^mine/(.+)$", "dest_topic": "inbox/${clientid}/$1"},
+]
+
+
+def api(gw: Gateway) -> httpx.Client:
+    return httpx.Client(base_url=f"http://127.0.0.1:{gw.admin_port}/api/v1",
+                        headers={"Authorization": f"Bearer {gw.api_token}"}, timeout=10.0)
+
+
+def test_rewrite_comes_before_the_acl(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:
+    """The ACL allows only `dest/#`: a publish to `src/a` is taken (rewritten to `dest/a`) and delivered there;
+    a subscription to `src/#` is one to `dest/#`; a rule whose result is no topic leaves the topic as it was (so
+    the ACL refuses it); `%c`-like `${clientid}` in a subscribe rule. (Exclusive subscriptions are off here.)"""
+    gw = gateway_factory(acl_text=ACL, env={"TIDEWIRE_TOPIC_REWRITE": json.dumps(RULES),
+                                            "TIDEWIRE_EXCLUSIVE_SUBSCRIPTIONS": "false"})
+    sub = paho_factory(gw.port, "sub")
+    sub.connect()
+    assert sub.subscribe("src/#", 1) == [1]  # granted: it is `dest/#`, which the ACL allows
+    assert sub.subscribe("mine/x", 1) == [1]  # inbox/sub/x
+    assert sub.subscribe("$exclusive/dest/x", 1) == [0x8F]  # exclusive subscriptions off: as EMQX, invalid
+    pub = paho_factory(gw.port, "pub")
+    pub.connect()
+    assert pub.publish("src/a", b"one", qos=1) == 0
+    got = sub.get()
+    assert (got.topic, got.payload) == ("dest/a", b"one")
+    assert pub.publish("other/a", b"x", qos=1) == 0x87  # no rule, not allowed
+    assert pub.publish("broken/a", b"x", qos=1) == 0x87  # `dest/#/a` is no topic: kept as `broken/a`, refused
+    assert pub.publish("inbox/sub/x", b"two", qos=1) == 0x87  # another client's inbox
+    own = paho_factory(gw.port, "own")
+    own.connect()
+    assert own.publish("inbox/own/x", b"mine", qos=1) == 0
+    sub.assert_nothing(0.2)
+    # Unsubscribing the source filter removes the rewritten subscription.
+    assert sub.unsubscribe("src/#") == [0]
+    assert pub.publish("src/b", b"three", qos=1) == 0
+    sub.assert_nothing(0.3)
+    assert "rewrite.invalid_result" in gw.stderr
+
+
+def test_auto_subscribe_with_client_id_and_acl(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:
+    """Every client is subscribed to `cmd/%c` at connect (its retained message sent) without sending SUBSCRIBE;
+    an entry the ACL refuses (`secret/#`) is not subscribed; a client id holding a wildcard gets no `%c` entry
+    (`cmd/+` would read every device's commands)."""
+    auto = [{"topic": "cmd/%c", "qos": 1}, {"topic": "secret/#", "qos": 0}]
+    gw = gateway_factory(acl_text=ACL + "topic readwrite cmd/#\n", env={"TIDEWIRE_AUTO_SUBSCRIBE": json.dumps(auto)})
+    pub = paho_factory(gw.port, "pub")
+    pub.connect()
+    assert pub.publish("cmd/dev1", b"retained", qos=1, retain=True) == 0
+    dev = paho_factory(gw.port, "dev1")
+    dev.connect()
+    got = dev.get()
+    assert (got.topic, got.payload, got.retain) == ("cmd/dev1", b"retained", True)
+    wild = paho_factory(gw.port, "+")
+    wild.connect()
+    subprocess.run([MOSQUITTO_PUB, "-p", str(gw.port), "-i", "tool", "-t", "cmd/dev1", "-m", "go", "-q", "1"],
+                   check=True, timeout=10)
+    got = dev.get()
+    assert (got.topic, got.payload, got.retain) == ("cmd/dev1", b"go", False)
+    assert pub.publish("cmd/dev2", b"not yours", qos=1) == 0
+    dev.assert_nothing(0.2)
+    wild.assert_nothing(0.0)  # the same wait covered both
+    assert "client.auto_subscribe_refused" in gw.stderr and "secret/#" in gw.stderr
+
+
+def test_exclusive_one_subscriber_at_a_time(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:
+    """The second subscriber of `$exclusive/jobs/#` is refused 0x97 (3.1.1: 0x80) until the first unsubscribes,
+    then until the holder's clean session ends; the holder receives on `jobs/...`; with the feature off the
+    filter is invalid (0x8F)."""
+    gw = gateway_factory()
+    first = paho_factory(gw.port, "first")
+    first.connect()
+    second = paho_factory(gw.port, "second")
+    second.connect()
+    old = paho_factory(gw.port, "old", version=4)
+    old.connect()
+    assert first.subscribe("$exclusive/jobs/#", 1) == [1]
+    assert first.subscribe("$exclusive/jobs/#", 1) == [1]  # the holder again: still its
+    assert second.subscribe([("$exclusive/jobs/#", 1), ("other", 0)]) == [0x97, 0]
+    assert old.subscribe("$exclusive/jobs/#", 1) == [0x80]
+    second.publish("jobs/1", b"work", qos=1)
+    got = first.get()
+    assert (got.topic, got.payload) == ("jobs/1", b"work")
+    assert first.unsubscribe("$exclusive/jobs/#") == [0]
+    wait_until(lambda: second.subscribe("$exclusive/jobs/#", 1) == [1], what="lock free after unsubscribe")
+    assert first.subscribe("$exclusive/jobs/#", 1) == [0x97]
+    second.disconnect()  # a clean session's end releases it
+    wait_until(lambda: first.subscribe("$exclusive/jobs/#", 1) == [1], what="lock free after disconnect")
+    assert first.subscribe("$TIDEWIRE_DELAYED/#", 0) == [0x8F]  # the delayed messages' topic is nobody's
+
+
+def test_delayed_refusals_listing_and_cancel(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:
+    """A bad interval or a delay over the maximum is an invalid topic (0x90), the ACL is checked on the real
+    topic (0x87), the internal topic is refused, and past `delayed_max_messages` a delayed publish gets 0x97;
+    the admin API lists what waits (topic, due, publisher) and cancels one."""
+    gw = gateway_factory(acl_text=ACL, admin=True,
+                         env={"TIDEWIRE_DELAYED_MAX_SECONDS": "7200", "TIDEWIRE_DELAYED_MAX_MESSAGES": "2"})
+    c = paho_factory(gw.port, "dev")
+    c.connect()
+    sub = paho_factory(gw.port, "watch")
+    sub.connect()
+    assert sub.subscribe("later/#", 1) == [1]
+    assert c.publish("$delayed/abc/later/x", b"x", qos=1) == 0x90
+    assert c.publish("$delayed/10", b"x", qos=1) == 0x90
+    assert c.publish("$delayed/7201/later/x", b"x", qos=1) == 0x90
+    assert c.publish("$delayed/60/secret/x", b"x", qos=1) == 0x87
+    assert c.publish("$TIDEWIRE_DELAYED/1/n/later/x", b"x", qos=1) == 0x90
+    before = time.time()
+    assert c.publish("$delayed/3600/later/a", b"a", qos=1) == 0
+    assert c.publish("$delayed/3600/later/b", b"b", qos=1, retain=True) == 0
+    assert c.publish("$delayed/3600/later/c", b"c", qos=1) == 0x97  # two wait already
+    with api(gw) as http:
+        wait_until(lambda: len(http.get("/delayed").json()["data"]) == 2, what="both listed")
+        entries = http.get("/delayed").json()["data"]
+        assert [(e["topic"], e["publisher"], e["retain"]) for e in entries] == [
+            ("later/a", "dev", False), ("later/b", "dev", True)]
+        assert all(before + 3599 <= e["due"] <= time.time() + 3601 for e in entries)
+        assert http.delete(f"/delayed/{entries[0]['id']}").status_code == 204
+        assert http.delete(f"/delayed/{entries[0]['id']}").status_code == 404
+        assert [e["topic"] for e in http.get("/delayed").json()["data"]] == ["later/b"]
+    sub.assert_nothing(0.2)  # nothing came early
