@@ -146,3 +146,40 @@ def test_delayed_refusals_listing_and_cancel(gateway_factory: GatewayFactory, pa
         assert http.delete(f"/delayed/{entries[0]['id']}").status_code == 404
         assert [e["topic"] for e in http.get("/delayed").json()["data"]] == ["later/b"]
     sub.assert_nothing(0.2)  # nothing came early
+
+
+@pytest.mark.slow
+def test_delayed_arrives_after_its_delay_and_survives_a_restart(gateway_factory: GatewayFactory,
+                                                                 paho_factory: PahoFactory) -> None:
+    """Three delayed messages: one arrives after its 2 s, not before, with its retain flag (on its topic, not the
+    delayed one); one outlives a restart of the node in its 4 s and arrives then; one cancelled from the admin
+    API never arrives."""
+    gw = gateway_factory(admin=True)
+    sub = paho_factory(gw.port, "watch", clean=False)
+    sub.connect(session_expiry=600)
+    assert sub.subscribe("later/#", 1) == [1]
+    pub = paho_factory(gw.port, "dev")
+    pub.connect()
+    sent = time.monotonic()
+    assert pub.publish("$delayed/2/later/soon", b"soon", qos=1, retain=True) == 0
+    assert pub.publish("$delayed/4/later/cancelled", b"never", qos=1) == 0
+    with api(gw) as http:
+        wait_until(lambda: len(http.get("/delayed").json()["data"]) == 2, what="both waiting")
+        doomed = [e for e in http.get("/delayed").json()["data"] if e["topic"] == "later/cancelled"]
+        assert http.delete(f"/delayed/{doomed[0]['id']}").status_code == 204
+    got = sub.get(timeout=10)
+    assert time.monotonic() - sent >= 2 - 0.05, "published before its delay"
+    assert (got.topic, got.payload) == ("later/soon", b"soon")
+    late = paho_factory(gw.port, "late")
+    late.connect()
+    assert late.subscribe("later/soon", 1) == [1]
+    kept = late.get()
+    assert (kept.topic, kept.payload, kept.retain) == ("later/soon", b"soon", True)
+    assert pub.publish("$delayed/4/later/restart", b"outlived", qos=1) == 0
+    restarted_at = time.monotonic()
+    gw.restart()
+    sub.connect(clean_start=False, session_expiry=600)
+    got = sub.get(timeout=15)
+    assert time.monotonic() - restarted_at >= 4 - 0.05 - 1.0  # sent up to a second before the restart began
+    assert (got.topic, got.payload) == ("later/restart", b"outlived")
+    sub.assert_nothing(1.5)  # the cancelled one (due 4 s after the first) never came
