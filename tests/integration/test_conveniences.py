@@ -12,7 +12,16 @@ import httpx
 import pytest
 
 from tests.integration.conftest import Gateway, GatewayFactory, PahoFactory
+from tests.integration.rawmqtt import RawClient
 from tests.waiting import wait_until
+from tidewire.gateway.protocols.mqtt.codec import (
+    Suback,
+    Subscribe,
+    SubscriptionRequest,
+    Unsuback,
+    Unsubscribe,
+    encode,
+)
 
 pytestmark = pytest.mark.tidewire_only
 MOSQUITTO_PUB = "/usr/bin/mosquitto_pub"
@@ -112,8 +121,20 @@ def test_exclusive_one_subscriber_at_a_time(gateway_factory: GatewayFactory, pah
     wait_until(lambda: second.subscribe("$exclusive/jobs/#", 1) == [1], what="lock free after unsubscribe")
     assert first.subscribe("$exclusive/jobs/#", 1) == [0x97]
     second.disconnect()  # a clean session's end releases it
+    second_again = paho_factory(gw.port, "second")
     wait_until(lambda: first.subscribe("$exclusive/jobs/#", 1) == [1], what="lock free after disconnect")
+    second_again.connect()
     assert first.subscribe("$TIDEWIRE_DELAYED/#", 0) == [0x8F]  # the delayed messages' topic is nobody's
+    # An UNSUBSCRIBE in the same TCP segment as the SUBSCRIBE (no client library sends that: a raw client) waits
+    # for the lock (else it would find nothing to remove and the lock would stay taken): packets keep their order.
+    raw = RawClient(gw.port, level=5)
+    raw.connect("raw")
+    raw.send_raw(encode(Subscribe(1, [SubscriptionRequest("$exclusive/order/t", 1)]), 5)
+                 + encode(Unsubscribe(2, ["$exclusive/order/t"]), 5))
+    assert raw.expect(Suback).reason_codes == [1]
+    assert raw.expect(Unsuback).reason_codes == [0]  # 0: it removed the subscription
+    wait_until(lambda: second_again.subscribe("$exclusive/order/t", 1) == [1], what="the lock free again")
+    raw.close()
 
 
 def test_delayed_refusals_listing_and_cancel(gateway_factory: GatewayFactory, paho_factory: PahoFactory) -> None:

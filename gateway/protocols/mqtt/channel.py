@@ -183,10 +183,13 @@ class MqttChannel(Handshake):
     def run_backlog(self) -> None:
         """What was read while CONNECT was processed, once the session is open."""
         backlog, self._backlog = self._backlog or [], None
-        for queued in backlog:
+        for index, queued in enumerate(backlog):
             if self._state != CONNECTED:
                 break
             self._handle(queued)
+            if self._holds & HOLD_SUBSCRIBE:  # as in `_dispatch`: the rest waits for that SUBSCRIBE
+                self._backlog = backlog[index + 1 :] + (self._backlog or [])
+                break
 
     # --- writing flow control (the transport's buffer) ------------------------------------------------------
     def pause_writing(self) -> None:
