@@ -29,7 +29,7 @@ from tidewire.gateway.config import Settings
 from tidewire.gateway.core.appends import Appends
 from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.consumers import ConsumerGroups
-from tidewire.gateway.core.delayed import DelayedPublishes
+from tidewire.gateway.core.delayed import DelayedPublishes, held_form
 from tidewire.gateway.core.dispatch import Dispatcher
 from tidewire.gateway.core.event_buffer import EventBuffer
 from tidewire.gateway.core.exclusive import ExclusiveLocks
@@ -334,6 +334,8 @@ class Node:
     def _enqueue(self, message: Message, sink: DurableSink | None, token: Any, *, droppable: bool) -> None:
         if not message.timestamp_ms:
             message.timestamp_ms = int(self.clock.time() * 1000)
+        if message.due_ms:  # a delayed publish (past its publish hooks): it waits in the store until due
+            held_form(message, message.due_ms)
         counters = self.counters
         counters.messages_in += 1
         counters.bytes_in += len(message.payload)

@@ -90,6 +90,9 @@ class Message:
     # Queues the publisher's routing chose besides those of its topic (AMQP headers exchanges, exchange-to-exchange
     # bindings, alternate exchanges: `gateway.protocols.amqp.routing`); indexed into with them. Not persisted.
     routes: tuple[str, ...] = ()
+    # A delayed publish's due time (ms; 0: none): the node stores it on the internal topic of waiting messages
+    # instead, until then (`gateway.core.delayed`). Set by the protocol after its checks. Not persisted.
+    due_ms: int = 0
 
 
 @dataclass(slots=True)

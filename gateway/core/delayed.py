@@ -1,7 +1,8 @@
 """Delayed publish (EMQX's `$delayed/<seconds>/<topic>`): parsed here, kept in the store until due, published on
 its topic then by whichever node finds it due first.
 
-A delayed message is appended at once, as any message, on the internal topic `$TIDEWIRE_DELAYED/<due ms>/<r|n>/
+A delayed message (`Message.due_ms` set by its protocol, after the ACL and the publish hooks, which see its own
+topic) is appended at once, as any message, on the internal topic `$TIDEWIRE_DELAYED/<due ms>/<r|n>/
 <topic>` (`r`: the message is retained once published; the stored copy never is). No client reaches that topic:
 a PUBLISH or SUBSCRIBE there is refused (`reserved`), and MQTT wildcards skip `$` topics. The consumer group
 `tidewire/delayed` (`gateway.core.consumers`, as RocketMQ delay messages) reads it on every node: a message not
@@ -93,6 +94,7 @@ def held_form(message: Message, due_ms: int) -> Message:
     flag = "r" if message.retain else "n"
     message.topic = f"{RESERVED_PREFIX}{due_ms}/{flag}/{message.topic}"
     message.retain = False
+    message.due_ms = 0
     return message
 
 

@@ -19,7 +19,6 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from tidewire.gateway.core.delayed import held_form
 from tidewire.gateway.core.ingress import INVALID_TOPIC, refuse_publish
 from tidewire.gateway.core.subscriptions import Refusal
 from tidewire.gateway.protocols.mqtt.codec import (
@@ -295,7 +294,7 @@ class MqttChannel(Handshake):
         message = Message(topic, packet.payload, qos, packet.retain, stored_properties(props) if v5 else b"",
                           now_ms, expires_at(props, now_ms) if v5 else 0, self.client_id)
         if delay is not None:
-            held_form(message, delay.due_ms)  # waits in the store until due (`gateway.core.delayed`)
+            message.due_ms = delay.due_ms  # the node keeps it in the store until then (`gateway.core.delayed`)
         if self.bridge:
             message.protocol = PROTOCOL_BRIDGE
         if qos == 0:
