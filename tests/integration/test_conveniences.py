@@ -166,6 +166,9 @@ def test_delayed_refusals_listing_and_cancel(gateway_factory: GatewayFactory, pa
         assert http.delete(f"/delayed/{entries[0]['id']}").status_code == 204
         assert http.delete(f"/delayed/{entries[0]['id']}").status_code == 404
         assert [e["topic"] for e in http.get("/delayed").json()["data"]] == ["later/b"]
+        assert http.get("/delayed", params={"after": entries[1]["id"]}).json() == {"data": [], "next_after": None}
+        assert http.delete("/delayed/not-a-number").status_code == 422
+        assert httpx.get(f"http://127.0.0.1:{gw.admin_port}/api/v1/delayed", timeout=5.0).status_code == 401
     sub.assert_nothing(0.2)  # nothing came early
 
 
