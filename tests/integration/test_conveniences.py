@@ -103,7 +103,7 @@ def test_exclusive_one_subscriber_at_a_time(gateway_factory: GatewayFactory, pah
     """The second subscriber of `$exclusive/jobs/#` is refused 0x97 (3.1.1: 0x80) until the first unsubscribes,
     then until the holder's clean session ends; the holder receives on `jobs/...`; with the feature off the
     filter is invalid (0x8F)."""
-    gw = gateway_factory()
+    gw = gateway_factory(acl_text="topic readwrite jobs/#\ntopic readwrite order/#\ntopic readwrite other\n")
     first = paho_factory(gw.port, "first")
     first.connect()
     second = paho_factory(gw.port, "second")
@@ -125,6 +125,7 @@ def test_exclusive_one_subscriber_at_a_time(gateway_factory: GatewayFactory, pah
     wait_until(lambda: first.subscribe("$exclusive/jobs/#", 1) == [1], what="lock free after disconnect")
     second_again.connect()
     assert first.subscribe("$TIDEWIRE_DELAYED/#", 0) == [0x8F]  # the delayed messages' topic is nobody's
+    assert first.subscribe("$exclusive/secret", 0) == [0x87]  # the ACL first: a denied client takes no lock
     # An UNSUBSCRIBE in the same TCP segment as the SUBSCRIBE (no client library sends that: a raw client) waits
     # for the lock (else it would find nothing to remove and the lock would stay taken): packets keep their order.
     raw = RawClient(gw.port, level=5)

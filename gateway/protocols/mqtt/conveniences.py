@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tidewire.extensions.hooks import SubscribeAccess
 from tidewire.gateway.core.delayed import BadDelay, Delay, parse_delayed, reserved
 from tidewire.gateway.core.exclusive import EXCLUSIVE_PREFIX
 from tidewire.gateway.core.subscriptions import Refusal
@@ -66,8 +67,9 @@ class Filters:
 
 
 def subscribe_filters(node: Node, info: ClientInfo, requests: list[SubscriptionRequest]) -> Filters:
-    """Rewrite each filter, take off `$exclusive/` (noted), refuse the internal topic and, when exclusive
-    subscriptions are off, `$exclusive/` filters (0x8F, as EMQX)."""
+    """Rewrite each filter, take off `$exclusive/` (noted), refuse the internal topic, an `$exclusive/` filter the
+    ACL denies (before its lock is taken) and, when exclusive subscriptions are off, `$exclusive/` filters (0x8F,
+    as EMQX)."""
     out = Filters([], [], {}, [])
     rewriter = node.rewriter
     for index, request in enumerate(requests):
@@ -91,6 +93,9 @@ def subscribe_filters(node: Node, info: ClientInfo, requests: list[SubscriptionR
             out.refused[index] = Refusal.FILTER_INVALID
             continue
         if exclusive:
+            if node.authorizer.subscribe_access(info, topic_filter) == SubscribeAccess.DENIED:
+                out.refused[index] = Refusal.NOT_AUTHORIZED  # before the lock: a denied client never holds it
+                continue
             out.exclusive.append(len(out.requests))
         out.positions.append(index)
         out.requests.append(SubscriptionRequest(topic_filter, request.qos, request.no_local,
