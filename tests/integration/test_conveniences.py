@@ -208,3 +208,19 @@ def test_delayed_arrives_after_its_delay_and_survives_a_restart(gateway_factory:
     assert time.monotonic() - restarted_at >= 4 - 0.05 - 1.0  # sent up to a second before the restart began
     assert (got.topic, got.payload) == ("later/restart", b"outlived")
     sub.assert_nothing(1.5)  # the cancelled one (due 4 s after the first) never came
+
+
+@pytest.mark.slow
+def test_exclusive_lock_outlives_a_disconnect_until_the_session_expires(gateway_factory: GatewayFactory,
+                                                                        paho_factory: PahoFactory) -> None:
+    """A persistent session keeps its exclusive subscription while its client is away; its expiry (3 s after the
+    disconnect) releases it."""
+    gw = gateway_factory()
+    holder = paho_factory(gw.port, "holder", clean=False)
+    holder.connect(session_expiry=3)
+    assert holder.subscribe("$exclusive/jobs", 1) == [1]
+    holder.disconnect()
+    other = paho_factory(gw.port, "other")
+    other.connect()
+    assert other.subscribe("$exclusive/jobs", 1) == [0x97]  # the session (and its lock) lives on
+    wait_until(lambda: other.subscribe("$exclusive/jobs", 1) == [1], timeout=10, what="released by the expiry")
