@@ -198,6 +198,7 @@ def build_app(node: Node, token: str, endpoints: Endpoints | None = None) -> Fas
                    _optional_router("tidewire.admin.api_bridges", "router", node),
                    _optional_router("tidewire.admin.api_rules", "router", node),
                    _optional_router("tidewire.admin.api_tenants", "router", node),
+                   _optional_router("tidewire.admin.api_delayed", "router", node),
                    _optional_router("tidewire.admin.metrics", "metrics_router", node)):
         if router is not None:
             app.include_router(router)

@@ -8,6 +8,7 @@ takes that section's type. `docs/configuration.md` is generated from this module
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -86,6 +87,40 @@ class ListenerSettings(BaseModel):
                                                            description="per-listener overrides")
 
 
+class AutoSubscription(BaseModel):
+    """One `auto_subscribe` entry (EMQX's `auto_subscribe.topics`): a filter and its subscription options."""
+
+    model_config = {"extra": "forbid"}
+
+    topic: str = Field(min_length=1, description="a topic filter; `%c`: the client id, `%u`: the user name")
+    qos: int = Field(0, ge=0, le=2)
+    nl: bool = Field(False, description="no local (MQTT 5)")
+    rap: bool = Field(False, description="retain as published (MQTT 5)")
+    rh: int = Field(0, ge=0, le=2, description="retain handling (MQTT 5)")
+
+
+class TopicRewriteRule(BaseModel):
+    """One `topic_rewrite` rule (EMQX's `rewrite`): a topic (or filter) matching `source_topic` whose text `re`
+    matches becomes `dest_topic`, with `$1`... the regex's groups and `${clientid}`, `${username}` the client's."""
+
+    model_config = {"extra": "forbid"}
+
+    action: Literal["publish", "subscribe", "all"] = Field(description="publish: PUBLISH topics and wills; "
+                                                           "subscribe: SUBSCRIBE and UNSUBSCRIBE filters; all: both")
+    source_topic: str = Field(min_length=1, description="a topic filter the topic must match")
+    re: str = Field(description="a regular expression searched in the topic (Python syntax)")
+    dest_topic: str = Field(min_length=1)
+
+    @field_validator("re")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from exc
+        return value
+
+
 class MqttSettings(BaseModel):
     """`[mqtt]`: The MQTT protocol's limits and flow: packet and topic sizes, keepalive, in-flight windows, inbound
     rates, session expiry, topic aliases, shared subscriptions and incoming bridges.
@@ -134,6 +169,26 @@ class MqttSettings(BaseModel):
     accept_bridges: bool = Field(True, description="let other brokers' bridges in as bridges (Mosquitto's try_private: "
                                  "level 0x83/0x84; MQTT 5: user property tidewire-bridge=1); false: CONNACK code 1 to "
                                  "a 3.x bridge, MQTT 5's property ignored")
+    # --- delayed publish, exclusive subscriptions, auto-subscribe, topic rewrite (EMQX's) ----------------------
+    delayed_publish: bool = Field(True, description="`$delayed/<seconds>/<topic>` publishes to <topic> after the "
+                                  "delay (EMQX's; an interval of 4294967 or more is a Unix time); false: such "
+                                  "topics are ordinary topics")
+    delayed_max_seconds: int = Field(4294967, ge=1, le=4294967, description="longest delay (s); longer: PUBACK "
+                                     "0x90. Never beyond retention_seconds (a delayed message waits in the log)")
+    delayed_max_messages: int = Field(100_000, ge=1, description="delayed messages waiting cluster-wide; beyond, "
+                                      "a delayed publish is refused (PUBACK/PUBREC 0x97)")
+    exclusive_subscriptions: bool = Field(True, description="`$exclusive/<filter>`: one subscriber at a time "
+                                          "cluster-wide (others get SUBACK 0x97), until it unsubscribes or its "
+                                          "session ends; false: SUBACK 0x8F, as EMQX")
+    auto_subscribe: list[AutoSubscription] = Field(default_factory=list, description="subscriptions made for "
+                                                   "every client as it connects, as if it had sent SUBSCRIBE (the "
+                                                   "ACL applies, retained messages are sent); `%c` and `%u` in a "
+                                                   "topic are its client id and user name, e.g. "
+                                                   "[{\"topic\": \"cmd/%c\", \"qos\": 1}]")
+    topic_rewrite: list[TopicRewriteRule] = Field(default_factory=list, description="EMQX's rewrite rules, "
+                                                  "in order, before the ACL (docs/topic-rewrite.md), e.g. "
+                                                  "[{\"action\": \"all\", \"source_topic\": \"x/#\", \"re\": "
+                                                  "\"^x/(.+)$\", \"dest_topic\": \"y/$1\"}]")
 
 
 class SecuritySettings(BaseModel):

@@ -29,12 +29,15 @@ from tidewire.gateway.config import Settings
 from tidewire.gateway.core.appends import Appends
 from tidewire.gateway.core.clock import SYSTEM_CLOCK, Clock
 from tidewire.gateway.core.consumers import ConsumerGroups
+from tidewire.gateway.core.delayed import DelayedPublishes, held_form
 from tidewire.gateway.core.dispatch import Dispatcher
 from tidewire.gateway.core.event_buffer import EventBuffer
+from tidewire.gateway.core.exclusive import ExclusiveLocks
 from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.publish_hooks import PublishHooks
 from tidewire.gateway.core.retained_quota import RetainedQuota
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.rewrite import TopicRewriter
 from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
 from tidewire.gateway.core.tenants import PREFIX as TENANTS_PREFIX
@@ -138,6 +141,11 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.wills = DelayedWills(lambda message: self._enqueue(message, None, None, droppable=False), self.writes)
+        # EMQX's conveniences (`gateway.core.rewrite`, `.delayed`, `.exclusive`; auto-subscribe is the channel's)
+        self.rewriter = TopicRewriter(settings.topic_rewrite)
+        self.delayed = DelayedPublishes(store, self.groups, clock, self.publish, self.spawn,
+                                        settings.delayed_max_messages)
+        self.exclusive = ExclusiveLocks(store, self.node_id, lambda: self.topology.holder, self.spawn)
 
     def _p2p_reader(self, client_id: str) -> Session | None:
         """The session reading `client_id`'s P2P queue here: its connection's, if connected to this node."""
@@ -172,6 +180,8 @@ class Node:
         if self.retained_quota.capped:
             self.retained_quota.settled(*await self.store.retained_usage())
         await self.groups.load()
+        if self.settings.delayed_publish:
+            await self.delayed.start()
         await self.subscriptions.wildcards.refresh_wildcards()
         for will in await self.store.list_wills():
             if not topology.stale_owner(will.owner):
@@ -334,6 +344,8 @@ class Node:
     def _enqueue(self, message: Message, sink: DurableSink | None, token: Any, *, droppable: bool) -> None:
         if not message.timestamp_ms:
             message.timestamp_ms = int(self.clock.time() * 1000)
+        if message.due_ms:  # a delayed publish (past its publish hooks): it waits in the store until due
+            held_form(message, message.due_ms)
         counters = self.counters
         counters.messages_in += 1
         counters.bytes_in += len(message.payload)

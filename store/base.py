@@ -90,6 +90,9 @@ class Message:
     # Queues the publisher's routing chose besides those of its topic (AMQP headers exchanges, exchange-to-exchange
     # bindings, alternate exchanges: `gateway.protocols.amqp.routing`); indexed into with them. Not persisted.
     routes: tuple[str, ...] = ()
+    # A delayed publish's due time (ms; 0: none): the node stores it on the internal topic of waiting messages
+    # instead, until then (`gateway.core.delayed`). Set by the protocol after its checks. Not persisted.
+    due_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -447,6 +450,12 @@ class Store(Protocol):
         """The seqs of the group's pending claims visible at `now_ms` (requeued, lapsed or released: ready to be
         reclaimed), ascending; the rest of its claims are held by consumers. Empty for an unknown group."""
 
+    async def pending_claims(self, group: str, after_seq: int, limit: int) -> list[PendingClaim]:
+        """The group's pending claims above `after_seq`, lowest seq first, at most `limit` (a claim held back in
+        its lane has owner "" and a `visible_at_ms` never reached). For operators: what a group holds and until
+        when (delayed publishes, `gateway.core.delayed`); a listed handle settles the claim while it is current.
+        Empty for an unknown group."""
+
     async def fetch(self, seqs: Sequence[int]) -> list[Message]:
         """Messages by seq, ascending; seqs no longer stored (retention) are left out."""
 
@@ -491,6 +500,16 @@ class GroupRecord:
     # Filters taken off the group (an AMQP Queue.Unbind) -> the last seq of theirs it still reads: what was
     # routed to it before stays in it until consumed (`gateway.core.consumers`).
     drains: dict[str, int] = field(default_factory=dict)
+
+
+class PendingClaim(NamedTuple):
+    """A claim as `Store.pending_claims` lists it: its handle (seq, token), who holds it and until when."""
+
+    seq: int
+    deliveries: int
+    token: int
+    visible_at_ms: int
+    owner: str
 
 
 class Claim(NamedTuple):

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, fields
 from struct import Struct
 
-from tidewire.store.base import Claim, GroupRecord
+from tidewire.store.base import Claim, GroupRecord, PendingClaim
 from tidewire.store.embedded.kv import GROUP_CLAIM, GROUP_CURSOR, GROUP_DEF
 
 GROUP_NAMESPACES = (GROUP_DEF, GROUP_CURSOR, GROUP_CLAIM)
@@ -251,6 +251,13 @@ class GroupTable:
         g = self._groups.get(name)
         return [] if g is None else sorted(s for s, p in g.pending.items() if p.visible_at <= now_ms)
 
+    def pending_claims(self, name: str, after_seq: int, limit: int) -> list[PendingClaim]:
+        g = self._groups.get(name)
+        if g is None or limit <= 0:
+            return []
+        seqs = heapq.nsmallest(limit, (s for s in g.pending if s > after_seq))
+        return [PendingClaim(s, (p := g.pending[s]).deliveries, p.token, p.visible_at, p.owner) for s in seqs]
+
     # --- claims ---------------------------------------------------------------------------------------------
     def claim(self, name: str, after: int, upto: int, seqs: Sequence[int], owner: str,
               visible_at_ms: int, lanes: Mapping[int, str] | None = None) -> tuple[list[Claim], int]:
@@ -457,3 +464,6 @@ class GroupCalls:
 
     async def ready_claims(self, group: str, now_ms: int) -> list[int]:
         return self._groups.ready_claims(group, now_ms)
+
+    async def pending_claims(self, group: str, after_seq: int, limit: int) -> list[PendingClaim]:
+        return self._groups.pending_claims(group, after_seq, limit)

@@ -135,6 +135,7 @@ class SessionOpener:
             node.subscriptions.park(record)
             node.writes.save_session(record)
         else:
+            node.exclusive.session_ended(session.client_id)  # its `$exclusive/` locks go with it
             if session.subscriptions:  # else there is nothing to forget (and a record-less session stays so)
                 node.subscriptions.forget(session.record)
             if session.stored:  # else there is nothing to delete
@@ -146,6 +147,8 @@ class SessionOpener:
         return deadline is not None and deadline <= now_ms
 
     async def drop_stored(self, record: SessionRecord, epoch: int = -1) -> None:
+        if self.node.settings.exclusive_subscriptions:  # any `$exclusive/` lock it held (on any node) goes
+            self.node.exclusive.session_ended(record.client_id, record.subscriptions)
         self.node.subscriptions.forget(record)
         self.node.writes.drop_session(record.client_id, epoch)
         await self.node.writes.session_settled(record.client_id)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tidewire.store.base import Claim, GroupRecord, Message
+from tidewire.store.base import Claim, GroupRecord, Message, PendingClaim
 from tidewire.store.groups import HELD, check_group_name, decode_group, encode_group
 from tidewire.store.records import decode_message_body
 from tidewire.store.redis.conn import Call, RedisConn, Script
@@ -352,6 +352,22 @@ class RedisGroups:
     async def ready_claims(self, group: str, now_ms: int) -> list[int]:
         _, hidden, ready = self._keys(group)
         return sorted({int(s) for s in await self._conn.run((_READY_CLAIMS, [hidden, ready], [now_ms]))})
+
+    async def pending_claims(self, group: str, after_seq: int, limit: int) -> list[PendingClaim]:
+        # One HGETALL of the group's pending hash: for operators, on groups whose size their owner bounds.
+        found = await self._conn.command("HGETALL", self._keys(group)[0])
+        if limit <= 0 or not found:
+            return []
+        pairs = found.items() if isinstance(found, dict) else zip(found[::2], found[1::2], strict=True)
+        claims: list[PendingClaim] = []
+        for key, raw in pairs:
+            seq = int(key)
+            if seq > after_seq:
+                value = raw.decode() if isinstance(raw, bytes) else raw
+                deliveries, token, visible_at, owner = value.split(" ", 3)
+                claims.append(PendingClaim(seq, int(deliveries), int(token), int(visible_at), owner))
+        claims.sort()
+        return claims[:limit]
 
     async def claim(self, group: str, after: int, upto: int, seqs: Sequence[int], owner: str,
                     visible_at_ms: int, lanes: Mapping[int, str] | None = None) -> tuple[list[Claim], int]:

@@ -24,7 +24,18 @@ from pathlib import Path
 from typing import TypeVar
 
 from tidewire.gateway.config import Settings
-from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
+from tidewire.store.base import (
+    Ban,
+    Claim,
+    GroupRecord,
+    LogSlice,
+    Message,
+    PendingClaim,
+    SessionRecord,
+    Slice,
+    Store,
+    WillRecord,
+)
 
 T = TypeVar("T")
 
@@ -233,6 +244,9 @@ class DelayingStore:
 
     async def ready_claims(self, group: str, now_ms: int) -> list[int]:
         return await self._call(lambda: self.inner.ready_claims(group, now_ms))
+
+    async def pending_claims(self, group: str, after_seq: int, limit: int) -> list[PendingClaim]:
+        return await self._call(lambda: self.inner.pending_claims(group, after_seq, limit))
 
     async def dedupe_ids(self, scope: str) -> list[str]:
         return await self._call(lambda: self.inner.dedupe_ids(scope))

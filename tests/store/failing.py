@@ -9,7 +9,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from tidewire.store.base import Ban, Claim, GroupRecord, LogSlice, Message, SessionRecord, Slice, Store, WillRecord
+from tidewire.store.base import (
+    Ban,
+    Claim,
+    GroupRecord,
+    LogSlice,
+    Message,
+    PendingClaim,
+    SessionRecord,
+    Slice,
+    Store,
+    WillRecord,
+)
 
 CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "put_session", "delete_session",
                    "list_sessions", "online_sessions", "due_sessions", "session_count", "queue_tail",
@@ -18,7 +29,8 @@ CALLS = frozenset({"append", "sync", "read", "get_session", "claim_session", "pu
                    "delete_will", "list_wills", "add_wildcards", "remove_wildcards", "release_wildcards", "wildcards",
                    "lease", "release",
                    "put_group", "get_group", "list_groups", "delete_group", "claim", "reclaim", "settle",
-                   "set_visibility", "release_owner", "group_position", "ready_claims", "fetch", "read_log", "hold_log",
+                   "set_visibility", "release_owner", "group_position", "ready_claims", "pending_claims", "fetch",
+                   "read_log", "hold_log",
                    "log_holds", "get_bans", "put_ban", "delete_ban", "join_group", "leave_group", "subscribed",
                    "add_group", "group_members", "release_members", "get_document", "put_document"})
 
@@ -261,6 +273,10 @@ class FailingStore:
     async def ready_claims(self, group: str, now_ms: int) -> list[int]:
         self._check("ready_claims")
         return await self.inner.ready_claims(group, now_ms)
+
+    async def pending_claims(self, group: str, after_seq: int, limit: int) -> list[PendingClaim]:
+        self._check("pending_claims")
+        return await self.inner.pending_claims(group, after_seq, limit)
 
     async def dedupe_ids(self, scope: str) -> list[str]:
         self._check("dedupe_ids")

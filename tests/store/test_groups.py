@@ -383,3 +383,26 @@ async def test_embedded_groups_survive_many_rewrites_and_a_reopen(tmp_path: Path
         assert min(c.token for c in again) > max(tokens)
     finally:
         await s.close()
+
+
+async def test_pending_claims_list_handles_holders_and_times(engine: Engine) -> None:
+    """What an operator lists of a group (delayed publishes): every pending claim above a seq, in seq order, with
+    the handle that settles it, its holder and when it shows again; settled ones are gone, a listed handle goes
+    stale once the claim is taken again."""
+    s = engine.store
+    rec = await new_group(s)
+    await fill(s, 4)
+    (a, b, c, d), _ = await take(s, rec.name, "n1", visible_at_ms=5000)
+    moved = await s.set_visibility(rec.name, [(b.seq, b.token)], 7000)
+    await s.settle(rec.name, [(c.seq, c.token)])
+    listed = await s.pending_claims(rec.name, 0, 10)
+    assert [(p.seq, p.deliveries, p.token, p.visible_at_ms, p.owner) for p in listed] == [
+        (a.seq, 1, a.token, 5000, "n1"), (b.seq, 1, moved[0].token, 7000, "n1"), (d.seq, 1, d.token, 5000, "n1")]
+    assert [p.seq for p in await s.pending_claims(rec.name, a.seq, 1)] == [b.seq]
+    assert await s.settle(rec.name, [(listed[0].seq, listed[0].token)]) == [a.seq]
+    again = await s.reclaim(rec.name, "n2", 5000, LATER, 10)
+    assert [x.seq for x in again] == [d.seq]
+    assert await s.settle(rec.name, [(d.seq, listed[2].token)]) == []  # reclaimed since: the listed handle is stale
+    assert [(p.seq, p.owner) for p in await s.pending_claims(rec.name, 0, 10)] == [(b.seq, "n1"), (d.seq, "n2")]
+    assert await s.pending_claims(rec.name, 0, 0) == []
+    assert await s.pending_claims("nope", 0, 10) == []

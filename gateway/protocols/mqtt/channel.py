@@ -47,7 +47,13 @@ from tidewire.gateway.protocols.mqtt.codec import (
     pubrec,
 )
 from tidewire.gateway.protocols.mqtt.connect import expires_at, stored_properties
-from tidewire.gateway.protocols.mqtt.handshake import Handshake
+from tidewire.gateway.protocols.mqtt.conveniences import (
+    Filters,
+    publish_topic,
+    subscribe_filters,
+    unsubscribe_filters,
+)
+from tidewire.gateway.protocols.mqtt.handshake import Handshake, mount_requests
 from tidewire.gateway.protocols.mqtt.lifecycle import (
     AUTHENTICATING,
     CLOSED,
@@ -56,6 +62,7 @@ from tidewire.gateway.protocols.mqtt.lifecycle import (
     HOLD_HOOKS,
     HOLD_RATE,
     HOLD_STORE,
+    HOLD_SUBSCRIBE,
     NEW,
     ChannelIo,
 )
@@ -91,12 +98,6 @@ def bridge_requests(requests: list[SubscriptionRequest]) -> list[SubscriptionReq
     stays off a shared subscription, where MQTT 5 forbids it."""
     return [SubscriptionRequest(r.topic_filter, r.qos, not r.topic_filter.startswith("$share/"), True)
             for r in requests]
-
-
-def mount_requests(mount: str, requests: list[SubscriptionRequest]) -> list[SubscriptionRequest]:
-    """A tenant client's subscriptions under its mount point (`gateway.core.tenants`)."""
-    return [SubscriptionRequest(mount_filter(mount, r.topic_filter), r.qos, r.no_local, r.retain_as_published,
-                                r.retain_handling) for r in requests]
 
 
 def unsuback_codes(removed: list[bool]) -> list[int]:
@@ -155,6 +156,9 @@ class MqttChannel(Handshake):
                         self.io.call_later(wait, self._metered_resume)
                         return
                 self._handle(packet)
+                if self._holds & HOLD_SUBSCRIBE:  # a SUBSCRIBE waits for the store: what follows waits behind it
+                    self._backlog = packets[index + 1 :]
+                    return
             elif state == AUTHENTICATING:
                 if type(packet) is Auth:
                     self._on_auth(packet)
@@ -180,10 +184,13 @@ class MqttChannel(Handshake):
     def run_backlog(self) -> None:
         """What was read while CONNECT was processed, once the session is open."""
         backlog, self._backlog = self._backlog or [], None
-        for queued in backlog:
+        for index, queued in enumerate(backlog):
             if self._state != CONNECTED:
                 break
             self._handle(queued)
+            if self._holds & HOLD_SUBSCRIBE:  # as in `_dispatch`: the rest waits for that SUBSCRIBE
+                self._backlog = backlog[index + 1 :] + (self._backlog or [])
+                break
 
     # --- writing flow control (the transport's buffer) ------------------------------------------------------
     def pause_writing(self) -> None:
@@ -249,6 +256,14 @@ class MqttChannel(Handshake):
                 topic = known
         if topic == CONTROL_TOPIC and node.dynsec is not None:  # a dynamic-security request: run, never stored
             return self._control_acked(qos, pid, node.dynsec.submit(self.info, packet.payload))
+        now_ms = int(self.clock.time() * 1000)
+        target = publish_topic(node, self.info, topic, now_ms) if topic[:1] == "$" or node.rewriter.active else (
+            topic, None)
+        if target is None:  # a bad `$delayed/` interval, or the internal topic: as an invalid topic
+            if qos:
+                self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.TOPIC_NAME_INVALID if v5 else 0))
+            return None
+        topic, delay = target
         refused = refuse_publish(node.settings, node.authorizer, self.info, topic)
         if refused == INVALID_TOPIC:
             log.info("client.topic_refused", extra={"client_id": self.client_id, "detail": "topic too long"})
@@ -282,9 +297,12 @@ class MqttChannel(Handshake):
             topic = mount_topic(self.mount, topic)
         if packet.retain and packet.payload and not node.retained_quota.admit(len(packet.payload)):
             return self._retained_refused(topic, qos, pid)
-        now_ms = int(self.clock.time() * 1000)
+        if delay is not None and not node.delayed.admit():
+            return self._retained_refused(topic, qos, pid, "delayed_quota")
         message = Message(topic, packet.payload, qos, packet.retain, stored_properties(props) if v5 else b"",
                           now_ms, expires_at(props, now_ms) if v5 else 0, self.client_id)
+        if delay is not None:
+            message.due_ms = delay.due_ms  # the node keeps it in the store until then (`gateway.core.delayed`)
         if self.bridge:
             message.protocol = PROTOCOL_BRIDGE
         if qos == 0:
@@ -332,15 +350,16 @@ class MqttChannel(Handshake):
                 self.inbound_qos2.add(pid)
             self._send(Pubrec(pid, code))
 
-    def _retained_refused(self, topic: str, qos: int, pid: int) -> None:
-        """Over a retained cap (`gateway.core.retained_quota`): PUBACK/PUBREC 0x97 (3.1.1: a plain one), the
-        message dropped and counted as `retained_quota`; the connection stays."""
+    def _retained_refused(self, topic: str, qos: int, pid: int, reason: str = "retained_quota") -> None:
+        """Over a retained cap (`gateway.core.retained_quota`) or the delayed messages' (`delayed_quota`):
+        PUBACK/PUBREC 0x97 (3.1.1: a plain one), the message dropped and counted under `reason`; the connection
+        stays."""
         node = self.node
-        log.info("publish.retained_quota", extra={"client_id": self.client_id, "topic": topic})
-        node.counters.drop("retained_quota")
+        log.info("publish." + reason, extra={"client_id": self.client_id, "topic": topic})
+        node.counters.drop(reason)
         if node.events is not None:
             node.events.add(DROPPED, int(self.clock.time() * 1000), self.client_id, "mqtt", topic, None, qos,
-                            reason="retained_quota")
+                            reason=reason)
         if qos:
             code = ReasonCode.QUOTA_EXCEEDED if self.level >= 5 else 0
             self._send((Puback if qos == 1 else Pubrec)(pid, code))
@@ -413,13 +432,68 @@ class MqttChannel(Handshake):
         node = self.node
         if any(s.no_local and s.topic_filter.startswith("$share/") for s in packet.subscriptions):
             return self.abort(ReasonCode.PROTOCOL_ERROR, "no local on a shared subscription")
-        ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER) if packet.properties else None
         requests = packet.subscriptions
         if self.bridge and self.level < 5:  # an MQTT 5 bridge sets these options itself
             requests = bridge_requests(requests)
-        if self.mount:
+        refused: dict[int, Refusal] = {}
+        if node.rewriter.active or any(r.topic_filter[:1] == "$" for r in requests):
+            filters = subscribe_filters(node, self.info, requests)
+            requests, refused = filters.requests, filters.refused
+            if filters.exclusive:  # their locks first, from the store: what the client sends next waits
+                self._hold(HOLD_SUBSCRIBE)
+                node.spawn(self._subscribe_exclusive(packet, filters))
+                return None
+        self._subscribe(packet, requests, refused)
+        return None
+
+    def _mounted(self, topic_filter: str) -> str:
+        return mount_filter(self.mount, topic_filter) if self.mount else topic_filter
+
+    async def _subscribe_exclusive(self, packet: Subscribe, filters: Filters) -> None:
+        """`$exclusive/` filters: each one whose lock another client holds is refused (0x97, as EMQX)."""
+        node = self.node
+        names = [self._mounted(filters.requests[i].topic_filter) for i in filters.exclusive]
+        try:
+            got = await node.exclusive.claim(self.client_id, names)
+        except Exception as exc:
+            log.warning("exclusive.claim_failed", extra={"client_id": self.client_id, "error": str(exc)})
+            got = [False] * len(names)
+        if self._state != CONNECTED or self.session is None:
+            node.exclusive.release(self.client_id, [n for n, ok in zip(names, got, strict=True) if ok])
+            return
+        lost = {i for i, ok in zip(filters.exclusive, got, strict=True) if not ok}
+        refused = dict(filters.refused)
+        requests: list[SubscriptionRequest] = []
+        for i, request in enumerate(filters.requests):
+            if i in lost:
+                refused[filters.positions[i]] = Refusal.QUOTA_EXCEEDED
+            else:
+                requests.append(request)
+        granted = self._subscribe(packet, requests, refused)
+        denied = [self._mounted(r.topic_filter) for r, g in zip(requests, granted, strict=True)
+                  if isinstance(g, Refusal)]
+        node.exclusive.release(self.client_id, denied)  # held for a subscription the ACL refused
+        self._release(HOLD_SUBSCRIBE)
+        backlog, self._backlog = self._backlog, None
+        if backlog:
+            self._dispatch(backlog)
+
+    def _subscribe(self, packet: Subscribe, requests: list[SubscriptionRequest],
+                   refused: dict[int, Refusal]) -> list[int | Refusal]:
+        """Subscribe `requests` (the packet's filters but the `refused` ones, by index) and answer; returns what
+        the registry granted each of `requests`."""
+        session = self.session
+        assert session is not None
+        node = self.node
+        ids = packet.properties.get(PropertyId.SUBSCRIPTION_IDENTIFIER) if packet.properties else None
+        if self.mount:  # the lock names above and the registry below see the tenant's mounted filters
             requests = mount_requests(self.mount, requests)
         granted, retained, registering = node.subscribe(session, self, requests, ids[0] if ids else 0)
+        answered = granted
+        if refused:
+            answered = list(granted)
+            for index in sorted(refused):
+                answered.insert(index, refused[index])
         log.info("client.subscribed", extra={"client_id": self.client_id,
                                              "filters": ",".join(s.topic_filter for s in packet.subscriptions)})
         if session.persistent:
@@ -429,7 +503,7 @@ class MqttChannel(Handshake):
         # (what is published after it is the group's) and, in a cluster, a persistent session's record (a
         # takeover by another node reads it from there). SUBACKs keep their order.
         saved = session.persistent and node.topology.shared
-        suback = Suback(packet.packet_id, suback_codes(granted, session.level))
+        suback = Suback(packet.packet_id, suback_codes(answered, session.level))
         if registering or saved or self._subacks is not None:
             # Deliveries wait too: a client sees the SUBACK before anything of the new subscription.
             self.paused = True
@@ -438,10 +512,11 @@ class MqttChannel(Handshake):
                 self._subacks = deque()
             self._subacks.append(pending)
             node.spawn(self._settle_suback(pending, registering, saved))
-            return
+            return granted
         self._send(suback)
         if retained:
             node.spawn(node.send_retained(session, retained))
+        return granted
 
     async def _settle_suback(self, pending: _PendingSuback, registering: list[str], saved: bool) -> None:
         await self.node.subscriptions.wildcards_registered(registering)
@@ -468,6 +543,9 @@ class MqttChannel(Handshake):
         session = self.session
         assert session is not None
         filters = packet.topic_filters
+        if self.node.rewriter.active or any(f[:1] == "$" for f in filters):
+            filters, exclusive = unsubscribe_filters(self.node, self.info, filters)
+            self.node.exclusive.release(self.client_id, [self._mounted(f) for f in exclusive])
         removed = self.node.unsubscribe(session, [mount_filter(self.mount, f) for f in filters] if self.mount
                                         else filters)
         self._send(Unsuback(packet.packet_id, unsuback_codes(removed)))

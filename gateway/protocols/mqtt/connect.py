@@ -12,6 +12,7 @@ from tidewire.extensions.authentication import Failure
 from tidewire.extensions.hooks import Authorizer, ClientInfo
 from tidewire.gateway.config import Settings
 from tidewire.gateway.core.ingress import speaks_for_itself
+from tidewire.gateway.core.rewrite import TopicRewriter
 from tidewire.gateway.core.topics import valid_topic_name
 from tidewire.gateway.protocols.mqtt.codec import ConnackCode311, Connect, PropertyId, ReasonCode, encode_properties
 from tidewire.store.base import NEVER_EXPIRES, PROTOCOL_BRIDGE, PROTOCOL_MQTT, Message
@@ -130,9 +131,13 @@ def negotiate(packet: Connect, settings: Settings, peer: str, now_ms: int) -> Te
     return terms
 
 
-def check_will(terms: Terms, authorizer: Authorizer) -> None:
-    """Once the client is authenticated: may it leave this will? `Refusal` if not."""
+def check_will(terms: Terms, authorizer: Authorizer, rewriter: TopicRewriter | None = None) -> None:
+    """Once the client is authenticated: may it leave this will (its topic rewritten first)? `Refusal` if not."""
     will = terms.will
+    if will is not None and rewriter is not None and rewriter.active:
+        rewritten = rewriter.publish(will.topic, terms.info.client_id, terms.info.username)
+        if rewritten is not None:
+            will.topic = rewritten.topic
     if will is not None and ((will.topic.startswith("$SYS") and not speaks_for_itself(terms.info, will.topic))
                              or not authorizer.allow_publish(terms.info, will.topic)):
         raise Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, "will denied")

@@ -13,7 +13,8 @@ from typing import Any
 
 from tidewire.extensions.authentication import AuthRequest, Identity, Refused
 from tidewire.extensions.hooks import ClientInfo
-from tidewire.gateway.core.tenants import QUOTA, TenantConflict, mount_topic, reserved
+from tidewire.gateway.core.subscriptions import Refusal as SubscribeRefusal
+from tidewire.gateway.core.tenants import QUOTA, TenantConflict, mount_filter, mount_topic, reserved
 from tidewire.gateway.protocols.mqtt.codec import (
     Auth,
     Connack,
@@ -21,6 +22,7 @@ from tidewire.gateway.protocols.mqtt.codec import (
     Connect,
     PropertyId,
     ReasonCode,
+    SubscriptionRequest,
     encode,
 )
 from tidewire.gateway.protocols.mqtt.connect import (
@@ -31,6 +33,7 @@ from tidewire.gateway.protocols.mqtt.connect import (
     negotiate,
     refusal_codes,
 )
+from tidewire.gateway.protocols.mqtt.conveniences import auto_requests
 from tidewire.gateway.protocols.mqtt.lifecycle import (
     AUTHENTICATING,
     CLOSED,
@@ -45,6 +48,12 @@ from tidewire.store.base import WillRecord
 
 log = logging.getLogger("tidewire.conn")
 _CONNACK_ACCEPTED_311 = encode(Connack(False, 0), 4)  # the answer to nearly every 3.1.1 CONNECT
+
+
+def mount_requests(mount: str, requests: list[SubscriptionRequest]) -> list[SubscriptionRequest]:
+    """A tenant client's subscriptions under its mount point (`gateway.core.tenants`)."""
+    return [SubscriptionRequest(mount_filter(mount, r.topic_filter), r.qos, r.no_local, r.retain_as_published,
+                                r.retain_handling) for r in requests]
 
 
 class Handshake(ChannelBase):
@@ -122,7 +131,7 @@ class Handshake(ChannelBase):
             if proof.expires_at is not None:
                 self.expiry_at(proof.expires_at)
             try:
-                check_will(terms, node.authorizer)
+                check_will(terms, node.authorizer, node.rewriter)
                 self._enter_tenant(terms, proof.tenant)
             except Refusal as refusal:
                 return self._refuse(refusal.code311, refusal.code5, refusal.detail)
@@ -179,7 +188,7 @@ class Handshake(ChannelBase):
         if ban is not None:
             return self._banned(ban)
         try:
-            check_will(terms, self.node.authorizer)
+            check_will(terms, self.node.authorizer, self.node.rewriter)
             self._enter_tenant(terms, None)
         except Refusal as refusal:
             return self._refuse(refusal.code311, refusal.code5, refusal.detail)
@@ -294,9 +303,27 @@ class Handshake(ChannelBase):
             self.limiter = InboundLimiter(settings.max_inbound_rate, settings.max_inbound_bytes_rate, now)
         session.attach(self, fresh=fresh)
         node.subscriptions.resume_groups(session)
+        if settings.auto_subscribe:
+            self._auto_subscribe(session)
         self.run_backlog()
         if self._state == CONNECTED:
             self._release(HOLD_CONNECT)
+
+    def _auto_subscribe(self, session: Session) -> None:
+        """`auto_subscribe`: as if the client had subscribed first thing (the ACL applies; retained messages
+        follow), with no SUBACK."""
+        node = self.node
+        requests = auto_requests(node.settings.auto_subscribe, self.info.client_id, self.info.username)
+        if self.mount:
+            requests = mount_requests(self.mount, requests)
+        granted, retained, _ = node.subscribe(session, self, requests)
+        if any(isinstance(g, SubscribeRefusal) for g in granted):
+            log.info("client.auto_subscribe_refused", extra={"client_id": self.client_id, "filters": ",".join(
+                r.topic_filter for r, g in zip(requests, granted, strict=True) if isinstance(g, SubscribeRefusal))})
+        if session.persistent:
+            node.writes.save_session(session.snapshot())
+        if retained:
+            node.spawn(node.send_retained(session, retained))
 
     def run_backlog(self) -> None:
         """What was read while CONNECT was processed (MqttChannel)."""

@@ -43,6 +43,7 @@ _NOBODY = ClientInfo("", None)
 # node's: its append queue is full (its own bit, so the acks that lift HOLD_STORE cannot lift it). HOLD_HOOKS: its
 # lane of publishes waiting for the publish hooks is long (gateway.core.publish_hooks).
 HOLD_CONNECT, HOLD_STORE, HOLD_RATE, HOLD_PIPELINE, HOLD_HOOKS = 1, 2, 4, 8, 16
+HOLD_SUBSCRIBE = 32  # a SUBSCRIBE waits for exclusive subscriptions' locks (`MqttChannel._subscribe_exclusive`)
 
 
 class Cancellable(Protocol):
