@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.errors import PublishFailed
+from tidewire.gateway.core.sparkplug import CERTIFICATES as SPARKPLUG_SERVER
 from tidewire.store.base import PROTOCOL_MQTT, Message
 from tidewire.store.properties import Properties
 
@@ -94,10 +95,13 @@ def invalid_topic(settings: Settings, topic: str) -> bool:
 
 def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInfo, topic: str) -> str | None:
     """Why `client` may not publish to `topic`: `INVALID_TOPIC` (empty, wildcards, over the configured levels
-    or length: `invalid_topic`), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, or the ACL); None: it may."""
+    or length: `invalid_topic`), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, the Sparkplug Aware server's
+    `$sparkplug/certificates/`, or the ACL); None: it may."""
     if invalid_topic(settings, topic):
         return INVALID_TOPIC
     if topic.startswith("$SYS") and not speaks_for_itself(client, topic):
+        return NOT_AUTHORIZED
+    if topic.startswith(SPARKPLUG_SERVER) and settings.sparkplug_aware:  # the server's own (gateway.core.sparkplug)
         return NOT_AUTHORIZED
     if not authorizer.allow_publish(client, topic):
         return NOT_AUTHORIZED

@@ -1,0 +1,35 @@
+"""Sparkplug Aware MQTT Server (Sparkplug 3.0, an optional server profile): the last NBIRTH of each edge node and
+DBIRTH of each device kept as retained messages on the spec's derived topics, so a host application that
+connects later reads every birth it missed:
+
+    spBv1.0/<group>/NBIRTH/<edge node>           -> $sparkplug/certificates/spBv1.0/<group>/NBIRTH/<edge node>
+    spBv1.0/<group>/DBIRTH/<edge node>/<device>  -> $sparkplug/certificates/spBv1.0/<group>/DBIRTH/<edge node>/<device>
+
+Sans-IO: `certificate` makes the derived message of a publish (None for every other topic, after one prefix
+check), and `Node.publish` queues it right behind the birth, so it is appended, retained (in the store: every
+node serves it) and delivered to live subscribers like any message. The birth itself was authorized on its own
+topic before it got here; a reader of the derived topic is checked by the ACL like for any topic, and clients
+may not publish under `$sparkplug/` themselves (`gateway.core.ingress.refuse_publish`). Deaths leave the last
+birth in place (the spec asks the server to keep births, not to clear them).
+"""
+
+from __future__ import annotations
+
+from tidewire.pipeline.sparkplug.topics import BIRTHS, PREFIX, parse_topic
+from tidewire.store.base import Message
+
+CERTIFICATES = "$sparkplug/certificates/"  # the server's own namespace: never a client's to publish in
+
+
+def certificate(message: Message) -> Message | None:
+    """The retained copy of a Sparkplug B birth on its `$sparkplug/certificates/...` topic; None for any other
+    message (and for an empty birth, which would clear the entry)."""
+    topic = message.topic
+    if not topic.startswith(PREFIX) or not message.payload:
+        return None
+    parsed = parse_topic(topic)
+    if parsed is None or parsed.message_type not in BIRTHS:
+        return None
+    return Message(topic=CERTIFICATES + topic, payload=message.payload, qos=message.qos, retain=True,
+                   properties=message.properties, timestamp_ms=message.timestamp_ms,
+                   expires_at_ms=message.expires_at_ms, protocol=message.protocol)
