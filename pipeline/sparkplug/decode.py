@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from tidewire.errors import TidewireError
 from tidewire.pipeline.sparkplug import sparkplug_b_pb2 as pb
 from tidewire.pipeline.sparkplug.topics import BIRTHS, DBIRTH, NBIRTH, SparkplugTopic
 
@@ -37,7 +38,7 @@ _BYTES_TYPES = frozenset((17, 18, *range(22, 35)))  # Bytes, File, the arrays
 FLOAT, DOUBLE, BOOLEAN = 9, 10, 11
 
 
-class MalformedPayload(ValueError):
+class MalformedPayload(TidewireError, ValueError):
     """The payload of a Sparkplug B topic is not a Sparkplug B payload."""
 
 
