@@ -21,7 +21,8 @@ ROOT = Path(__file__).parents[2]
 EXPECTED = {f"tidewire/{name}" for name in (
     "__init__.py", "compiled.py", "pipeline/__init__.py", "pipeline/cli.py", "pipeline/spark.py",
     "pipeline/jobs/__init__.py", "pipeline/jobs/aggregates.py", "pipeline/jobs/alerts.py", "pipeline/jobs/reports.py",
-    "pipeline/jobs/compact.py", "pipeline/jobs/sparkplug.py", "pipeline/window.py", "pipeline/fold.py", "pipeline/lake/__init__.py",
+    "pipeline/jobs/compact.py", "pipeline/jobs/sparkplug.py", "pipeline/window.py", "pipeline/fold.py",
+    "pipeline/lake/__init__.py",
     "pipeline/lake/schema.py", "pipeline/lake/event_names.py", "pipeline/lake/partitions.py",
     "pipeline/lake/reading.py", "pipeline/lake/compaction.py", "pipeline/lake/compact_command.py",
     "pipeline/lake/writer.py")}

@@ -45,8 +45,8 @@ def _messages() -> list[Message]:
     for i, t in enumerate(temps):
         metric: dict[str, Any] = {"alias": 10, "timestamp": T0 + 10 + i}
         metric.update({"is_null": True} if t is None else {"double_value": t})
-        out.append(msg("spBv1.0/plant/DDATA/edge1/pump", _payload(2 + i, [metric, {"alias": 11, "boolean_value": True}]),
-                       T0 + 10 + i))
+        running = {"alias": 11, "boolean_value": True}
+        out.append(msg("spBv1.0/plant/DDATA/edge1/pump", _payload(2 + i, [metric, running]), T0 + 10 + i))
     out.append(msg("spBv1.0/plant/NDATA/edge1", _payload(6, [{"alias": 1, "long_value": 50}]), T0 + 20))
     out.append(msg("spBv1.0/plant/NCMD/edge1", _payload(0, [
         {"name": "Node Control/Rebirth", "datatype": pb.Boolean, "boolean_value": True}]), T0 + 21))  # not counted
