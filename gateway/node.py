@@ -35,6 +35,7 @@ from tidewire.gateway.core.ingress import DurableSink, tell_sinks
 from tidewire.gateway.core.publish_hooks import PublishHooks
 from tidewire.gateway.core.retained_quota import RetainedQuota
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
+from tidewire.gateway.core.sparkplug import PREFIX as SPARKPLUG_PREFIX
 from tidewire.gateway.core.sparkplug import certificate as sparkplug_certificate
 from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
@@ -51,7 +52,6 @@ from tidewire.gateway.sessions.wills import DelayedWills, delay_left
 from tidewire.gateway.transport.admission import Admission
 from tidewire.lookup.base import Lookup
 from tidewire.notify.base import Notifier
-from tidewire.pipeline.sparkplug.topics import PREFIX as SPARKPLUG_PREFIX
 from tidewire.store.base import Message, Store
 
 if TYPE_CHECKING:

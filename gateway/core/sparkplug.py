@@ -11,14 +11,25 @@ node serves it) and delivered to live subscribers like any message. The birth it
 topic before it got here; a reader of the derived topic is checked by the ACL like for any topic, and clients
 may not publish under `$sparkplug/` themselves (`gateway.core.ingress.refuse_publish`). Deaths leave the last
 birth in place (the spec asks the server to keep births, not to clear them).
+
+The core imports nothing of the lake: the two birth topic forms are checked here; `pipeline.sparkplug.topics`
+parses the whole namespace for the lake.
 """
 
 from __future__ import annotations
 
-from tidewire.pipeline.sparkplug.topics import BIRTHS, PREFIX, parse_topic
 from tidewire.store.base import Message
 
+PREFIX = "spBv1.0/"  # the Sparkplug B namespace
 CERTIFICATES = "$sparkplug/certificates/"  # the server's own namespace: never a client's to publish in
+
+
+def is_birth(topic: str) -> bool:
+    """`spBv1.0/<group>/NBIRTH/<edge node>` or `spBv1.0/<group>/DBIRTH/<edge node>/<device>`, no level empty."""
+    levels = topic.split("/")
+    kind = levels[2] if len(levels) > 2 else ""
+    return (((kind == "NBIRTH" and len(levels) == 4) or (kind == "DBIRTH" and len(levels) == 5))
+            and levels[0] == "spBv1.0" and all(levels))
 
 
 def certificate(message: Message) -> Message | None:
@@ -27,8 +38,7 @@ def certificate(message: Message) -> Message | None:
     topic = message.topic
     if not topic.startswith(PREFIX) or not message.payload:
         return None
-    parsed = parse_topic(topic)
-    if parsed is None or parsed.message_type not in BIRTHS:
+    if not is_birth(topic):
         return None
     return Message(topic=CERTIFICATES + topic, payload=message.payload, qos=message.qos, retain=True,
                    properties=message.properties, timestamp_ms=message.timestamp_ms,

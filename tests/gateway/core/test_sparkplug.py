@@ -28,6 +28,7 @@ def test_everything_else_has_none() -> None:
     for topic in ("spBv1.0/plant/NDATA/edge1", "spBv1.0/plant/DDATA/edge1/pump", "spBv1.0/plant/NDEATH/edge1",
                   "spBv1.0/plant/DDEATH/edge1/pump", "spBv1.0/plant/NCMD/edge1", "spBv1.0/STATE/host",
                   "spBv1.0/plant/NBIRTH/edge1/extra/level", "spBv1.0/plant/DBIRTH/edge1", "sensors/NBIRTH/x",
+                  "spBv1.0//NBIRTH/edge1", "spBv1.0/plant/DBIRTH/edge1/", "spAv1.0/plant/NBIRTH/edge1",
                   "$sparkplug/certificates/spBv1.0/plant/NBIRTH/edge1"):
         assert certificate(Message(topic, b"\x08\x01")) is None, topic
     assert certificate(Message("spBv1.0/plant/NBIRTH/edge1", b"")) is None  # would clear the entry
