@@ -14,6 +14,7 @@ import pytest
 from tests.pipeline.lake.support import published_files, read_lake, tmp_files
 from tidewire.pipeline.lake.bridge import LakeBridge
 from tidewire.pipeline.lake.compaction import compact_lake
+from tidewire.pipeline.lake.retention import remove_expired
 from tidewire.pipeline.lake.schema import SPARKPLUG, SPARKPLUG_SCHEMA
 from tidewire.pipeline.sparkplug import sparkplug_b_pb2 as pb
 from tidewire.store.base import Message
@@ -106,3 +107,8 @@ async def test_metrics_become_typed_rows_with_aliases_resolved(store: EmbeddedSt
     assert any(p.name.startswith("c-") for p in published_files(lake, SPARKPLUG))
     assert sorted((r["position"], r["metric"]) for r in read_lake(lake, SPARKPLUG).to_pylist()) == before
     assert tmp_files(lake) == []
+
+    # Retention removes the table's days with the messages'.
+    run = remove_expired(lake, 1, T0 + 3 * 24 * HOUR)
+    assert {"messages/dt=2023-11-14", "sparkplug/dt=2023-11-14"} <= set(run.removed)
+    assert read_lake(lake, SPARKPLUG).num_rows == 0
