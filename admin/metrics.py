@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
@@ -54,6 +55,19 @@ def _histogram(name: str, doc: str, latency: Latency) -> HistogramMetricFamily:
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=latency.total)
 
 
+def _lake_sparkplug(lake: Path) -> Iterator[Metric]:
+    """The lake's Sparkplug B counters as the bridges committed them (the whole lake's: the same on every node)."""
+    from tidewire.pipeline.lake.writer import sparkplug_counts  # pyarrow: there with --lake only
+
+    counts = sparkplug_counts(lake)
+    for name, help_text in (("rows", "Sparkplug B metric rows the lake's bridges wrote (table sparkplug)."),
+                            ("malformed", "Messages on Sparkplug B topics whose payload did not decode (kept as "
+                                          "plain messages)."),
+                            ("unresolved", "Sparkplug B DATA metrics sent by an alias no birth the bridge had read "
+                                           "named.")):
+        yield CounterMetricFamily(f"{PREFIX}_lake_sparkplug_{name}", help_text, value=counts[f"sparkplug_{name}"])
+
+
 class NodeCollector(Collector):
     """Yields the node's metric families (names: the issue 11 contract) each time the registry is scraped.
     `endpoints`: the listeners and the AMQP backend the admin app knows of (None: MQTT connections only)."""
@@ -88,6 +102,8 @@ class NodeCollector(Collector):
         for reason, count in sorted(events.losses().items()):
             dropped.add_metric([reason], count)
         yield dropped
+        if node.settings.lake_dir is not None:
+            yield from _lake_sparkplug(node.settings.lake_dir)
 
     def _rules(self) -> Iterator[Metric]:
         engine = self.endpoints.rules if self.endpoints is not None else None

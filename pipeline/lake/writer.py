@@ -299,6 +299,24 @@ class MessagesWriter:
         return self.commit(pending)
 
 
+SPARKPLUG_COUNTERS = ("sparkplug_rows", "sparkplug_malformed", "sparkplug_unresolved")
+
+
+def sparkplug_counts(lake: Path) -> dict[str, int]:
+    """The lake's Sparkplug counters as its partitions' checkpoints committed them (every bridge's, cumulative):
+    `sparkplug_rows`, `sparkplug_malformed`, `sparkplug_unresolved`. Reads a small file per log partition."""
+    totals = dict.fromkeys(SPARKPLUG_COUNTERS, 0)
+    for path in (lake / STATE_DIR).glob("checkpoint-p*.json"):
+        try:
+            checkpoint = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # replaced while read: the next scrape reads it
+        for name in SPARKPLUG_COUNTERS:
+            value = checkpoint.get(name, 0)
+            totals[name] += value if isinstance(value, int) else 0
+    return totals
+
+
 class PartitionLock:
     """A non-blocking `flock` on `<lake>/_tidewire/pNN.lock`: two bridges on one lake never write one partition
     at once, whatever their leases say (the kernel drops it when the holder dies, even by kill -9)."""

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.dataset as ds
 import pytest
 
@@ -38,7 +39,7 @@ pattern read $sparkplug/certificates/spBv1.0/%c/#
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """One gateway for the module (a start costs a second of `make test`): the ACL above and a lake."""
     work = tmp_path_factory.mktemp("sparkplug")
-    gateway = Gateway(work / "gw", acl_text=ACL, env={"TIDEWIRE_LAKE_DIR": str(work / "lake"),
+    gateway = Gateway(work / "gw", acl_text=ACL, admin=True, env={"TIDEWIRE_LAKE_DIR": str(work / "lake"),
                                                       "TIDEWIRE_LAKE_FLUSH_SECONDS": "0.1",
                                                       "TIDEWIRE_SYS_EVENTS": "false"})
     gateway.start()
@@ -115,8 +116,15 @@ def test_metrics_reach_the_lake_typed_and_births_wait_for_a_late_host(gw: Gatewa
     assert len(messages) == 5
     malformed = next(r for r in messages if r["payload"].startswith(b"\x0a\xff"))
     assert malformed["position"] not in {r["position"] for r in rows}
-    checkpoint = json.loads(next((lake / "_tidewire").glob("checkpoint-p*.json")).read_text())
-    assert (checkpoint["sparkplug_malformed"], checkpoint["sparkplug_rows"]) == (1, 6)
+
+    def counted() -> tuple[int, int]:  # the checkpoint commits a flush after its files appear
+        checkpoint = json.loads(next((lake / "_tidewire").glob("checkpoint-p*.json")).read_text())
+        return checkpoint.get("sparkplug_malformed", 0), checkpoint.get("sparkplug_rows", 0)
+
+    wait_until(lambda: counted() == (1, 6), timeout=5, what=lambda: f"the counts committed: {counted()}")
+    metrics = httpx.get(f"http://127.0.0.1:{gw.admin_port}/metrics", timeout=5.0).text
+    assert "tidewire_lake_sparkplug_malformed_total 1.0" in metrics
+    assert "tidewire_lake_sparkplug_rows_total 6.0" in metrics
     # The certificates are messages of the log too (retained), not Sparkplug topics: no metric rows of theirs.
     assert {r["topic"] for r in _rows(lake, "messages") if r["topic"].startswith(f"{CERTS}/plant/")} == {
         f"{CERTS}/plant/NBIRTH/edge1", f"{CERTS}/plant/DBIRTH/edge1/pump"}
