@@ -1,7 +1,8 @@
 """The `sparkplug` job on Spark local over a lake the bridge wrote from Sparkplug B messages made with the
-reference protobuf module: per metric count, nulls, min, max, avg, last value and time over a window; a run
-without --since continues where the last stopped; a metric the bridge could not name (its DATA before its birth
-in the log) is named from the births in the lake."""
+reference protobuf module (appended to a store in the first test, sent by paho through a gateway in the second):
+per metric count, nulls, min, max, avg, last value and time over a window; a run without --since continues where
+the last stopped; a metric the bridge could not name (its DATA before its birth in the log) is named from the
+births in the lake."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as ds
 import pytest
 
+from tests.integration.conftest import GatewayFactory, PahoFactory
+from tests.integration.test_sparkplug import publish_edge_node
+from tests.waiting import wait_until
 from tidewire.pipeline.cli import build_parser
 from tidewire.pipeline.jobs import sparkplug
 from tidewire.pipeline.lake.bridge import LakeBridge
@@ -99,3 +104,23 @@ def test_report_per_metric_over_windows(spark: Any, tmp_path: Path) -> None:
     # The fan's DATA was written before its birth: the report names it from the birth in the lake.
     assert sorted((r["device"], r["metric"], r["count"], r["min"], r["max"], r["last_value"]) for r in second) == [
         ("fan", "fan_rpm", 2, 800.0, 900.0, "800")]
+
+
+def test_report_over_what_paho_sent_through_a_gateway(spark: Any, gateway_factory: GatewayFactory,
+                                                      paho_factory: PahoFactory, tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    gw = gateway_factory(env={"TIDEWIRE_LAKE_DIR": str(lake), "TIDEWIRE_LAKE_FLUSH_SECONDS": "0.1",
+                              "TIDEWIRE_SYS_EVENTS": "false"})
+    publish_edge_node(paho_factory, gw.port, "plant")
+
+    def rows() -> int:
+        files = [str(p) for p in (lake / "sparkplug").rglob("*.parquet") if not p.name.startswith(".")]
+        return ds.dataset(files, format="parquet").count_rows() if files else 0
+
+    wait_until(lambda: rows() >= 6, timeout=15, what="the metrics in the lake")
+    report = {(r["device"], r["metric"]): r for r in sparkplug.run(spark, str(lake)).collect()}
+    temperature = report[("pump", "temperature")]
+    assert (temperature["datatype"], temperature["count"], temperature["min"], temperature["max"],
+            temperature["last_value"]) == ("Float", 3, 20.5, 22.75, "22.75")
+    assert report[("pump", "status")]["last_value"] == "ok"
+    assert report[(None, "bdSeq")]["count"] == 1
