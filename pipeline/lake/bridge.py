@@ -394,7 +394,7 @@ class LakeBridge:
             sparkplug = self._sparkplug.sparkplug_table(records, self._book)
             # Saved before the commit: births in this flush are in the file before the checkpoint passes them (a
             # crash in between reads them again, which learns the same).
-            if self._book.changed:
-                with self._book_lock:
-                    write_json_atomic(self._sparkplug.book_path(self.lake), self._book.to_json())
+            with self._book_lock:  # a partition that finds nothing changed finds the file written
+                if self._book.changed:
+                    write_json_atomic(self._sparkplug.book_path(self.lake, self.owner), self._book.to_json())
         return writer.flush(table, position, lost, sparkplug)

@@ -3,13 +3,16 @@
 Records whose topic is not in the `spBv1.0/` namespace cost a prefix check. The aliases of DATA metrics are
 resolved from the `AliasBook` the bridge shares between its partitions (births learnt in log order within a
 partition; a birth in another partition is known once that partition's flush built it), and the book is kept
-in `<lake>/_tidewire/sparkplug-births.json` so a restarted bridge still knows the births before its checkpoint.
+in `<lake>/_tidewire/sparkplug-births-<owner>.json` (one file per bridge owner, so the bridges of a cluster never
+write one file; a bridge starts from all of them, newer files last) so a restarted bridge still knows the births
+before its checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,8 @@ from tidewire.store.log_reader import LogRecord
 
 log = logging.getLogger(__name__)
 
-BOOK_FILE = "sparkplug-births.json"
+BOOK_PREFIX = "sparkplug-births-"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 @dataclass(slots=True)
@@ -60,16 +64,23 @@ def sparkplug_table(records: list[LogRecord], book: AliasBook) -> SparkplugBatch
     return SparkplugBatch(pa.Table.from_arrays(arrays, schema=SPARKPLUG_SCHEMA), malformed, unresolved)
 
 
-def book_path(lake: Path) -> Path:
-    return lake / STATE_DIR / BOOK_FILE
+def book_path(lake: Path, owner: str) -> Path:
+    return lake / STATE_DIR / f"{BOOK_PREFIX}{_UNSAFE.sub('_', owner)}.json"
 
 
 def load_book(lake: Path, book: AliasBook) -> None:
-    """Fill `book` from the lake's saved births (none saved, or unreadable: it starts empty)."""
-    try:
-        book.load_json(json.loads(book_path(lake).read_text()))
-    except FileNotFoundError:
-        return
-    except (ValueError, TypeError, KeyError, IndexError) as e:
-        log.warning("lake: sparkplug: %s unreadable (%s): aliases resolve from the births read from now on",
-                    book_path(lake), e)
+    """Fill `book` from the births the lake's bridges saved, the newest file last (none: it starts empty; an
+    unreadable file is skipped)."""
+    def mtime(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    for path in sorted((lake / STATE_DIR).glob(f"{BOOK_PREFIX}*.json"), key=mtime):
+        try:
+            book.load_json(json.loads(path.read_text()))
+        except FileNotFoundError:
+            continue
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            log.warning("lake: sparkplug: %s unreadable (%s): skipped", path, e)

@@ -183,14 +183,17 @@ class AliasBook:
                                 [[n, d] for n, d in b.names.items()]] for k, b in self._births.items()]}
 
     def load_json(self, obj: dict[str, Any]) -> None:
+        """Add the births of a `to_json` dump (a birth already held is replaced)."""
         with self._lock:
-            self._births.clear()
             for key, aliases, names in obj.get("births", []):
                 b = _Birth()
                 b.aliases = {int(a): (str(n), d) for a, n, d in aliases}
                 b.names = {str(n): d for n, d in names}
-                self._births[(str(key[0]), str(key[1]), str(key[2]))] = b
-            self.changed = False
+                k = (str(key[0]), str(key[1]), str(key[2]))
+                self._births.pop(k, None)
+                self._births[k] = b
+            while len(self._births) > self.max_keys:
+                self._births.popitem(last=False)
 
     def decode(self, topic: SparkplugTopic, payload: bytes) -> Decoded:
         """The metrics of one message on `topic`; a birth is learnt first. Raises `MalformedPayload`."""

@@ -32,8 +32,8 @@ async def store(tmp_path: Path) -> AsyncIterator[EmbeddedStore]:
     await s.close()
 
 
-def _bridge(store: EmbeddedStore, lake: Path) -> LakeBridge:
-    return LakeBridge(store, lake, owner="test", flush_rows=3, flush_seconds=0.1, idle_s=0.02,  # type: ignore[arg-type]
+def _bridge(store: EmbeddedStore, lake: Path, owner: str = "test") -> LakeBridge:
+    return LakeBridge(store, lake, owner=owner, flush_rows=3, flush_seconds=0.1, idle_s=0.02,  # type: ignore[arg-type]
                       lease_ttl_ms=600)
 
 
@@ -94,9 +94,11 @@ async def test_metrics_become_typed_rows_with_aliases_resolved(store: EmbeddedSt
     checkpoint = json.loads((lake / "_tidewire" / "checkpoint-p00.json").read_text())
     assert (checkpoint["sparkplug_rows"], checkpoint["sparkplug_malformed"]) == (6, 1)
 
-    # A restarted bridge knows the births it exported before (they are behind its checkpoint now).
+    # A bridge started later (here under another owner, as another node's) knows the births exported before:
+    # they are behind the checkpoint now, and only in the saved book.
+    assert [p.name for p in (lake / "_tidewire").glob("sparkplug-births-*.json")] == ["sparkplug-births-test.json"]
     await store.append([_msg("spBv1.0/plant/DDATA/edge1/pump", _ddata(4, 23.5), T0 + HOUR + 1)])
-    await asyncio.wait_for(_bridge(store, lake).run(once=True), 20)
+    await asyncio.wait_for(_bridge(store, lake, owner="node/2").run(once=True), 20)
     last = [r for r in read_lake(lake, SPARKPLUG).to_pylist() if r["position"] == 7]
     assert [(r["metric"], r["datatype"], r["double_value"]) for r in last] == [("temp", "Double", 23.5)]
 
