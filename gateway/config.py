@@ -360,6 +360,11 @@ class LakeSettings(BaseModel):
     lake_retention_days: int = Field(0, ge=0, description="the lake's day partitions older than this many "
                                      "days are removed by the bridge, and older records are not exported "
                                      "(its hold on the log moves past them); 0: keep forever")
+    # Sparkplug B in the lake (pipeline.lake.sparkplug_rows)
+    sparkplug_lake_births: int = Field(50_000, ge=1, le=10_000_000, description="Sparkplug B births (edge nodes "
+                                       "and devices) whose metric aliases the lake bridge keeps to name DATA "
+                                       "metrics sent by alias (the oldest go first; a metric of one forgotten "
+                                       "is counted unresolved and named by the `sparkplug` job)")
 
 
 class BridgeSection(BaseModel):

@@ -46,6 +46,7 @@ STOP_DRAIN_S = 5.0  # a graceful stop exports what the log holds for at most thi
 RECORD_OVERHEAD = 96  # bytes counted per buffered record besides payload and topic
 RETRY_S = 1.0  # after a failed read or flush
 BUILD_CHUNK = 4096  # rows converted to Arrow per call (see _write)
+SPARKPLUG_BIRTHS = 50_000  # births (edge nodes and devices) whose aliases are kept; the oldest go first
 
 
 def _sparkplug_rows() -> Any:
@@ -91,10 +92,12 @@ class LakeBridge:
     def __init__(self, source: LogSource, lake_dir: str | Path, *, owner: str, flush_rows: int = 100_000,
                  flush_bytes: int = 64 << 20, flush_seconds: float = 5.0, read_batch: int = 5000,
                  lease_ttl_ms: int = 15_000, idle_s: float = 0.2, compression: str = "zstd",
-                 holder: str = HOLDER, retention_days: int = 0,
+                 holder: str = HOLDER, retention_days: int = 0, sparkplug_births: int = SPARKPLUG_BIRTHS,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
         if flush_rows < 1 or read_batch < 1 or lease_ttl_ms < 3 or flush_seconds < 0 or idle_s <= 0:
             raise ValueError("flush_rows, read_batch, lease_ttl_ms and idle_s must be positive")
+        if sparkplug_births < 1:
+            raise ValueError("sparkplug_births must be positive")
         self.source = source
         self.lake = Path(lake_dir)
         self.owner = owner
@@ -120,7 +123,7 @@ class LakeBridge:
         self.failed: set[int] = set()  # partitions whose export failed (`once`: not retried)
         # Sparkplug B messages are decoded into the `sparkplug` table when protobuf is installed (the lake extra).
         self._sparkplug = _sparkplug_rows()
-        self._book: Any = self._sparkplug.AliasBook() if self._sparkplug is not None else None
+        self._book: Any = self._sparkplug.AliasBook(sparkplug_births) if self._sparkplug is not None else None
         self._book_lock = threading.Lock()
         if self._sparkplug is not None:
             self._sparkplug.load_book(self.lake, self._book)

@@ -26,7 +26,7 @@ from tidewire.errors import TidewireError
 from tidewire.pipeline.sparkplug import sparkplug_b_pb2 as pb
 from tidewire.pipeline.sparkplug.topics import BIRTHS, DBIRTH, NBIRTH, SparkplugTopic
 
-MAX_BOOK_KEYS = 100_000  # edge nodes and devices whose last birth the book holds (the oldest is forgotten)
+MAX_BOOK_KEYS = 50_000  # edge nodes and devices whose last birth the book holds (the oldest is forgotten)
 MAX_TIMESTAMP_MS = 253_402_300_800_000  # 10000-01-01: later (or garbage) timestamps are null
 INT64_MAX = (1 << 63) - 1
 
