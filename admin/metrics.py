@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
@@ -52,6 +53,19 @@ def _histogram(name: str, doc: str, latency: Latency) -> HistogramMetricFamily:
         buckets.append((repr(bound), total))
     buckets.append(("+Inf", total + latency.counts[-1]))
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=latency.total)
+
+
+def _lake_sparkplug(lake: Path) -> Iterator[Metric]:
+    """The lake's Sparkplug B counters as the bridges committed them (the whole lake's: the same on every node)."""
+    from tidewire.pipeline.lake.writer import sparkplug_counts  # pyarrow: there with --lake only
+
+    counts = sparkplug_counts(lake)
+    for name, help_text in (("rows", "Sparkplug B metric rows the lake's bridges wrote (table sparkplug)."),
+                            ("malformed", "Messages on Sparkplug B topics whose payload did not decode (kept as "
+                                          "plain messages)."),
+                            ("unresolved", "Sparkplug B DATA metrics sent by an alias no birth the bridge had read "
+                                           "named.")):
+        yield CounterMetricFamily(f"{PREFIX}_lake_sparkplug_{name}", help_text, value=counts[f"sparkplug_{name}"])
 
 
 class NodeCollector(Collector):
@@ -118,6 +132,8 @@ class NodeCollector(Collector):
         for reason, count in sorted(events.losses().items()):
             dropped.add_metric([reason], count)
         yield dropped
+        if node.settings.lake_dir is not None:
+            yield from _lake_sparkplug(node.settings.lake_dir)
 
     def _rules(self) -> Iterator[Metric]:
         engine = self.endpoints.rules if self.endpoints is not None else None

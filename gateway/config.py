@@ -161,6 +161,12 @@ class MqttSettings(BaseModel):
     pull_batch: int = Field(256, ge=1, description="messages pulled per queue read")
     topic_alias_maximum: int = Field(64, ge=0, le=65535, description="inbound topic aliases per client")
     response_information: str = Field("reply/", description="CONNACK Response Information prefix (+client id)")
+    # Sparkplug B (gateway.core.sparkplug): on by default, since it costs a prefix check per publish and only
+    # Sparkplug edge nodes publish births; off: no `$sparkplug/certificates/` entries and no refusals under it.
+    sparkplug_aware: bool = Field(True, description="Sparkplug Aware MQTT Server (Sparkplug 3.0): keep the last "
+                                  "NBIRTH/DBIRTH of each edge node and device as retained messages on "
+                                  "`$sparkplug/certificates/spBv1.0/<group>/NBIRTH/<edge>[...]`, readable as the "
+                                  "ACL allows; clients may not publish under `$sparkplug/certificates/`")
     shared_strategy: Literal["least_inflight", "round_robin", "random", "sticky", "hash_clientid",
                              "hash_topic"] = Field("least_inflight", description="`$share` group member chosen for "
                                                    "each message (per group: `shared_strategies`)")
@@ -481,6 +487,11 @@ class LakeSettings(BaseModel):
     lake_retention_days: int = Field(0, ge=0, description="the lake's day partitions older than this many "
                                      "days are removed by the bridge, and older records are not exported "
                                      "(its hold on the log moves past them); 0: keep forever")
+    # Sparkplug B in the lake (pipeline.lake.sparkplug_rows)
+    sparkplug_lake_births: int = Field(50_000, ge=1, le=10_000_000, description="Sparkplug B births (edge nodes "
+                                       "and devices) whose metric aliases the lake bridge keeps to name DATA "
+                                       "metrics sent by alias (the oldest go first; a metric of one forgotten "
+                                       "is counted unresolved and named by the `sparkplug` job)")
 
 
 class BridgeSection(BaseModel):

@@ -38,6 +38,8 @@ from tidewire.gateway.core.publish_hooks import PublishHooks
 from tidewire.gateway.core.retained_quota import RetainedQuota
 from tidewire.gateway.core.retry import Backoff, stop_if_cancelled
 from tidewire.gateway.core.rewrite import TopicRewriter
+from tidewire.gateway.core.sparkplug import PREFIX as SPARKPLUG_PREFIX
+from tidewire.gateway.core.sparkplug import certificate as sparkplug_certificate
 from tidewire.gateway.core.store_health import StoreHealth
 from tidewire.gateway.core.subscriptions import Refusal, SubscriptionRegistry
 from tidewire.gateway.core.tenants import PREFIX as TENANTS_PREFIX
@@ -121,6 +123,7 @@ class Node:
         # publish pipeline: appends (→ store) → _unretained → (set_retained) → _durable_acks → (sync) → acks
         self.max_pending = max_pending
         # what the protocols ask before taking a retained publish (`max_retained_*`)
+        self.sparkplug_aware = settings.sparkplug_aware  # gateway.core.sparkplug
         self.retained_quota = RetainedQuota(settings.max_retained_messages, settings.max_retained_bytes,
                                             settings.max_retained_payload)
         self._unretained: deque[Message] = deque()  # appended; retained entry not yet set
@@ -340,6 +343,11 @@ class Node:
         without a sink (MQTT QoS 0) is then dropped (and counted) if the store is failing. Nothing else is ever
         dropped."""
         self._enqueue(message, sink, token, droppable=sink is None and message.qos == 0 and bool(message.publisher))
+        if self.sparkplug_aware and (message.topic.startswith(SPARKPLUG_PREFIX)
+                                     or message.topic.startswith(TENANTS_PREFIX)):
+            birth = sparkplug_certificate(message)
+            if birth is not None:  # right behind the birth: usually in its append batch, retained before its ack
+                self._enqueue(birth, None, None, droppable=False)
 
     def _enqueue(self, message: Message, sink: DurableSink | None, token: Any, *, droppable: bool) -> None:
         if not message.timestamp_ms:

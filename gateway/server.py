@@ -164,6 +164,7 @@ def bridge_command(settings: Settings) -> tuple[list[str], dict[str, str]]:
             "--flush-rows", str(settings.lake_flush_rows),
             "--flush-bytes", str(settings.lake_flush_bytes), "--flush-seconds", str(settings.lake_flush_seconds),
             "--retention-days", str(settings.lake_retention_days),
+            "--sparkplug-births", str(settings.sparkplug_lake_births),
             "--log-level", settings.log_level.upper()]
     argv += (["--compact-target-bytes", str(settings.lake_compact_target_bytes),
               "--compact-after", str(settings.lake_compact_after), "--compact-grace", str(settings.lake_compact_grace)]

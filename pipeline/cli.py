@@ -1,6 +1,7 @@
 """`tidewire pipeline run <job> [--master local[2]] [--lake DIR] [job options]`: the jobs' command line.
 
-Jobs: aggregates (pipeline.jobs.aggregates), reports (pipeline.jobs.reports), alerts (pipeline.jobs.alerts).
+Jobs: aggregates (pipeline.jobs.aggregates), reports (pipeline.jobs.reports), alerts (pipeline.jobs.alerts),
+sparkplug (pipeline.jobs.sparkplug).
 `--lake` defaults to $TIDEWIRE_LAKE_DIR (the gateway's `lake_dir` setting). Under spark-submit, `--master` is
 spark-submit's own option, and this one is ignored.
 """
@@ -15,11 +16,12 @@ import threading
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from tidewire.pipeline.jobs import aggregates, alerts, compact, reports
+from tidewire.pipeline.jobs import aggregates, alerts, compact, reports, sparkplug
 from tidewire.pipeline.spark import DEFAULT_MASTER, DEFAULT_SHUFFLE_PARTITIONS, spark_session
 from tidewire.pipeline.window import positive_int
 
-JOBS: dict[str, ModuleType] = {"aggregates": aggregates, "reports": reports, "alerts": alerts, "compact": compact}
+JOBS: dict[str, ModuleType] = {"aggregates": aggregates, "reports": reports, "alerts": alerts, "compact": compact,
+                              "sparkplug": sparkplug}
 LAKE_ENV = "TIDEWIRE_LAKE_DIR"
 
 

@@ -19,7 +19,14 @@ from pyspark.sql import types as T
 
 from tidewire.pipeline.lake.partitions import partition_paths
 from tidewire.pipeline.lake.reading import committed_files, committed_in_hour
-from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
+from tidewire.pipeline.lake.schema import (
+    EVENTS,
+    EVENTS_SCHEMA,
+    MESSAGES,
+    MESSAGES_SCHEMA,
+    SPARKPLUG,
+    SPARKPLUG_SCHEMA,
+)
 
 DEFAULT_MASTER = "local[2]"
 DEFAULT_SHUFFLE_PARTITIONS = 4
@@ -104,6 +111,7 @@ def spark_schema(schema: pa.Schema, partitioned: bool = True) -> T.StructType:
 
 MESSAGES_SPARK_SCHEMA = spark_schema(MESSAGES_SCHEMA)
 EVENTS_SPARK_SCHEMA = spark_schema(EVENTS_SCHEMA)
+SPARKPLUG_SPARK_SCHEMA = spark_schema(SPARKPLUG_SCHEMA)
 
 
 def table_path(lake: str, table: str) -> str:
@@ -157,3 +165,9 @@ def read_messages(spark: SparkSession, lake: str, since_ms: int | None = None,
 def read_events(spark: SparkSession, lake: str, since_ms: int | None = None, until_ms: int | None = None) -> DataFrame:
     """The events of [since_ms, until_ms) (None: unbounded)."""
     return read_table(spark, lake, EVENTS, EVENTS_SPARK_SCHEMA, "time", since_ms, until_ms)
+
+
+def read_sparkplug(spark: SparkSession, lake: str, since_ms: int | None = None,
+                   until_ms: int | None = None) -> DataFrame:
+    """The Sparkplug B metric rows of the messages received in [since_ms, until_ms) (None: unbounded)."""
+    return read_table(spark, lake, SPARKPLUG, SPARKPLUG_SPARK_SCHEMA, "received_at", since_ms, until_ms)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tidewire.errors import PublishFailed
+from tidewire.gateway.core.sparkplug import CERTIFICATES as SPARKPLUG_SERVER
 from tidewire.gateway.core.tenants import closed_to
 from tidewire.store.base import PROTOCOL_MQTT, Message
 from tidewire.store.properties import Properties
@@ -96,7 +97,8 @@ def invalid_topic(settings: Settings, topic: str) -> bool:
 def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInfo, topic: str) -> str | None:
     """Why `client` may not publish to `topic`: `INVALID_TOPIC` (empty, wildcards, over the configured levels
     or length: `invalid_topic`), `NOT_AUTHORIZED` (`$SYS` but its own bridge state, the tenants' `$tenant/` space
-    but to a default-tenant superuser, or the ACL); None: it may. A tenant client's `topic` is as it wrote it."""
+    but to a default-tenant superuser, the Sparkplug Aware server's `$sparkplug/certificates/`, or the ACL); None:
+    it may. A tenant client's `topic` is as it wrote it."""
     if invalid_topic(settings, topic):
         return INVALID_TOPIC
     if topic[0] == "$":
@@ -104,6 +106,8 @@ def refuse_publish(settings: Settings, authorizer: Authorizer, client: ClientInf
             return NOT_AUTHORIZED
         if closed_to(client, topic):
             return NOT_AUTHORIZED  # the tenants' space (gateway.core.tenants): a default-tenant superuser's only
+        if topic.startswith(SPARKPLUG_SERVER) and settings.sparkplug_aware:  # the server's (gateway.core.sparkplug)
+            return NOT_AUTHORIZED
     if not authorizer.allow_publish(client, topic):
         return NOT_AUTHORIZED
     return None

@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from tidewire.pipeline.lake.compact_command import CompactOptions
 from tidewire.pipeline.lake.compaction import CompactStats, closed_hours, compact_hour, compaction_lock
-from tidewire.pipeline.lake.schema import EVENTS, MESSAGES
+from tidewire.pipeline.lake.schema import EVENTS, MESSAGES, SPARKPLUG
 from tidewire.pipeline.window import seconds
 
 
@@ -48,7 +48,7 @@ def run(spark: SparkSession, lake: str, opts: CompactOptions, clock: Callable[[]
             total.skipped = True
             return total
         now_ms = int(clock() * 1000)
-        units = [(str(h), table) for table in (MESSAGES, EVENTS)
+        units = [(str(h), table) for table in (MESSAGES, EVENTS, SPARKPLUG)
                  for h in closed_hours(root / table, now_ms, int(opts.after_s * 1000))]
         if not units:
             return total

@@ -12,6 +12,9 @@ a node hosting the bridge only ever pays for one `read_batch` of reading. After 
 log at its checkpoint (`hold_log(p, "lake", position)`, set at start too): retention keeps what is not exported.
 With `retention_days` the bridge also applies the lake's retention (`pipeline.lake.retention`) and exports no
 record older than it, counted as `expired`: its checkpoint and hold move past them.
+
+Messages on Sparkplug B topics are also decoded into the `sparkplug` table, one row per metric, in the same flush
+(`pipeline.lake.sparkplug_rows`); the births' aliases are shared by the bridge's partitions (one `AliasBook`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +33,8 @@ import pyarrow as pa
 
 from tidewire.pipeline.lake.retention import RETENTION_EVERY_S, cutoff_ms, remove_expired
 from tidewire.pipeline.lake.rows import messages_table
-from tidewire.pipeline.lake.writer import Checkpoint, MessagesWriter, PartitionLock
+from tidewire.pipeline.lake.writer import Checkpoint, MessagesWriter, PartitionLock, write_json_atomic
+from tidewire.pipeline.sparkplug.topics import PREFIX as SPARKPLUG_PREFIX
 from tidewire.store.base import LogSource
 from tidewire.store.log_reader import LogReader, LogRecord
 
@@ -41,6 +46,17 @@ STOP_DRAIN_S = 5.0  # a graceful stop exports what the log holds for at most thi
 RECORD_OVERHEAD = 96  # bytes counted per buffered record besides payload and topic
 RETRY_S = 1.0  # after a failed read or flush
 BUILD_CHUNK = 4096  # rows converted to Arrow per call (see _write)
+SPARKPLUG_BIRTHS = 50_000  # births (edge nodes and devices) whose aliases are kept; the oldest go first
+
+
+def _sparkplug_rows() -> Any:
+    """`pipeline.lake.sparkplug_rows`, or None without protobuf (then no `sparkplug` table is written)."""
+    try:
+        from tidewire.pipeline.lake import sparkplug_rows
+    except ImportError as e:
+        log.warning("lake: no Sparkplug B decoding (%s): install the lake extra", e)
+        return None
+    return sparkplug_rows
 
 
 def _weight(records: list[LogRecord]) -> int:
@@ -76,10 +92,12 @@ class LakeBridge:
     def __init__(self, source: LogSource, lake_dir: str | Path, *, owner: str, flush_rows: int = 100_000,
                  flush_bytes: int = 64 << 20, flush_seconds: float = 5.0, read_batch: int = 5000,
                  lease_ttl_ms: int = 15_000, idle_s: float = 0.2, compression: str = "zstd",
-                 holder: str = HOLDER, retention_days: int = 0,
+                 holder: str = HOLDER, retention_days: int = 0, sparkplug_births: int = SPARKPLUG_BIRTHS,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
         if flush_rows < 1 or read_batch < 1 or lease_ttl_ms < 3 or flush_seconds < 0 or idle_s <= 0:
             raise ValueError("flush_rows, read_batch, lease_ttl_ms and idle_s must be positive")
+        if sparkplug_births < 1:
+            raise ValueError("sparkplug_births must be positive")
         self.source = source
         self.lake = Path(lake_dir)
         self.owner = owner
@@ -103,6 +121,12 @@ class LakeBridge:
         self._finished = asyncio.Event()
         self._running = False
         self.failed: set[int] = set()  # partitions whose export failed (`once`: not retried)
+        # Sparkplug B messages are decoded into the `sparkplug` table when protobuf is installed (the lake extra).
+        self._sparkplug = _sparkplug_rows()
+        self._book: Any = self._sparkplug.AliasBook(sparkplug_births) if self._sparkplug is not None else None
+        self._book_lock = threading.Lock()
+        if self._sparkplug is not None:
+            self._sparkplug.load_book(self.lake, self._book)
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def run(self, once: bool = False) -> None:
@@ -173,7 +197,11 @@ class LakeBridge:
                         "flushes": part.flushes, "lost": cp.lost, "expired": part.expired,
                         "lag_ms": lag if part.owned else 0}
         vals = parts.values()
+        cps = [part.checkpoint for part in self._parts.values()]
         return {"rows": sum(v["rows"] for v in vals), "files": sum(v["files"] for v in vals),
+                "sparkplug": {"rows": sum(c.sparkplug_rows for c in cps),
+                              "malformed": sum(c.sparkplug_malformed for c in cps),
+                              "unresolved": sum(c.sparkplug_unresolved for c in cps)},
                 "flushes": sum(v["flushes"] for v in vals), "lost": sum(v["lost"] for v in vals),
                 "expired": sum(v["expired"] for v in vals),
                 "lag_ms": max((v["lag_ms"] for v in vals), default=0),
@@ -356,8 +384,7 @@ class LakeBridge:
         except Exception as e:  # the next commit sets it again; meanwhile the older hold protects more
             log.warning("lake: p%d: hold: %s", part.index, e)
 
-    @staticmethod
-    def _write(writer: MessagesWriter, records: list[LogRecord], position: int, lost: int) -> Checkpoint:
+    def _write(self, writer: MessagesWriter, records: list[LogRecord], position: int, lost: int) -> Checkpoint:
         # Built in chunks: converting a column of Python objects holds the GIL for the whole call, and the event
         # loop's thread waits on that GIL; a chunk keeps each hold to a few milliseconds.
         if len(records) <= BUILD_CHUNK:
@@ -365,4 +392,12 @@ class LakeBridge:
         else:
             table = pa.concat_tables([messages_table(records[i:i + BUILD_CHUNK])
                                       for i in range(0, len(records), BUILD_CHUNK)])
-        return writer.flush(table, position, lost)
+        sparkplug = None
+        if self._sparkplug is not None and any(r.topic.startswith(SPARKPLUG_PREFIX) for r in records):
+            sparkplug = self._sparkplug.sparkplug_table(records, self._book)
+            # Saved before the commit: births in this flush are in the file before the checkpoint passes them (a
+            # crash in between reads them again, which learns the same).
+            with self._book_lock:  # a partition that finds nothing changed finds the file written
+                if self._book.changed:
+                    write_json_atomic(self._sparkplug.book_path(self.lake, self.owner), self._book.to_json())
+        return writer.flush(table, position, lost, sparkplug)

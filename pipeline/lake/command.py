@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tidewire.gateway.core.event_buffer import EventBuffer
-from tidewire.pipeline.lake.bridge import LakeBridge
+from tidewire.pipeline.lake.bridge import SPARKPLUG_BIRTHS, LakeBridge
 from tidewire.pipeline.lake.compact_command import BackgroundCompactor, CompactOptions
 from tidewire.pipeline.lake.event_export import EventExporter
 from tidewire.pipeline.window import seconds
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 STORE_ENV = "TIDEWIRE_LAKE_STORE"
 PARENT_CHECK_S = 1.0
 BRIDGE_OPTIONS = ("flush_rows", "flush_bytes", "flush_seconds", "read_batch", "lease_ttl_ms", "idle_s", "compression",
-                  "holder", "retention_days")
+                  "holder", "retention_days", "sparkplug_births")
 
 
 class Lake:
@@ -142,6 +142,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="compacted files stay this long for readers that listed them (default 1h)")
     p.add_argument("--retention-days", type=int, default=0,
                    help="remove the lake's days older than this, export no record older (0: keep forever)")
+    p.add_argument("--sparkplug-births", type=int, default=SPARKPLUG_BIRTHS,
+                   help="Sparkplug B births (edge nodes and devices) whose aliases the bridge keeps")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much (a node "
                    "starts its bridge at 10: sharing a core, the gateway's deliveries come first)")

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tidewire.pipeline.lake.reading import MANIFEST, PARQUET, Entry, committed_in_hour, hour_dirs, read_manifest
-from tidewire.pipeline.lake.schema import EVENTS, MESSAGES, STATE_DIR
+from tidewire.pipeline.lake.schema import EVENTS, MESSAGES, SPARKPLUG, STATE_DIR
 from tidewire.pipeline.lake.writer import (
     DICTIONARY_COLUMNS,
     HOUR_MS,
@@ -98,8 +98,13 @@ def closed_hours(table_dir: Path, now_ms: int, older_than_ms: int) -> list[Path]
     return out
 
 
+def _per_partition(table: str) -> bool:
+    """Files named by log partition and positions (messages, and the sparkplug rows written with them)."""
+    return table in (MESSAGES, SPARKPLUG)
+
+
 def _output_pattern(table: str) -> re.Pattern[str]:
-    return MESSAGES_OUTPUT if table == MESSAGES else EVENTS_OUTPUT
+    return MESSAGES_OUTPUT if _per_partition(table) else EVENTS_OUTPUT
 
 
 def _tmp(hour: Path, name: str) -> Path:
@@ -154,7 +159,7 @@ def recover_hour(hour: Path, table: str, now_ms: int, grace_ms: int) -> CompactS
 
 def _group_key(table: str, name: str) -> str:
     """The log partition of a messages file (`PP-...`, or `c-PP-...` compacted); one group for events."""
-    if table != MESSAGES:
+    if not _per_partition(table):
         return ""
     return name[2:4] if name.startswith("c-") else name[:2]
 
@@ -186,7 +191,7 @@ def plan_hour(hour: Path, table: str, target_bytes: int) -> list[list[Path]]:
 
 
 def output_name(table: str, group: list[Path], now_ms: int, k: int) -> str:
-    if table == MESSAGES:
+    if _per_partition(table):
         first = group[0].name.removesuffix(PARQUET).removeprefix("c-").split("-")
         last = group[-1].name.removesuffix(PARQUET).removeprefix("c-").split("-")
         return f"c-{first[0]}-{first[1]}-{last[2]}{PARQUET}"
@@ -265,7 +270,8 @@ def compaction_lock(lake: Path) -> Iterator[bool]:
 
 def compact_lake(lake: str | Path, *, older_than_ms: int, target_bytes: int, grace_ms: int,
                  clock: Callable[[], float] = time.time, compression: str = "zstd",
-                 tables: tuple[str, ...] = (MESSAGES, EVENTS), stop: threading.Event | None = None) -> CompactStats:
+                 tables: tuple[str, ...] = (MESSAGES, EVENTS, SPARKPLUG),
+                 stop: threading.Event | None = None) -> CompactStats:
     """Compact every closed hour of the lake's tables, one hour at a time (see the module docstring)."""
     lake = Path(lake)
     total = CompactStats()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA
+from tidewire.pipeline.lake.schema import EVENTS, EVENTS_SCHEMA, MESSAGES, MESSAGES_SCHEMA, SPARKPLUG, SPARKPLUG_SCHEMA
 
 MANIFEST = "_compaction"
 PARQUET = ".parquet"
@@ -101,5 +101,5 @@ def dataset(lake: str | Path, table: str, schema: Any = None) -> Any:
     base = str(Path(lake) / table)
     files = [str(p) for p in committed_files(lake, table)]
     if not files and schema is None:  # an empty table still has its columns
-        schema = {MESSAGES: MESSAGES_SCHEMA, EVENTS: EVENTS_SCHEMA}[table]
+        schema = {MESSAGES: MESSAGES_SCHEMA, EVENTS: EVENTS_SCHEMA, SPARKPLUG: SPARKPLUG_SCHEMA}[table]
     return ds.dataset(files, schema=schema, format="parquet", partitioning="hive", partition_base_dir=base)

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidewire.pipeline.lake.partitions import DAY_MS, day_name, parse_day
-from tidewire.pipeline.lake.schema import EVENTS, MESSAGES
+from tidewire.pipeline.lake.schema import EVENTS, MESSAGES, SPARKPLUG
 
 log = logging.getLogger(__name__)
 
-TABLES = (MESSAGES, EVENTS, "aggregates/device_minute", "aggregates/topic_minute")
+TABLES = (MESSAGES, EVENTS, SPARKPLUG, "aggregates/device_minute", "aggregates/topic_minute")
 EXPIRED_SUFFIX = ".expired"
 RETENTION_EVERY_S = 600.0  # how often a bridge applies retention
 

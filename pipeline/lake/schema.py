@@ -5,10 +5,11 @@ Layout under the lake directory (Hive-style partitions, so Spark's file source a
 
     messages/dt=YYYY-MM-DD/hour=HH/<partition>-<first position>-<last position>.parquet
     events/dt=YYYY-MM-DD/hour=HH/<node>-<time ms>-<n>.parquet
+    sparkplug/dt=YYYY-MM-DD/hour=HH/<partition>-<first position>-<last position>.parquet  (with its messages)
     _tidewire/...   the bridge's checkpoints, pending manifests and locks (a leading `_`: readers skip it)
 
 A file is written under a name with a leading `.`, synced, then renamed: readers never see a partial file.
-Times are UTC. `dt`/`hour` come from `received_at` (messages) and `time` (events).
+Times are UTC. `dt`/`hour` come from `received_at` (messages, sparkplug) and `time` (events).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow as pa
 FORMAT_VERSION = 1  # in each file's metadata as b"tidewire.lake.version"
 MESSAGES = "messages"
 EVENTS = "events"
+SPARKPLUG = "sparkplug"
 STATE_DIR = "_tidewire"
 
 _TS = pa.timestamp("ms", tz="UTC")
@@ -73,4 +75,34 @@ EVENTS_SCHEMA = pa.schema([
     ("detail", pa.string()),
     ("consumer_group", pa.string()),
     ("consumer_tag", pa.string()),
+])
+
+# One row per metric of each Sparkplug B message (`spBv1.0/<group>/<type>/<edge node>[/<device>]`), written in the
+# same flush as the messages they come from (`pipeline.lake.sparkplug_rows`; how values are typed:
+# `pipeline.sparkplug.decode`). A message whose payload is not Sparkplug B has no rows here (counted:
+# `sparkplug_malformed`); its `messages` row is as for any message.
+SPARKPLUG_SCHEMA = pa.schema([
+    ("position", pa.int64()),  # the message's log seq (its row in `messages`)
+    ("partition", pa.int32()),
+    ("received_at", _TS),
+    ("group_id", pa.string()),
+    ("edge_node", pa.string()),
+    ("device", pa.string()),  # null: a node-level message
+    ("message_type", pa.string()),  # NBIRTH, NDEATH, DBIRTH, DDEATH, NDATA, DDATA, NCMD, DCMD
+    ("seq", pa.int64()),  # the payload's seq (null when absent)
+    ("payload_timestamp", _TS),
+    ("metric", pa.string()),  # the name; a DATA metric sent by alias: the name its birth gave it (null: unknown)
+    ("alias", pa.int64()),
+    ("datatype", pa.string()),  # the Sparkplug DataType name (Int32, Double, ...); a DATA metric: its birth's
+    ("is_null", pa.bool_()),
+    ("is_historical", pa.bool_()),
+    ("is_transient", pa.bool_()),
+    ("metric_timestamp", _TS),
+    ("int_value", pa.int32()),
+    ("long_value", pa.int64()),
+    ("float_value", pa.float32()),
+    ("double_value", pa.float64()),
+    ("boolean_value", pa.bool_()),
+    ("string_value", pa.string()),
+    ("bytes_value", pa.binary()),
 ])

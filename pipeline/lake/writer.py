@@ -15,6 +15,8 @@ the tmp files it lists that still exist, then commits its checkpoint) and delete
 files: a crash before step 2 loses only unpublished work, re-read from the old checkpoint; after it the flush
 completes. Final names carry the partition and the first and last position of their rows, so exporting a range
 again can only replace a file by the same name, never add a second copy under another.
+The `sparkplug` table's files of a flush (the metric rows of its Sparkplug B messages, named like the messages'
+files) go through the same four steps in the same manifest: they appear with their messages, exactly once.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tidewire.pipeline.lake.schema import FORMAT_VERSION, MESSAGES, STATE_DIR
+from tidewire.pipeline.lake.schema import FORMAT_VERSION, MESSAGES, SPARKPLUG, STATE_DIR
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,8 @@ HOUR_MS = 3_600_000
 TMP_SUFFIX = ".parquet.tmp"
 # Columns worth a dictionary (few distinct values); the rest (payloads, JSON) would only pay for a failed try.
 DICTIONARY_COLUMNS = ["topic", "first_level", "client_id", "protocol", "content_type", "response_topic",
-                      "event", "node", "reason", "detail"]
+                      "event", "node", "reason", "detail",
+                      "group_id", "edge_node", "device", "message_type", "metric", "datatype"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -148,6 +151,9 @@ class Checkpoint:
     flushes: int = 0
     newest_received_ms: int = 0  # received time of the newest exported record (0: none yet)
     updated_ms: int = 0
+    sparkplug_rows: int = 0  # metric rows published to the `sparkplug` table (cumulative)
+    sparkplug_malformed: int = 0  # messages on Sparkplug B topics whose payload did not decode (cumulative)
+    sparkplug_unresolved: int = 0  # DATA metrics sent by an alias no birth the bridge knew named (cumulative)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Checkpoint:
@@ -162,6 +168,14 @@ class Pending:
     partition: int
     renames: list[tuple[str, str]] = field(default_factory=list)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
+
+
+class SparkplugRows(Protocol):
+    """What a flush writes to the `sparkplug` table (`pipeline.lake.sparkplug_rows.SparkplugBatch`)."""
+
+    table: pa.Table
+    malformed: int
+    unresolved: int
 
 
 def message_file_name(partition: int, first: int, last: int) -> str:
@@ -179,6 +193,7 @@ class MessagesWriter:
         self.compression = compression
         self.state_dir = self.lake / STATE_DIR
         self.table_dir = self.lake / MESSAGES
+        self.sparkplug_dir = self.lake / SPARKPLUG
         self.checkpoint_path = self.state_dir / f"checkpoint-p{partition:02d}.json"
         self.manifest_path = self.state_dir / f"pending-p{partition:02d}.json"
         self.checkpoint = Checkpoint()
@@ -211,32 +226,44 @@ class MessagesWriter:
                 self.commit(pending)
             else:
                 self.manifest_path.unlink()
-        stray = remove_tmp_files(self.table_dir, re.compile(f"{self.partition:02d}-[0-9]+-[0-9]+"))
+        stray = sum(remove_tmp_files(d, re.compile(f"{self.partition:02d}-[0-9]+-[0-9]+"))
+                    for d in (self.table_dir, self.sparkplug_dir))
         if stray:
             log.info("lake: p%d deleted %d unpublished tmp files", self.partition, stray)
         for p in self.state_dir.glob(f".*-p{self.partition:02d}.json.tmp"):
             p.unlink(missing_ok=True)
         return self.checkpoint
 
-    def stage(self, table: pa.Table, position: int, lost: int = 0) -> Pending:
+    def stage(self, table: pa.Table, position: int, lost: int = 0, sparkplug: SparkplugRows | None = None) -> Pending:
         """Step 1: write `table` (MESSAGES_SCHEMA rows of this partition) as synced tmp files; the flush moves the
-        checkpoint to `position` (>= the table's last position) with `lost` more records lost to retention."""
+        checkpoint to `position` (>= the table's last position) with `lost` more records lost to retention.
+        `sparkplug`: the metric rows of these messages (SPARKPLUG_SCHEMA) and their counts, published with them."""
         cp = self.checkpoint
         new = Checkpoint(position=max(position, cp.position), lost=cp.lost + lost, files=cp.files,
                          rows=cp.rows + table.num_rows, flushes=cp.flushes + 1,
-                         newest_received_ms=cp.newest_received_ms, updated_ms=int(time.time() * 1000))
+                         newest_received_ms=cp.newest_received_ms, updated_ms=int(time.time() * 1000),
+                         sparkplug_rows=cp.sparkplug_rows, sparkplug_malformed=cp.sparkplug_malformed,
+                         sparkplug_unresolved=cp.sparkplug_unresolved)
         pending = Pending(self.partition, [], new)
-        for hour, part in split_by_hour(table, "received_at"):
-            lo, hi = pc.min_max(part.column("position")).values()
-            final = self.table_dir / hour_dir(hour) / (
-                message_file_name(self.partition, lo.as_py(), hi.as_py()) + ".parquet")
-            tmp = write_tmp(part, final, self.compression)
-            pending.renames.append((str(tmp.relative_to(self.lake)), str(final.relative_to(self.lake))))
+        self._stage_table(table, self.table_dir, pending)
+        if sparkplug is not None:
+            self._stage_table(sparkplug.table, self.sparkplug_dir, pending)
+            new.sparkplug_rows += sparkplug.table.num_rows
+            new.sparkplug_malformed += sparkplug.malformed
+            new.sparkplug_unresolved += sparkplug.unresolved
         if table.num_rows:
             newest = pc.max(table.column("received_at").cast(pa.int64())).as_py()
             new.newest_received_ms = max(cp.newest_received_ms, newest)
         new.files += len(pending.renames)
         return pending
+
+    def _stage_table(self, table: pa.Table, table_dir: Path, pending: Pending) -> None:
+        for hour, part in split_by_hour(table, "received_at"):
+            lo, hi = pc.min_max(part.column("position")).values()
+            final = table_dir / hour_dir(hour) / (
+                message_file_name(self.partition, lo.as_py(), hi.as_py()) + ".parquet")
+            tmp = write_tmp(part, final, self.compression)
+            pending.renames.append((str(tmp.relative_to(self.lake)), str(final.relative_to(self.lake))))
 
     def write_manifest(self, pending: Pending) -> None:
         """Step 2: from here on the flush completes, even across a crash."""
@@ -261,14 +288,33 @@ class MessagesWriter:
         self.checkpoint = pending.checkpoint
         return pending.checkpoint
 
-    def flush(self, table: pa.Table, position: int, lost: int = 0) -> Checkpoint:
+    def flush(self, table: pa.Table, position: int, lost: int = 0,
+              sparkplug: SparkplugRows | None = None) -> Checkpoint:
         """The four steps; a flush that writes no file (nothing buffered, only a moved position) skips the
         manifest."""
-        pending = self.stage(table, position, lost)
+        pending = self.stage(table, position, lost, sparkplug)
         if pending.renames:
             self.write_manifest(pending)
             self.publish(pending)
         return self.commit(pending)
+
+
+SPARKPLUG_COUNTERS = ("sparkplug_rows", "sparkplug_malformed", "sparkplug_unresolved")
+
+
+def sparkplug_counts(lake: Path) -> dict[str, int]:
+    """The lake's Sparkplug counters as its partitions' checkpoints committed them (every bridge's, cumulative):
+    `sparkplug_rows`, `sparkplug_malformed`, `sparkplug_unresolved`. Reads a small file per log partition."""
+    totals = dict.fromkeys(SPARKPLUG_COUNTERS, 0)
+    for path in (lake / STATE_DIR).glob("checkpoint-p*.json"):
+        try:
+            checkpoint = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # replaced while read: the next scrape reads it
+        for name in SPARKPLUG_COUNTERS:
+            value = checkpoint.get(name, 0)
+            totals[name] += value if isinstance(value, int) else 0
+    return totals
 
 
 class PartitionLock:

@@ -21,7 +21,8 @@ ROOT = Path(__file__).parents[2]
 EXPECTED = {f"tidewire/{name}" for name in (
     "__init__.py", "compiled.py", "pipeline/__init__.py", "pipeline/cli.py", "pipeline/spark.py",
     "pipeline/jobs/__init__.py", "pipeline/jobs/aggregates.py", "pipeline/jobs/alerts.py", "pipeline/jobs/reports.py",
-    "pipeline/jobs/compact.py", "pipeline/window.py", "pipeline/fold.py", "pipeline/lake/__init__.py",
+    "pipeline/jobs/compact.py", "pipeline/jobs/sparkplug.py", "pipeline/window.py", "pipeline/fold.py",
+    "pipeline/lake/__init__.py",
     "pipeline/lake/schema.py", "pipeline/lake/event_names.py", "pipeline/lake/partitions.py",
     "pipeline/lake/reading.py", "pipeline/lake/compaction.py", "pipeline/lake/compact_command.py",
     "pipeline/lake/writer.py")}
@@ -39,8 +40,8 @@ def test_package_command_writes_zip_launchers_and_lines(tmp_path: Path) -> None:
     zip_path = tmp_path / "dist" / "tw.zip"
     assert set(zipfile.ZipFile(zip_path).namelist()) == EXPECTED  # no bridge, gateway or store module
     lines = done.stdout.splitlines()
-    assert len(lines) == 4
-    for job in ("aggregates", "alerts", "compact", "reports"):
+    assert len(lines) == 5
+    for job in ("aggregates", "alerts", "compact", "reports", "sparkplug"):
         launcher = tmp_path / "dist" / "jobs" / f"{job}.py"
         assert launcher.is_file()
         line = next(x for x in lines if str(launcher) in x)
