@@ -43,6 +43,7 @@ from tidewire.gateway.ops.bans import BanList
 from tidewire.gateway.ops.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
 from tidewire.gateway.ops.housekeeping import housekeeping_loop
 from tidewire.gateway.ops.sys_topics import Counters, SysTopics
+from tidewire.gateway.ops.tracing import Tracing
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
 from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
@@ -91,6 +92,7 @@ class Node:
         self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch * 4,
                                 metrics=settings.metrics)
         self.connections: dict[str, ChannelBase] = {}
+        self.traces = Tracing(settings, self.node_id, clock, self.connections)  # packet traces (admin API)
         self.bans = BanList(self)  # cluster-wide bans, checked on connect (gateway.ops.bans)
         self.writes = RecordWrites(store, clock)
         self.topology: Topology = topology(self) if topology is not None else SingleNode()
