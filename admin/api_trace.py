@@ -19,7 +19,7 @@ from tidewire.admin.app import API_PREFIX, require_token
 from tidewire.errors import ClusterError
 from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.node import Node
-from tidewire.gateway.ops.slow_subscribers import rank
+from tidewire.gateway.ops.slow_subscribers import merge
 from tidewire.gateway.ops.trace import TRACE_NAME, TraceRefused, TraceSpec, merge_lines
 from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
 
@@ -104,12 +104,16 @@ def router(node: Node) -> APIRouter:
             if action == "delete":
                 traces.delete(str(payload["name"]))
                 return None
+            if action == "slow":
+                return ranking_here()
+            if action == "stats":
+                return stats_here(str(payload["client_id"]))
             return _newest(traces.get(str(payload["name"])).lines(), LINES_REPLY_MAX)
         except TraceRefused as exc:
             return {"refused": exc.status, "error": str(exc)}
 
     if fabric is not None:
-        for action in ("start", "stop", "delete", "lines"):
+        for action in ("start", "stop", "delete", "lines", "slow", "stats"):
             def serve(sender: str, payload: Any, action: str = action) -> Any:
                 return here(action, payload)
             fabric.serve("trace." + action, serve)
@@ -201,14 +205,26 @@ def router(node: Node) -> APIRouter:
     def online() -> list[tuple[str, ChannelBase]]:
         return [(cid, conn) for cid, conn in node.connections.items() if conn.session is not None]
 
+    def ranking_here() -> list[dict[str, Any]]:
+        ranked = node.slow_subscribers.ranking(
+            ((cid, conn.session.stats) for cid, conn in online() if conn.session is not None), clock.monotonic())
+        return [{**entry, "node": node.node_id} for entry in ranked]
+
+    def stats_here(client_id: str) -> dict[str, Any] | None:
+        conn = node.connections.get(client_id)
+        if conn is None or conn.session is None:
+            return None
+        return {"client_id": client_id, "node": node.node_id, **conn.session.stats.as_dict()}
+
     @api.get("/slow-subscribers")
     async def slow_subscribers() -> dict[str, Any]:
-        """The clients online here whose average (EWMA) time from a PUBLISH sent to its PUBACK/PUBREC is at least
-        `slow_subscribers_threshold_ms`, slowest first, at most `slow_subscribers_top`."""
+        """The clients whose average (EWMA) time from a PUBLISH sent to its PUBACK/PUBREC is at least
+        `slow_subscribers_threshold_ms`, slowest first, at most `slow_subscribers_top`, of every node: those
+        online, and those that left in the last `slow_subscribers_expire` s (`online` false)."""
         settings = node.settings
-        ranked = rank(((cid, conn.session.stats) for cid, conn in online() if conn.session is not None),
-                      settings.slow_subscribers_top, settings.slow_subscribers_threshold_ms)
-        return {"data": [{**row, "node": node.node_id} for row in ranked],
+        rankings = [ranking_here()]
+        rankings += [a for a in (await everywhere("slow", {})).values() if isinstance(a, list)]
+        return {"data": merge(rankings, settings.slow_subscribers_top),
                 "threshold_ms": settings.slow_subscribers_threshold_ms, "top": settings.slow_subscribers_top}
 
     @api.get("/client-stats")
@@ -222,9 +238,13 @@ def router(node: Node) -> APIRouter:
 
     @api.get("/clients/{client_id:path}/stats")
     async def one_client_stats(client_id: str) -> dict[str, Any]:
-        conn = node.connections.get(client_id)
-        if conn is None or conn.session is None:
-            raise HTTPException(404, "no such client on this node")
-        return {"client_id": client_id, "node": node.node_id, **conn.session.stats.as_dict()}
+        """A client's counters, from whichever node it is connected to (asked in turn if not here)."""
+        found = stats_here(client_id)
+        if found is None:
+            found = next((a for a in (await everywhere("stats", {"client_id": client_id})).values()
+                          if isinstance(a, dict) and "refused" not in a), None)
+        if found is None:
+            raise HTTPException(404, "no such client online")
+        return found
 
     return api

@@ -409,6 +409,8 @@ class AdminSettings(BaseModel):
     slow_subscribers_top: int = Field(10, ge=1, le=1000, description="subscribers the slow-subscriber ranking names")
     slow_subscribers_threshold_ms: float = Field(500.0, ge=0, description="average (EWMA) ack time below which a "
                                                  "subscriber is not ranked as slow")
+    slow_subscribers_expire: float = Field(300.0, ge=0, le=86_400.0, description="s a slow subscriber that "
+                                           "disconnected stays in the ranking (0: only clients online)")
     sys_events: bool = Field(True, description="publish client lifecycle events under $SYS/brokers/<node>/")
     sys_interval: float = Field(10.0, gt=0, description="s between $SYS statistics")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")

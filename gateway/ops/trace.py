@@ -25,6 +25,7 @@ from tidewire.gateway.protocols.mqtt.codec import (
     Disconnect,
     Pingreq,
     Pingresp,
+    PropertyId,
     Puback,
     Pubcomp,
     Publish,
@@ -77,6 +78,8 @@ def describe(packet: Any, payload_bytes: int) -> dict[str, Any]:
                    size=len(packet.payload))
         if packet.qos:
             out["packet_id"] = packet.packet_id
+        if packet.properties and PropertyId.TOPIC_ALIAS in packet.properties:
+            out["topic_alias"] = packet.properties[PropertyId.TOPIC_ALIAS]
         if payload_bytes and packet.payload:
             kept = bytes(packet.payload[:payload_bytes])
             try:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tidewire.gateway.core.clock import Clock
 from tidewire.gateway.protocols.mqtt.channel import MqttChannel
-from tidewire.gateway.protocols.mqtt.codec import Parser, ProtocolError, Publish
+from tidewire.gateway.protocols.mqtt.codec import Parser, PropertyId, ProtocolError, Publish
 from tidewire.gateway.protocols.mqtt.lifecycle import Cancellable, ChannelIo
 from tidewire.gateway.transport.tls import CertUsername
 
@@ -33,7 +33,7 @@ class ChannelTap:
     """What the running traces record of one connection: all of it for the client-id traces that follow it,
     the matching PUBLISH packets for the topic traces."""
 
-    __slots__ = ("_out", "channel", "client_id", "clock", "follow", "node_id", "topics")
+    __slots__ = ("_aliases", "_out", "channel", "client_id", "clock", "follow", "node_id", "topics")
 
     def __init__(self, channel: MqttChannel, client_id: str, traces: list[Trace], node_id: str,
                  clock: Clock) -> None:
@@ -44,6 +44,7 @@ class ChannelTap:
         self.follow = [t for t in traces if t.follows(client_id)]
         self.topics = [t for t in traces if t.spec.topic is not None]
         self._out: Parser | None = None  # decodes what is written; made at the first write (the level is known)
+        self._aliases: dict[tuple[str, int], str] = {}  # (direction, topic alias) -> topic, as the packets set them
 
     def inbound(self, packets: list[Any]) -> None:
         for packet in packets:
@@ -64,10 +65,16 @@ class ChannelTap:
 
     def _record(self, direction: str, packet: Any) -> None:
         targets = self.follow
-        if self.topics and type(packet) is Publish:
-            topic_traces = [t for t in self.topics if t.wants_publish(packet.topic)]
-            if topic_traces:
-                targets = targets + topic_traces
+        topic = ""
+        if type(packet) is Publish:
+            topic = packet.topic
+            alias = packet.properties.get(PropertyId.TOPIC_ALIAS) if packet.properties else None
+            if alias:
+                topic = self._aliased(direction, alias, topic)
+            if self.topics:
+                topic_traces = [t for t in self.topics if t.wants_publish(topic)]
+                if topic_traces:
+                    targets = targets + topic_traces
         if not targets:
             return
         now_mono = self.clock.monotonic()
@@ -75,10 +82,29 @@ class ChannelTap:
         client_id = self.channel.client_id or self.client_id
         for trace in targets:
             fields = describe(packet, trace.spec.payload_bytes)
+            if topic and not packet.topic:
+                fields["topic"] = topic  # sent as a topic alias only
             fields["dir"] = direction
             fields["client"] = client_id
             fields["node"] = self.node_id
             trace.record(fields, now_mono, now_wall)
+
+
+    def _aliased(self, direction: str, alias: int, topic: str) -> str:
+        """The topic a PUBLISH with a topic alias stands for: it sets the alias (a topic given) or uses one set
+        earlier (seen by this tap, else, for a tap made mid-connection, as the channel or session holds it)."""
+        key = (direction, alias)
+        if topic:
+            self._aliases[key] = topic
+            return topic
+        known = self._aliases.get(key)
+        if known is not None:
+            return known
+        channel = self.channel
+        if direction == "in":
+            return (channel.aliases_in or {}).get(alias, "")
+        outgoing = channel.session.aliases if channel.session is not None else None
+        return next((t for t, a in (outgoing or {}).items() if a == alias), "")
 
 
 class TracingIo:

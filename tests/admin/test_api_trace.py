@@ -13,9 +13,10 @@ import httpx
 import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
 
 from tests.admin.conftest import http
-from tests.integration.conftest import Gateway, PahoClient
+from tests.integration.conftest import Gateway, PahoClient, v5_props
 from tests.waiting import wait_until
 
 LATE_ACK_S = 0.25  # how long the late subscriber holds each PUBACK (the behaviour under test)
@@ -142,6 +143,33 @@ def test_a_topic_trace_sees_only_matching_publishes(node: Gateway, api: httpx.Cl
     api.delete("/api/v1/traces/topic")
 
 
+def test_a_topic_trace_follows_topic_aliases_both_ways(node: Gateway, api: httpx.Client,
+                                                      clients: list[PahoClient]) -> None:
+    assert api.post("/api/v1/traces", json={"name": "alias", "topic": "tr/alias/#", "duration": 60}).status_code == 201
+    listener = PahoClient(node.port, "alias-listener", 5)  # takes topic aliases from the node
+    clients.append(listener)
+    listener.connect(properties=v5_props(PacketTypes.CONNECT, TopicAliasMaximum=4))
+    listener.subscribe("tr/alias/#", 0)
+    sender = _connect(node, clients, "alias-sender")
+    for topic in ("tr/alias/x", ""):  # the topic with alias 1, then alias 1 alone
+        sender.publish(topic, b"p", qos=0, properties=v5_props(PacketTypes.PUBLISH, TopicAlias=1))
+    # The node sent the second as alias 1 alone (paho hands it over with an empty topic: it does not resolve aliases).
+    assert [m.topic for m in listener.expect(2)] == ["tr/alias/x", ""]
+    wait_until(lambda: len(_lines(api, "alias")) == 4, 5, what="both publishes traced in and out")
+    lines = _lines(api, "alias")
+    assert {(line["dir"], line["topic"]) for line in lines} == {("in", "tr/alias/x"), ("out", "tr/alias/x")}
+    assert [line.get("topic_alias") for line in lines if line["dir"] == "in"] == [1, 1]
+    assert all("topic_alias" in line for line in lines if line["dir"] == "out")  # the node used its aliases too
+    api.delete("/api/v1/traces/alias")
+
+
+def test_a_trace_stops_itself_after_its_duration(api: httpx.Client) -> None:
+    assert api.post("/api/v1/traces", json={"name": "brief", "client_id": "c", "duration": 0.2}).status_code == 201
+    wait_until(lambda: api.get("/api/v1/traces/brief").json()["status"] == "stopped", 5, what="the trace's end")
+    assert api.get("/api/v1/traces/brief").json()["stop_reason"] == "duration reached"
+    api.delete("/api/v1/traces/brief")
+
+
 def test_trace_requests_are_checked(api: httpx.Client) -> None:
     assert api.post("/api/v1/traces", json={"name": "x", "duration": 5}).status_code == 422  # no target
     assert api.post("/api/v1/traces", json={"name": "x", "client_id": "c", "topic": "t"}).status_code == 422
@@ -211,7 +239,53 @@ def test_the_ranking_names_the_late_acker_and_the_counters_count(node: Gateway, 
         listed = {row["client_id"]: row for row in api.get("/api/v1/client-stats?client_id=acker").json()["data"]}
         assert set(listed) == {"late-acker", "prompt-acker"} and listed["late-acker"]["bytes_out"] > 46
         assert api.get("/api/v1/clients/nobody/stats").status_code == 404
+        late.disconnect()
+        late.loop_stop()
+        wait_until(lambda: api.get("/api/v1/clients/late-acker/stats").status_code == 404, 5, what="late-acker gone")
+        ranked = api.get("/api/v1/slow-subscribers").json()["data"]
+        assert [(r["client_id"], r["online"]) for r in ranked] == [("late-acker", False)]  # still ranked, as it was
     finally:
         for client in (late, prompt):
             client.disconnect()
             client.loop_stop()
+
+
+def test_drops_and_resends_are_counted_per_client(node: Gateway, api: httpx.Client,
+                                                  clients: list[PahoClient]) -> None:
+    small = PahoClient(node.port, "small-packets", 5)  # takes packets of 64 bytes at most
+    clients.append(small)
+    small.connect(properties=v5_props(PacketTypes.CONNECT, MaximumPacketSize=64))
+    small.subscribe("tr/drops", 0)
+    publisher = _connect(node, clients, "drops-publisher")
+    publisher.publish("tr/drops", b"x" * 200, qos=0)  # too large for it: skipped, for it alone
+    publisher.publish("tr/drops", b"fits", qos=0)
+    assert small.get().payload == b"fits"
+    small_stats = api.get("/api/v1/clients/small-packets/stats").json()
+    assert (small_stats["drops"], small_stats["messages_out"]) == (1, 1)
+    # A 3.1.1 persistent session that never acknowledges: its next connection gets both again, as DUP.
+    silent = paho.Client(CallbackAPIVersion.VERSION2, client_id="never-acks", protocol=paho.MQTTv311,
+                         clean_session=False, manual_ack=True)
+    got: list[bool] = []
+    silent.on_message = lambda c, u, message: got.append(bool(message.dup))
+    subscribed = threading.Event()
+    silent.on_subscribe = lambda *args: subscribed.set()
+    silent.connect("127.0.0.1", node.port)
+    silent.loop_start()
+    try:
+        silent.subscribe("tr/resend", 1)
+        assert subscribed.wait(5), "no SUBACK"
+        for i in range(2):
+            assert publisher.publish("tr/resend", f"r{i}".encode(), qos=1) == 0
+        wait_until(lambda: len(got) == 2, 5, what="both messages at the silent client")
+        silent.disconnect()
+        silent.loop_stop()
+        wait_until(lambda: api.get("/api/v1/clients/never-acks/stats").status_code == 404, 5, what="it left")
+        silent.reconnect()
+        silent.loop_start()
+        wait_until(lambda: len(got) == 4, 5, what="both messages again")
+        assert got == [False, False, True, True]
+        again = api.get("/api/v1/clients/never-acks/stats").json()
+        assert (again["retries"], again["messages_out"], again["acks"]) == (2, 2, 0)
+    finally:
+        silent.disconnect()
+        silent.loop_stop()

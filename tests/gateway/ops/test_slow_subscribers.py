@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidewire.gateway.ops.client_stats import ClientStats
-from tidewire.gateway.ops.slow_subscribers import rank
+from tidewire.gateway.ops.slow_subscribers import SlowSubscribers, merge, rank
 
 
 def _stats(*ack_times: float) -> ClientStats:
@@ -39,3 +39,21 @@ def test_the_ranking_names_the_slowest_first_above_the_threshold() -> None:
     row = rank(clients, 10, 500.0)[1]
     assert row["client_id"] == "slow" and row["acks"] == 2 and row["ack_max_ms"] == 900.0
     assert rank([("b", _stats(1.0)), ("a", _stats(1.0))], 2, 0.0)[0]["client_id"] == "a"  # ties: by client id
+
+
+def test_a_slow_client_that_left_stays_ranked_until_it_expires() -> None:
+    table = SlowSubscribers(top=3, threshold_ms=100.0, expire=60.0)
+    table.departed("gone-slow", _stats(0.5), now=10.0)
+    table.departed("gone-fast", _stats(0.001), now=10.0)  # under the threshold: not remembered
+    online = [("here", _stats(0.3)), ("back", _stats(0.2))]
+    table.departed("back", _stats(0.9), now=10.0)  # online again: ranked as it is now
+    ranked = table.ranking(online, now=20.0)
+    assert [(r["client_id"], r["online"]) for r in ranked] == [("gone-slow", False), ("here", True), ("back", True)]
+    assert ranked[2]["ack_ewma_ms"] == 200.0
+    assert [r["client_id"] for r in table.ranking(online, now=70.1)] == ["here", "back"]  # expired
+
+
+def test_merge_keeps_a_client_once_and_the_top() -> None:
+    a = [{"client_id": "x", "ack_ewma_ms": 300.0}, {"client_id": "y", "ack_ewma_ms": 200.0}]
+    b = [{"client_id": "x", "ack_ewma_ms": 500.0}, {"client_id": "z", "ack_ewma_ms": 100.0}]
+    assert [(r["client_id"], r["ack_ewma_ms"]) for r in merge([a, b], 2)] == [("x", 500.0), ("y", 200.0)]
