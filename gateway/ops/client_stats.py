@@ -36,19 +36,20 @@ class ClientStats:
         self.ack_buckets: list[int] | None = None  # made on the first ack (most clients publish only)
 
     def acked(self, seconds: float) -> None:
-        """One delivery acknowledged `seconds` after it was written."""
+        """One delivery acknowledged `seconds` after it was written (on every PUBACK: kept to a few operations)."""
         if seconds < 0:
             seconds = 0.0
         self.acks += 1
         self.ack_total += seconds
-        self.ack_ewma = seconds if self.acks == 1 else self.ack_ewma + EWMA_WEIGHT * (seconds - self.ack_ewma)
+        if self.ack_buckets is None:  # the first ack
+            self.ack_buckets = [0] * BUCKETS
+            self.ack_ewma = seconds
+        else:
+            self.ack_ewma += EWMA_WEIGHT * (seconds - self.ack_ewma)
         if seconds > self.ack_max:
             self.ack_max = seconds
-        buckets = self.ack_buckets
-        if buckets is None:
-            buckets = self.ack_buckets = [0] * BUCKETS
         index = int(seconds * 1000).bit_length()
-        buckets[index if index < BUCKETS else BUCKETS - 1] += 1
+        self.ack_buckets[index if index < BUCKETS else -1] += 1
 
     def ack_percentile(self, fraction: float) -> float:
         """The ack time (s) under which `fraction` of the acks fell, as its bucket's upper bound (within a factor

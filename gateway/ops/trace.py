@@ -39,6 +39,7 @@ from tidewire.gateway.protocols.mqtt.codec import (
 
 TRACE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 RUNNING, STOPPED = "running", "stopped"
+MAX_LISTED = 32  # filters or reason codes of one SUBSCRIBE, UNSUBSCRIBE or their acks listed in a line
 
 _TYPE_NAMES: dict[type, str] = {
     Connect: "CONNECT", Connack: "CONNACK", Publish: "PUBLISH", Puback: "PUBACK", Pubrec: "PUBREC",
@@ -92,11 +93,14 @@ def describe(packet: Any, payload_bytes: int) -> dict[str, Any]:
         out.update(packet_id=packet.packet_id, reason_code=packet.reason_code)
     elif kind is Subscribe:
         out.update(packet_id=packet.packet_id,
-                   filters=[[s.topic_filter, s.qos] for s in packet.subscriptions])
+                   filters=[[s.topic_filter, s.qos] for s in packet.subscriptions[:MAX_LISTED]])
+        _count_if_cut(out, len(packet.subscriptions))
     elif kind in (Suback, Unsuback):
-        out.update(packet_id=packet.packet_id, reason_codes=list(packet.reason_codes))
+        out.update(packet_id=packet.packet_id, reason_codes=list(packet.reason_codes[:MAX_LISTED]))
+        _count_if_cut(out, len(packet.reason_codes))
     elif kind is Unsubscribe:
-        out.update(packet_id=packet.packet_id, filters=list(packet.topic_filters))
+        out.update(packet_id=packet.packet_id, filters=list(packet.topic_filters[:MAX_LISTED]))
+        _count_if_cut(out, len(packet.topic_filters))
     elif kind is Connect:
         out.update(client_id=packet.client_id, proto_ver=packet.protocol_level, clean_start=packet.clean_start,
                    keepalive=packet.keepalive, username=packet.username, will=packet.will is not None)
@@ -105,6 +109,11 @@ def describe(packet: Any, payload_bytes: int) -> dict[str, Any]:
     elif kind in (Disconnect, Auth):
         out["reason_code"] = packet.reason_code
     return out
+
+
+def _count_if_cut(out: dict[str, Any], count: int) -> None:
+    if count > MAX_LISTED:
+        out["count"] = count  # only the first MAX_LISTED are listed
 
 
 class Trace:

@@ -71,3 +71,9 @@ def test_merge_orders_the_nodes_lines_by_wall_clock() -> None:
     a = [json.dumps({"ts": 1.0, "n": "a1"}), json.dumps({"ts": 3.0, "n": "a2"})]
     b = [json.dumps({"ts": 2.0, "n": "b1"}), json.dumps({"ts": 3.0, "n": "b2"})]
     assert [json.loads(line)["n"] for line in merge_lines([a, b])] == ["a1", "b1", "a2", "b2"]
+
+
+def test_a_huge_subscribe_is_listed_in_part() -> None:
+    fields = describe(Subscribe(1, [SubscriptionRequest(f"f/{i}", 0) for i in range(500)]), 0)
+    assert len(fields["filters"]) == 32 and fields["count"] == 500
+    assert "count" not in describe(Suback(1, [0] * 32), 0)
