@@ -2,8 +2,9 @@
 
 Runs a scenario (`loadtest.scenarios`) against Tidewire (server pinned to core 0, this generator to core 1) with
 no trace, with a client-id trace of one client that is not in the run (what every untraced connection pays while
-a trace runs elsewhere) and with a topic trace matching every benchmark topic (every publish decoded and recorded
-in and out: the worst case), interleaved, `--runs` times; prints the medians of each.
+a trace runs elsewhere), with a topic trace matching none of the run's topics (every connection tapped, what it
+writes decoded, nothing recorded) and with a topic trace matching every benchmark topic (every publish decoded and
+recorded in and out: the worst case), interleaved, `--runs` times; prints the medians of each.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from loadtest.scenarios import Params, Result
 TRACES: dict[str, dict[str, object] | None] = {
     "no trace": None,
     "client trace (elsewhere)": {"name": "bench", "client_id": "not-in-the-run", "duration": 3600},
+    "topic trace matching none": {"name": "bench", "topic": "elsewhere/#", "duration": 3600},
     "topic trace bench/#": {"name": "bench", "topic": "bench/#", "duration": 3600},
 }
 

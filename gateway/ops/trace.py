@@ -48,6 +48,10 @@ _TYPE_NAMES: dict[type, str] = {
 }
 
 
+# One encoder for every line (json.dumps with options makes a new one per call).
+encode_fields = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 class TraceRefused(TidewireError):
     """A trace cannot be started (a name in use, too many traces) or is unknown; `status` is the HTTP answer."""
 
@@ -126,7 +130,7 @@ class Trace:
         self.spec = spec
         self.started_mono = now_mono
         self.started_wall = now_wall
-        self._lines: deque[str] = deque()
+        self._lines: deque[tuple[str, int]] = deque()  # each line with its size in bytes (its newline included)
         self.held_bytes = 0
         self.recorded = 0  # lines ever added
         self.dropped = 0  # lines the buffer let go to stay within its bounds
@@ -146,23 +150,24 @@ class Trace:
         """A topic trace records this PUBLISH."""
         return self.spec.topic is not None and bool(topic) and matches(self.spec.topic, topic)
 
-    def record(self, fields: dict[str, Any], now_mono: float, now_wall: float) -> None:
-        """Add one packet (`describe`'s fields with its direction, node and client) at the given times."""
+    def record(self, body: str, now_mono: float, now_wall: float) -> None:
+        """Add one packet at the given times: `body` is its fields as a JSON object (`encode_fields`), which the
+        line gets after its `t` (s since the trace started, monotonic) and `ts` (epoch s)."""
         if self.status != RUNNING:
             return
-        line = json.dumps({"t": round(now_mono - self.started_mono, 6), "ts": round(now_wall, 6), **fields},
-                          separators=(",", ":"), ensure_ascii=False)
-        self.add(line)
+        t = round(now_mono - self.started_mono, 6)
+        self.add(f'{{"t":{t!r},"ts":{round(now_wall, 6)!r},{body[1:]}' if len(body) > 2 else
+                 f'{{"t":{t!r},"ts":{round(now_wall, 6)!r}}}')
 
     def add(self, line: str) -> None:
-        size = len(line.encode()) + 1  # with its newline
+        size = (len(line) if line.isascii() else len(line.encode())) + 1
         lines = self._lines
-        lines.append(line)
+        lines.append((line, size))
         self.held_bytes += size
         self.recorded += 1
         spec = self.spec
         while len(lines) > spec.max_packets or (self.held_bytes > spec.max_bytes and len(lines) > 1):
-            self.held_bytes -= len(lines.popleft().encode()) + 1
+            self.held_bytes -= lines.popleft()[1]
             self.dropped += 1
 
     def stop(self, now_wall: float, reason: str) -> None:
@@ -172,7 +177,7 @@ class Trace:
             self.stop_reason = reason
 
     def lines(self) -> list[str]:
-        return list(self._lines)
+        return [line for line, _ in self._lines]
 
     def summary(self, now_mono: float) -> dict[str, Any]:
         spec = self.spec

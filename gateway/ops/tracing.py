@@ -20,7 +20,7 @@ from tidewire.gateway.protocols.mqtt.codec import Parser, PropertyId, ProtocolEr
 from tidewire.gateway.protocols.mqtt.lifecycle import Cancellable, ChannelIo
 from tidewire.gateway.transport.tls import CertUsername
 
-from .trace import RUNNING, Trace, TraceRefused, TraceSpec, describe
+from .trace import RUNNING, Trace, TraceRefused, TraceSpec, describe, encode_fields
 
 if TYPE_CHECKING:
     from tidewire.gateway.config import Settings
@@ -79,15 +79,19 @@ class ChannelTap:
             return
         now_mono = self.clock.monotonic()
         now_wall = self.clock.time()
-        client_id = self.channel.client_id or self.client_id
+        bodies: dict[int, str] = {}  # by payload bytes recorded: one encoding for the traces that agree
         for trace in targets:
-            fields = describe(packet, trace.spec.payload_bytes)
-            if topic and not packet.topic:
-                fields["topic"] = topic  # sent as a topic alias only
-            fields["dir"] = direction
-            fields["client"] = client_id
-            fields["node"] = self.node_id
-            trace.record(fields, now_mono, now_wall)
+            cap = trace.spec.payload_bytes
+            body = bodies.get(cap)
+            if body is None:
+                fields = describe(packet, cap)
+                if topic and not packet.topic:
+                    fields["topic"] = topic  # sent as a topic alias only
+                fields["dir"] = direction
+                fields["client"] = self.channel.client_id or self.client_id
+                fields["node"] = self.node_id
+                body = bodies[cap] = encode_fields(fields)
+            trace.record(body, now_mono, now_wall)
 
 
     def _aliased(self, direction: str, alias: int, topic: str) -> str:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tidewire.gateway.ops.trace import RUNNING, STOPPED, Trace, TraceSpec, describe, merge_lines
+from tidewire.gateway.ops.trace import RUNNING, STOPPED, Trace, TraceSpec, describe, encode_fields, merge_lines
 from tidewire.gateway.protocols.mqtt.codec import Connect, Puback, Publish, Suback, Subscribe, SubscriptionRequest
 
 
@@ -18,7 +18,7 @@ def _spec(max_packets: int = 100, max_bytes: int = 1 << 20, payload_bytes: int =
 def test_the_ring_buffer_keeps_the_newest_packets_and_counts_the_dropped() -> None:
     trace = Trace(_spec(max_packets=5), 100.0, 1_700_000_000.0)
     for i in range(12):
-        trace.record({"type": "PUBLISH", "seq": i}, 100.0 + i / 10, 1_700_000_000.0 + i / 10)
+        trace.record(encode_fields({"type": "PUBLISH", "seq": i}), 100.0 + i / 10, 1_700_000_000.0 + i / 10)
     lines = [json.loads(line) for line in trace.lines()]
     assert [line["seq"] for line in lines] == [7, 8, 9, 10, 11]
     assert (trace.recorded, trace.dropped) == (12, 7)
@@ -29,7 +29,7 @@ def test_the_ring_buffer_keeps_the_newest_packets_and_counts_the_dropped() -> No
 def test_the_byte_bound_drops_the_oldest_lines_too() -> None:
     trace = Trace(_spec(max_bytes=1024), 0.0, 0.0)
     for i in range(40):
-        trace.record({"type": "PUBLISH", "pad": "x" * 90, "seq": i}, 0.0, 0.0)
+        trace.record(encode_fields({"type": "PUBLISH", "pad": "x" * 90, "seq": i}), 0.0, 0.0)
     held = sum(len(line) + 1 for line in trace.lines())
     assert held == trace.held_bytes <= 1024
     assert json.loads(trace.lines()[-1])["seq"] == 39
@@ -38,10 +38,10 @@ def test_the_byte_bound_drops_the_oldest_lines_too() -> None:
 
 def test_a_stopped_trace_records_nothing_more() -> None:
     trace = Trace(_spec(), 0.0, 0.0)
-    trace.record({"type": "PINGREQ"}, 0.0, 0.0)
+    trace.record(encode_fields({"type": "PINGREQ"}), 0.0, 0.0)
     assert trace.status == RUNNING
     trace.stop(5.0, "stopped")
-    trace.record({"type": "PINGREQ"}, 1.0, 1.0)
+    trace.record(encode_fields({"type": "PINGREQ"}), 1.0, 1.0)
     assert trace.status == STOPPED and trace.recorded == 1 and trace.summary(2.0)["ended_at"] == 5.0
 
 
@@ -77,3 +77,13 @@ def test_a_huge_subscribe_is_listed_in_part() -> None:
     fields = describe(Subscribe(1, [SubscriptionRequest(f"f/{i}", 0) for i in range(500)]), 0)
     assert len(fields["filters"]) == 32 and fields["count"] == 500
     assert "count" not in describe(Suback(1, [0] * 32), 0)
+
+
+def test_a_line_is_json_with_its_times_first_and_non_ascii_counted_in_bytes() -> None:
+    trace = Trace(_spec(), 10.0, 0.0)
+    trace.record(encode_fields({"topic": "température"}), 10.25, 1_700_000_000.5)
+    trace.record(encode_fields({}), 11.0, 1_700_000_001.0)
+    first, second = trace.lines()
+    assert json.loads(first) == {"t": 0.25, "ts": 1_700_000_000.5, "topic": "température"}
+    assert json.loads(second) == {"t": 1.0, "ts": 1_700_000_001.0}
+    assert trace.held_bytes == len(first.encode()) + len(second.encode()) + 2
