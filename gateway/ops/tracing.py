@@ -29,6 +29,36 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidewire.trace")
 
 
+def publish_spans(data: bytes) -> list[tuple[int, int, str]]:
+    """(start, end, topic) of each PUBLISH among the whole packets in `data`, read from the fixed header and the
+    topic alone (the rest is decoded only for a packet a trace wants); a truncated or undecodable tail is left
+    out."""
+    spans: list[tuple[int, int, str]] = []
+    pos, n = 0, len(data)
+    while pos + 2 <= n:
+        length, shift, p = 0, 0, pos + 1
+        while p < n and shift < 28:
+            byte = data[p]
+            length |= (byte & 0x7F) << shift
+            p += 1
+            if byte < 0x80:
+                break
+            shift += 7
+        else:
+            return spans
+        end = p + length
+        if end > n:
+            return spans
+        if data[pos] >> 4 == 3 and p + 2 <= end:
+            topic_end = p + 2 + ((data[p] << 8) | data[p + 1])
+            try:
+                spans.append((pos, end, data[p + 2:topic_end].decode("utf-8")))
+            except UnicodeDecodeError:
+                pass
+        pos = end
+    return spans
+
+
 class ChannelTap:
     """What the running traces record of one connection: all of it for the client-id traces that follow it,
     the matching PUBLISH packets for the topic traces."""
@@ -51,6 +81,15 @@ class ChannelTap:
             self._record("in", packet)
 
     def outbound(self, data: bytes) -> None:
+        """Whole packets the channel writes (a write never splits one)."""
+        if not self.follow:  # topic traces only: decode just the PUBLISH packets they may want
+            for start, end, topic in publish_spans(data):
+                if not topic or any(t.wants_publish(topic) for t in self.topics):  # no topic: an alias, resolved
+                    self._decode_out(data[start:end])
+            return
+        self._decode_out(data)
+
+    def _decode_out(self, data: bytes) -> None:
         parser = self._out
         if parser is None:
             parser = self._out = Parser(protocol_level=self.channel.level or 4)

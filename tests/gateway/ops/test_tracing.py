@@ -17,6 +17,7 @@ from tidewire.extensions.hooks import AllowAll
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
 from tidewire.gateway.ops.trace import TraceSpec
+from tidewire.gateway.ops.tracing import publish_spans
 from tidewire.gateway.protocols.mqtt.channel import MqttChannel
 from tidewire.gateway.protocols.mqtt.codec import Connect, Pingreq, Pingresp, Publish, encode
 from tidewire.lookup.base import InProcessLookup
@@ -98,3 +99,14 @@ async def test_a_topic_trace_taps_every_connection_and_records_matching_publishe
     assert [(line["client"], line["type"], line["topic"]) for line in _lines(node, "t")] == [("a", "PUBLISH", "x/1")]
     node.traces.stop("t")
     assert a.tap is None and b.tap is None
+
+
+def test_publish_spans_finds_each_publish_and_its_topic() -> None:
+    packets = [encode(Pingresp(), 5), encode(Publish("a/b", b"x" * 300, 1, packet_id=3), 5),
+               encode(Publish("", b"y", 0, properties={0x23: 2}), 5), encode(Pingresp(), 5)]
+    data = b"".join(packets)
+    first = len(packets[0])
+    second = first + len(packets[1])
+    assert publish_spans(data) == [(first, second, "a/b"), (second, second + len(packets[2]), "")]
+    assert publish_spans(data[:-1]) == publish_spans(data)  # a cut tail is left out
+    assert publish_spans(data[:first + 2]) == []
