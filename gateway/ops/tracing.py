@@ -249,10 +249,6 @@ class Tracing:
     def all(self) -> list[Trace]:
         return list(self._traces.values())
 
-    def stop_all(self) -> None:
-        for name in [n for n, t in self._traces.items() if t.status == RUNNING]:
-            self.stop(name, "node stopping")
-
     def _expired(self, name: str) -> None:
         self._timers.pop(name, None)
         if name in self._traces:
