@@ -192,7 +192,9 @@ def build_app(node: Node, token: str, endpoints: Endpoints | None = None) -> Fas
         return FileResponse(index, headers={"Cache-Control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR, check_dir=False), name="static")
-    for router in (api_node.router(node), api_clients.router(node, app.state.endpoints), api_messages.router(node),
+    # api_trace first: its /clients/<id>/stats would be swallowed by api_clients' /clients/{client_id:path}
+    for router in (_optional_router("tidewire.admin.api_trace", "router", node),
+                   api_node.router(node), api_clients.router(node, app.state.endpoints), api_messages.router(node),
                    _optional_router("tidewire.admin.api_banned", "router", node),
                    _optional_router("tidewire.admin.api_security", "router", node),
                    _optional_router("tidewire.admin.api_bridges", "router", node),

@@ -533,6 +533,22 @@ class AdminSettings(BaseModel):
                                          "(use another server) when this node stops; None: 0x8B")
     ban_refresh_interval: float = Field(2.0, gt=0, description="s between re-reads of the stored ban list "
                                         "(bans made through another node)")
+    # Tracing and slow subscribers (gateway.ops.trace, gateway.ops.slow_subscribers; admin/api_trace.py).
+    trace_max_traces: int = Field(4, ge=1, le=64, description="traces a node holds at once (running or stopped "
+                                  "and not yet deleted); starting one more drops the oldest stopped one, else 409")
+    trace_max_packets: int = Field(10_000, ge=1, le=1_000_000, description="packets one trace keeps at most (its "
+                                   "ring buffer keeps the newest and counts what it dropped)")
+    trace_max_bytes: int = Field(4 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024, description="bytes of JSON lines "
+                                 "one trace keeps at most (the newest are kept)")
+    trace_max_duration: float = Field(3600.0, gt=0, le=86_400.0, description="s a trace may run before it stops "
+                                      "itself (a start asks for its own duration, up to this)")
+    trace_max_payload_bytes: int = Field(1024, ge=0, le=65_536, description="payload bytes a trace may record of "
+                                         "each PUBLISH when asked to (off unless the trace asks)")
+    slow_subscribers_top: int = Field(10, ge=1, le=1000, description="subscribers the slow-subscriber ranking names")
+    slow_subscribers_threshold_ms: float = Field(500.0, ge=0, description="average (EWMA) ack time below which a "
+                                                 "subscriber is not ranked as slow")
+    slow_subscribers_expire: float = Field(300.0, ge=0, le=86_400.0, description="s a slow subscriber that "
+                                           "disconnected stays in the ranking (0: only clients online)")
     sys_events: bool = Field(True, description="publish client lifecycle events under $SYS/brokers/<node>/")
     sys_interval: float = Field(10.0, gt=0, description="s between $SYS statistics")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="lowest level logged")

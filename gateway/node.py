@@ -49,7 +49,9 @@ from tidewire.gateway.core.writes import RecordWrites
 from tidewire.gateway.ops.bans import BanList
 from tidewire.gateway.ops.drain import QUIESCE_S, disconnect_all, quiesce, wait_closed
 from tidewire.gateway.ops.housekeeping import housekeeping_loop
+from tidewire.gateway.ops.slow_subscribers import SlowSubscribers
 from tidewire.gateway.ops.sys_topics import Counters, SysTopics
+from tidewire.gateway.ops.tracing import Tracing
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
 from tidewire.gateway.sessions.opener import SessionOpener
 from tidewire.gateway.sessions.session import Session
@@ -100,6 +102,9 @@ class Node:
         self.cache = QueueCache(store, settings.cache_messages_per_queue, settings.pull_batch * 4,
                                 metrics=settings.metrics)
         self.connections: dict[str, ChannelBase] = {}
+        self.traces = Tracing(settings, self.node_id, clock, self.connections)  # packet traces (admin API)
+        self.slow_subscribers = SlowSubscribers(settings.slow_subscribers_top, settings.slow_subscribers_threshold_ms,
+                                                settings.slow_subscribers_expire)
         self.bans = BanList(self)  # cluster-wide bans, checked on connect (gateway.ops.bans)
         self.dynsec: DynamicSecurity | None = None  # dynamic security, set before `start` when on (gateway.ops.dynsec)
         self.writes = RecordWrites(store, clock)
@@ -278,6 +283,7 @@ class Node:
         """A connection ended (`SessionOpener.close`): no offsets of its session to save, no reading to resume."""
         self._dirty.discard(session)
         self._held.discard(conn)
+        self.slow_subscribers.departed(session.client_id, session.stats, self.clock.monotonic())
 
     # --- subscriptions ----------------------------------------------------------------------------------
     def subscribe(self, session: Session, conn: ChannelBase, requests: list[SubscriptionRequest],

@@ -15,6 +15,7 @@ import functools
 from collections import deque
 
 from tidewire.gateway.core.retry import STORE_RETRY_S
+from tidewire.gateway.ops.client_stats import ClientStats
 from tidewire.gateway.protocols.mqtt.codec import pubrel
 from tidewire.gateway.protocols.mqtt.outbound import encoded_publish, encoded_publish_with, with_dup
 from tidewire.gateway.sessions.parts import Delivery, GroupHandle, Inflight, SessionOwner, Writer, merge, resend
@@ -28,7 +29,7 @@ _NO_HORIZON = 1 << 62
 class Session(SessionState):
     __slots__ = ("_extra_sent", "_held", "_new_qos2", "_pid", "_pull_handle", "_reading_store", "_retry_handle",
                  "_save_again", "_saves", "aliases", "conn", "extra", "pending", "persistent", "pull_batch",
-                 "retry_interval", "window")
+                 "retry_interval", "stats", "window")
 
     def __init__(self, owner: SessionOwner, record: SessionRecord | None, *, persistent: bool, window: int,
                  pull_batch: int, retry_interval: float, stored: bool = True, client_id: str = "", level: int = 4,
@@ -53,6 +54,7 @@ class Session(SessionState):
         self._reading_store = False
         self._pull_handle: asyncio.Handle | None = None
         self._retry_handle: asyncio.TimerHandle | None = None
+        self.stats = ClientStats()  # this client's counters and ack times (admin API, slow-subscriber ranking)
         super().__init__(owner, record, stored, client_id, level, start)
 
     # --- connection lifecycle ---------------------------------------------------------------------------
@@ -67,7 +69,7 @@ class Session(SessionState):
                                        self.owner.clock, conn.mount)
             if chunks:
                 conn.write_chunks(chunks)
-                self.owner.count_out(published, sum(map(len, chunks)), published)
+                self._count_out(published, sum(map(len, chunks)), published)
             self._arm_retry()
         self.pull()
 
@@ -99,6 +101,7 @@ class Session(SessionState):
     def on_puback(self, pid: int) -> None:
         entry = self.inflight.pop(pid, None)
         if entry is not None:
+            self.stats.acked(self.owner.clock.monotonic() - entry.sent_at)
             self._acked(entry)
 
     def on_pubrec(self, pid: int, failed: bool) -> bool:
@@ -106,6 +109,8 @@ class Session(SessionState):
         entry = self.inflight.get(pid)
         if entry is None:
             return False
+        if not entry.released:  # the subscriber's answer to the PUBLISH (PUBCOMP answers our PUBREL)
+            self.stats.acked(self.owner.clock.monotonic() - entry.sent_at)
         if failed:  # 5.0 PUBREC with an error code ends the exchange
             del self.inflight[pid]
             self._acked(entry)
@@ -174,7 +179,7 @@ class Session(SessionState):
                                 int(self.owner.clock.time() * 1000))
         if chunks:
             conn.write_chunks(chunks)
-            self.owner.count_out(1, sum(map(len, chunks)))
+            self._count_out(1, sum(map(len, chunks)))
             if conn.tenant is not None:
                 conn.tenant.messages_out += 1
             self._arm_retry()
@@ -362,7 +367,7 @@ class Session(SessionState):
                 self.resend_pids = {seq: pid for seq, pid in self.resend_pids.items() if seq > cursor} or None
         if chunks:
             self._write(conn, chunks)
-            self.owner.count_out(sent, sum(map(len, chunks)), retried)
+            self._count_out(sent, sum(map(len, chunks)), retried)
             if conn.tenant is not None:
                 conn.tenant.messages_out += sent
             self._arm_retry()
@@ -380,6 +385,7 @@ class Session(SessionState):
             remaining = message.expires_at_ms - now_ms
             if remaining <= 0:
                 self.owner.counters.drop("expired")
+                self.stats.drops += 1
                 if events is not None:
                     events.add(DROPPED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup,
                                "expired")
@@ -400,6 +406,7 @@ class Session(SessionState):
                                           conn.mount)
         if conn.max_packet and len(head) + len(tail) + (2 if qos else 0) > conn.max_packet:
             self.owner.counters.drop("too_large")
+            self.stats.drops += 1
             if events is not None:
                 events.add(DROPPED, now_ms, self.client_id, "mqtt", message.topic, message.seq, qos, dup,
                            "too_large")
@@ -415,6 +422,13 @@ class Session(SessionState):
         self._tracked()[pid] = Inflight(message, qos, stream, self.owner.clock.monotonic(), retain, ids, group)
         chunks += (with_dup(head) if dup else head, pid.to_bytes(2, "big"), tail)
         return True
+
+    def _count_out(self, messages: int, nbytes: int, retried: int = 0) -> None:
+        stats = self.stats
+        stats.messages_out += messages
+        stats.bytes_out += nbytes
+        stats.retries += retried
+        self.owner.count_out(messages, nbytes, retried)
 
     def _qos2_pid(self, seq: int) -> int:
         """The packet id of a stream message sent at QoS 2: the one it had before a move, or a new one (the
@@ -469,7 +483,7 @@ class Session(SessionState):
             sent += self._encode_one(chunks, message, qos, True, ids, False, False, None, now_ms)
         if chunks:
             conn.write_chunks(chunks)
-            self.owner.count_out(sent, sum(map(len, chunks)))
+            self._count_out(sent, sum(map(len, chunks)))
             if conn.tenant is not None:
                 conn.tenant.messages_out += sent
             self._arm_retry()
@@ -514,5 +528,5 @@ class Session(SessionState):
                                    conn.mount)
         if chunks:
             conn.write_chunks(chunks)
-            self.owner.count_out(published, sum(map(len, chunks)), published)
+            self._count_out(published, sum(map(len, chunks)), published)
         self._arm_retry()

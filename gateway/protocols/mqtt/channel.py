@@ -73,6 +73,7 @@ from tidewire.store.base import PROTOCOL_BRIDGE, Message
 if TYPE_CHECKING:
     from tidewire.gateway.core.clock import Clock
     from tidewire.gateway.node import Node
+    from tidewire.gateway.ops.tracing import ChannelTap
     from tidewire.gateway.transport.listeners import Listener
 
 log = logging.getLogger("tidewire.conn")
@@ -118,11 +119,12 @@ class _PendingSuback:
 
 
 class MqttChannel(Handshake):
-    __slots__ = ("_pubcomps", "_subacks")
+    __slots__ = ("_pubcomps", "_subacks", "tap")
 
     def __init__(self, node: Node, listener: Listener, io: ChannelIo, peer: str, clock: Clock) -> None:
         self._subacks: deque[_PendingSuback] | None = None  # SUBACKs waiting for the store, sent in order
         self._pubcomps: list[int] | None = None  # PUBCOMPs waiting for their keys' release (persistent sessions)
+        self.tap: ChannelTap | None = None  # set while a trace records this connection (gateway.ops.tracing)
         super().__init__(node, listener, io, peer, clock)
 
     # --- bytes in -----------------------------------------------------------------------------------------
@@ -136,6 +138,8 @@ class MqttChannel(Handshake):
         except ProtocolError as exc:
             self.abort(exc.reason_code, exc.message)
             return
+        if self.tap is not None:
+            self.tap.inbound(packets)
         if self._backlog is not None and self._state == CONNECTED:
             self._backlog.extend(packets)  # over its inbound rate: these wait their turn behind the others
             return
@@ -169,6 +173,8 @@ class MqttChannel(Handshake):
                     self._backlog = []
                 self._backlog.append(packet)
             elif state == NEW:
+                if self.node.traces.running:
+                    self.node.traces.connecting(self, packets[index:])
                 self._on_connect(packet)  # the parser rejects anything but a CONNECT first
             else:
                 return
@@ -237,6 +243,9 @@ class MqttChannel(Handshake):
     def _on_publish(self, packet: Publish) -> None:
         v5 = self.level >= 5
         qos = packet.qos
+        stats = self.session.stats  # type: ignore[union-attr]  # bound before any PUBLISH is handled
+        stats.messages_in += 1
+        stats.bytes_in += len(packet.payload)
         pid = packet.packet_id
         topic = packet.topic
         props = packet.properties
@@ -279,6 +288,7 @@ class MqttChannel(Handshake):
         if refused is not None:
             log.info("acl.denied", extra={"client_id": self.client_id, "topic": topic, "access": "publish"})
             node.counters.drop("not_authorized")
+            stats.drops += 1
             if node.events is not None:
                 node.events.add(DROPPED, int(self.clock.time() * 1000), self.client_id, "mqtt", topic, None, qos,
                                 reason="not_authorized")
