@@ -27,9 +27,9 @@ from tidewire.admin.models import (
 from tidewire.gateway.core.shared import parse_shared
 from tidewire.gateway.core.topics import valid_topic_filter
 from tidewire.gateway.node import Node
-from tidewire.gateway.protocols.mqtt.channel import suback_codes
 from tidewire.gateway.protocols.mqtt.codec import ReasonCode, SubscriptionRequest
 from tidewire.gateway.protocols.mqtt.lifecycle import ChannelBase
+from tidewire.gateway.protocols.mqtt.subscribing import suback_codes
 from tidewire.store.base import P2P_PREFIX, SHARED_PREFIX, SessionRecord, SubscriptionRecord
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from tests.gateway.protocols.mqtt.fakeio import FakeIo, channel, until
 from tidewire.extensions.hooks import AllowAll
 from tidewire.gateway.config import Settings
 from tidewire.gateway.node import Node
-from tidewire.gateway.protocols.mqtt.channel import MqttChannel, bridge_requests
+from tidewire.gateway.protocols.mqtt.channel import MqttChannel
 from tidewire.gateway.protocols.mqtt.codec import (
     Connack,
     Connect,
@@ -29,6 +29,7 @@ from tidewire.gateway.protocols.mqtt.codec import (
     encode,
 )
 from tidewire.gateway.protocols.mqtt.connect import BRIDGE_PROPERTY
+from tidewire.gateway.protocols.mqtt.subscribing import bridge_requests
 from tidewire.lookup.base import InProcessLookup
 from tidewire.notify.base import LocalNotifier
 from tidewire.store.base import PROTOCOL_BRIDGE, PROTOCOL_MQTT, PROTOCOL_NAMES, SubscriptionRecord
