@@ -209,6 +209,7 @@ def test_many_messages_exactly_once_across_members_at_different_speeds(gateway: 
         f"got {len(flat)} of {n}, duplicates {dup[:10]}, per member {[len(m.got) for m in members]}")
 
 
+@pytest.mark.slow  # seconds: members of three speeds take a stream
 @pytest.mark.tidewire_only  # Mosquitto round-robins regardless of readiness and overfills windows
 def test_fast_members_get_more_and_no_member_exceeds_its_window(gateway: Gateway,
                                                                 paho_factory: PahoFactory) -> None:

@@ -52,6 +52,7 @@ def test_package_command_writes_zip_launchers_and_lines(tmp_path: Path) -> None:
     assert _package(zip_path, cwd=tmp_path).returncode == 0 and zip_path.read_bytes() == first  # reproducible
 
 
+@pytest.mark.slow  # seconds: a clean interpreter runs every launcher from the zip
 def test_driver_without_tidewire_runs_the_launchers(tmp_path: Path) -> None:
     python = make_driver_python(tmp_path / "driver")
     work = tmp_path / "elsewhere"

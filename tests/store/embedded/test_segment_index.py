@@ -101,6 +101,7 @@ def segment_tables(draw: st.DrawFn) -> tuple[int, list[int], Model]:
     return first, positions, queues
 
 
+@pytest.mark.slow  # 60 hypothesis tables, each written and read back through files
 @settings(max_examples=60, deadline=None)
 @given(segment_tables(), st.data())
 def test_index_round_trip(table: tuple[int, list[int], Model], data: st.DataObject) -> None:
