@@ -349,8 +349,7 @@ class Node:
         without a sink (MQTT QoS 0) is then dropped (and counted) if the store is failing. Nothing else is ever
         dropped."""
         self._enqueue(message, sink, token, droppable=sink is None and message.qos == 0 and bool(message.publisher))
-        if self.sparkplug_aware and (message.topic.startswith(SPARKPLUG_PREFIX)
-                                     or message.topic.startswith(TENANTS_PREFIX)):
+        if self.sparkplug_aware and message.topic.startswith((SPARKPLUG_PREFIX, TENANTS_PREFIX)):
             birth = sparkplug_certificate(message)
             if birth is not None:  # right behind the birth: usually in its append batch, retained before its ack
                 self._enqueue(birth, None, None, droppable=False)

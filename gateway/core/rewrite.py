@@ -56,17 +56,14 @@ class Rewritten:
 class TopicRewriter:
     """The node's rules, compiled once."""
 
-    __slots__ = ("_publish", "_subscribe")
+    __slots__ = ("_publish", "_subscribe", "active")
 
     def __init__(self, rules: Sequence[RuleSpec]) -> None:
         self._publish = [_Rule(r.source_topic, re.compile(r.re), r.dest_topic) for r in rules
                          if r.action in ("publish", "all")]
         self._subscribe = [_Rule(r.source_topic, re.compile(r.re), r.dest_topic) for r in rules
                            if r.action in ("subscribe", "all")]
-
-    @property
-    def active(self) -> bool:
-        return bool(self._publish or self._subscribe)
+        self.active = bool(self._publish or self._subscribe)  # an attribute: every PUBLISH reads it
 
     def publish(self, topic: str, client_id: str, username: str | None) -> Rewritten | None:
         """A PUBLISH (or will) topic rewritten; None: no rule changed it."""

@@ -36,9 +36,8 @@ class ClientStats:
         self.ack_buckets: list[int] | None = None  # made on the first ack (most clients publish only)
 
     def acked(self, seconds: float) -> None:
-        """One delivery acknowledged `seconds` after it was written (on every PUBACK: kept to a few operations)."""
-        if seconds < 0:
-            seconds = 0.0
+        """One delivery acknowledged `seconds` after it was written (on every PUBACK: kept to a few operations;
+        never negative: the ack's read time against its PUBLISH's write time)."""
         self.acks += 1
         self.ack_total += seconds
         if self.ack_buckets is None:  # the first ack

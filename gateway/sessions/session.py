@@ -98,19 +98,21 @@ class Session(SessionState):
         return self.window - len(self.inflight)
 
     # --- acknowledgements -------------------------------------------------------------------------------
-    def on_puback(self, pid: int) -> None:
+    def on_puback(self, pid: int, now: float) -> None:
+        """`now`: when the PUBACK was read (monotonic s; the read's time, so a read of many acks asks the clock
+        once)."""
         entry = self.inflight.pop(pid, None)
         if entry is not None:
-            self.stats.acked(self.owner.clock.monotonic() - entry.sent_at)
+            self.stats.acked(now - entry.sent_at)
             self._acked(entry)
 
-    def on_pubrec(self, pid: int, failed: bool) -> bool:
+    def on_pubrec(self, pid: int, failed: bool, now: float) -> bool:
         """False if the packet id is unknown (the caller answers PUBREL 0x92 on 5.0)."""
         entry = self.inflight.get(pid)
         if entry is None:
             return False
         if not entry.released:  # the subscriber's answer to the PUBLISH (PUBCOMP answers our PUBREL)
-            self.stats.acked(self.owner.clock.monotonic() - entry.sent_at)
+            self.stats.acked(now - entry.sent_at)
         if failed:  # 5.0 PUBREC with an error code ends the exchange
             del self.inflight[pid]
             self._acked(entry)

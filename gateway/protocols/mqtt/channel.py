@@ -167,10 +167,11 @@ class MqttChannel(Subscribing):
             self._on_publish(packet)
         elif kind is Puback:
             assert self.session is not None
-            self.session.on_puback(packet.packet_id)
+            self.session.on_puback(packet.packet_id, self.last_rx)
         elif kind is Pubrec:
             assert self.session is not None
-            if not self.session.on_pubrec(packet.packet_id, packet.reason_code >= 0x80) and self.level >= 5:
+            known = self.session.on_pubrec(packet.packet_id, packet.reason_code >= 0x80, self.last_rx)
+            if not known and self.level >= 5:
                 self._send(Pubrel(packet.packet_id, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
         elif kind is Pubcomp:
             assert self.session is not None
@@ -213,16 +214,17 @@ class MqttChannel(Subscribing):
                 if known is None:
                     return self.abort(ReasonCode.PROTOCOL_ERROR, f"topic alias {alias} was never set")
                 topic = known
-        if topic == CONTROL_TOPIC and node.dynsec is not None:  # a dynamic-security request: run, never stored
-            return self._control_acked(qos, pid, node.dynsec.submit(self.info, packet.payload))
         now_ms = int(self.clock.time() * 1000)
-        target = publish_topic(node, self.info, topic, now_ms) if topic[:1] == "$" or node.rewriter.active else (
-            topic, None)
-        if target is None:  # a bad `$delayed/` interval, or the internal topic: as an invalid topic
-            if qos:
-                self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.TOPIC_NAME_INVALID if v5 else 0))
-            return None
-        topic, delay = target
+        delay = None
+        if topic[:1] == "$" or node.rewriter.active:  # the common topic pays these two tests only
+            if topic == CONTROL_TOPIC and node.dynsec is not None:  # a dynamic-security request: run, never stored
+                return self._control_acked(qos, pid, node.dynsec.submit(self.info, packet.payload))
+            target = publish_topic(node, self.info, topic, now_ms)
+            if target is None:  # a bad `$delayed/` interval, or the internal topic: as an invalid topic
+                if qos:
+                    self._send((Puback if qos == 1 else Pubrec)(pid, ReasonCode.TOPIC_NAME_INVALID if v5 else 0))
+                return None
+            topic, delay = target
         refused = refuse_publish(node.settings, node.authorizer, self.info, topic)
         if refused == INVALID_TOPIC:
             log.info("client.topic_refused", extra={"client_id": self.client_id, "detail": "topic too long"})
@@ -257,11 +259,11 @@ class MqttChannel(Subscribing):
             topic = mount_topic(self.mount, topic)
         if packet.retain and packet.payload and not node.retained_quota.admit(len(packet.payload)):
             return self._retained_refused(topic, qos, pid)
-        if delay is not None and not node.delayed.admit():
-            return self._retained_refused(topic, qos, pid, "delayed_quota")
         message = Message(topic, packet.payload, qos, packet.retain, stored_properties(props) if v5 else b"",
                           now_ms, expires_at(props, now_ms) if v5 else 0, self.client_id)
         if delay is not None:
+            if not node.delayed.admit():
+                return self._retained_refused(topic, qos, pid, "delayed_quota")
             message.due_ms = delay.due_ms  # the node keeps it in the store until then (`gateway.core.delayed`)
         if self.bridge:
             message.protocol = PROTOCOL_BRIDGE

@@ -208,10 +208,10 @@ class Handshake(ChannelBase):
             raise Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, str(exc)) from None
         will = terms.will
         if tenant is None:
-            if reserved(terms.client_id):
+            if terms.client_id[:1] == "$" and reserved(terms.client_id):
                 raise Refusal(ConnackCode311.IDENTIFIER_REJECTED, ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
                               "client ids under $tenant/ are the tenants' own")
-            if will is not None and reserved(will.topic) and not terms.info.superuser:
+            if will is not None and will.topic[:1] == "$" and reserved(will.topic) and not terms.info.superuser:
                 raise Refusal(ConnackCode311.NOT_AUTHORIZED, ReasonCode.NOT_AUTHORIZED, "will denied")
             return
         refused = tenant.admit_connection(self.clock.monotonic())
