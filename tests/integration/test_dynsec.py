@@ -135,3 +135,28 @@ def test_mosquitto_tools_make_a_client_that_gets_exactly_its_grants(dynsec_gatew
     assert again.connect(check=False).reason_code in (0x86, 0x87)
     anonymous = paho_factory(port, "anon")
     assert anonymous.connect(check=False).reason_code == 0x87
+
+
+def test_a_dynamic_security_clients_tenant_puts_it_under_its_mount(gateway_factory: GatewayFactory,
+                                                                    tmp_path: Path, paho_factory: PahoFactory) -> None:
+    """A client record's `tenant` (createClient) is the tenant of the client it authenticates (item 1's "from the
+    authenticated user's record"): its topics are under `$tenant/acme/`, which a superuser addresses and a
+    default-tenant `#` never sees; its grants (`%c`) still see the topics as the client writes them."""
+    passwords = write_password_file(tmp_path / "passwords", {"root": "root-pw"})
+    gw = gateway_factory(env={**DYNSEC_ENV, "TIDEWIRE_TENANT_SUPERUSERS": json.dumps(["root"])},
+                         password_file=passwords)
+    answer = command(gw.port, {"command": "createRole", "rolename": "dev", "acls": [
+        {"acltype": "publishClientSend", "topic": "data/%c", "allow": True}]},
+        {"command": "createClient", "username": "d1", "password": "d1-pw", "tenant": "acme",
+         "roles": [{"rolename": "dev"}]})
+    assert answer["responses"] == [{"command": "createRole"}, {"command": "createClient"}]
+    root = paho_factory(gw.port, "root", username="root", password="root-pw")
+    root.connect()
+    assert root.subscribe([("$tenant/acme/#", 1), ("#", 1)]) == [1, 1]
+    device = paho_factory(gw.port, "d1-id", username="d1", password="d1-pw")
+    device.connect()
+    assert device.publish("data/d1-id", "21", qos=1) == 0
+    assert device.publish("data/other", "21", qos=1) == 0x87  # the grant is the client's own view
+    got = root.get()
+    assert (got.topic, got.payload) == ("$tenant/acme/data/d1-id", b"21")
+    root.assert_nothing(0.2)  # once: the default tenant's `#` does not see it
