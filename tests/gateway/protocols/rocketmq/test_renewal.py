@@ -29,9 +29,13 @@ HOLDER = """
 import sys, threading, time
 from rocketmq import ClientConfiguration, ConsumeResult, Credentials, FilterExpression, MessageListener, PushConsumer
 
+lock = threading.Lock()
+
 class Listener(MessageListener):
     def consume(self, message):
-        print(message.body.decode(), message.delivery_attempt, flush=True)
+        with lock:  # one write per line: print's pieces from two consumption threads interleave
+            sys.stdout.write(f"{message.body.decode()} {message.delivery_attempt}\n")
+            sys.stdout.flush()
         if message.body == b"slow":
             time.sleep(7)
         elif message.body == b"stuck":
