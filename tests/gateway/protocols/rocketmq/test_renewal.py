@@ -34,7 +34,7 @@ lock = threading.Lock()
 class Listener(MessageListener):
     def consume(self, message):
         with lock:  # one write per line: print's pieces from two consumption threads interleave
-            sys.stdout.write(f"{message.body.decode()} {message.delivery_attempt}\n")
+            sys.stdout.write(f"{message.body.decode()} {message.delivery_attempt}\\n")
             sys.stdout.flush()
         if message.body == b"slow":
             time.sleep(7)
